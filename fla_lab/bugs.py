@@ -1,0 +1,97 @@
+"""The catalogue: every upstream bug fla_lab reproduces, in one place.
+
+Each entry says where the switch is (`locate(name)` gives file:line of the historical line), how to trigger
+it, what it does, and which notebook teaches it. Tests reproduce every entry; notebooks read their headers
+from here.
+"""
+from __future__ import annotations
+
+import pathlib
+from dataclasses import dataclass
+
+UPSTREAM = "fla-org/flash-linear-attention"
+
+
+@dataclass(frozen=True)
+class Bug:
+    name: str          # the value of `bug=`
+    op: str            # the op or layer that takes `bug=name`
+    component: str     # the kernel or code path that holds the historical line
+    issue: int         # upstream issue number
+    fix: str           # upstream fix commit(s)
+    trigger: str       # what makes it show
+    symptom: str       # what the user sees
+    notebook: str
+    anchor: tuple[str, str]  # (file relative to the package, text on the switch line)
+
+    @property
+    def issue_url(self) -> str:
+        return f"https://github.com/{UPSTREAM}/issues/{self.issue}"
+
+
+CATALOGUE: tuple[Bug, ...] = (
+    Bug(name="uninitialized_params", op="RWKV7Attention", component="RWKV7Attention.__init__ / _initialize_weights",
+        issue=150, fix="d49c52f6 (zeros), then 7497c8f7, fe157539, c90b3716 (official init)",
+        trigger="any forward pass: x_x, k_k, k_a, r_k come from torch.empty and Module.apply never visits them",
+        symptom="all-NaN (or garbage) layer output, depending on what the uninitialised memory holds",
+        notebook="01_uninitialized_parameters", anchor=("layers/rwkv7.py", 'bug == "uninitialized_params"')),
+    Bug(name="sigmoid_decay", op="RWKV6Attention", component="RWKV6Attention.forward (decay parametrisation)",
+        issue=11, fix="none needed in the kernel: pass log-space decays (logsigmoid / -exp)",
+        trigger="sigmoid(w) passed where the kernel expects a log-decay",
+        symptom="the state grows like exp(0.5 t); output and every gradient except du turn non-finite",
+        notebook="02_log_space_decay", anchor=("layers/rwkv6.py", 'bug == "sigmoid_decay"')),
+    Bug(name="exclusive_reference", op="chunk_rwkv6", component="chunk intra-chunk scores and dq (RWKV6 path)",
+        issue=77, fix="0c1c0b65 (reference row gi[start-1]); earlier cf63ac28, lost in de4235fd",
+        trigger="per-step log-decay <= about -90 (w = -exp(w_raw), w_raw >= 4.5)",
+        symptom="inf * 0 = NaN in the output and dq, starting at the first query row of a sub-chunk",
+        notebook="03_exclusive_decay_overflow", anchor=("ops/chunk.py", "BUG_EXCLUSIVE_REFERENCE:")),
+    Bug(name="transposed_h0_mask", op="fused_recurrent_rwkv6", component="fused_recurrent_bwd_dq_kernel",
+        issue=18, fix="1547448b",
+        trigger="backward with an initial_state and non-square dq tiles (BK=16, BV=64)",
+        symptom="Triton refuses the initial-state load: mask [16, 64] against pointers [64, 16]",
+        notebook="04_initial_state_mask", anchor=("ops/recurrent.py", "if BUG_TRANSPOSED_H0_MASK:")),
+    Bug(name="bf16_decay", op="RWKV7Attention", component="RWKV7Attention.forward (decay LoRA sigmoid)",
+        issue=181, fix="965c3553 (fp32 sigmoid), reverted in d9e86d00 (v0.2.0); 0.6.0 computes it in bf16",
+        trigger="bf16 under CUDA autocast: sigmoid stays bf16 while exp is autocast to fp32",
+        symptom="a per-step rounding bias in the decay that compounds over the sequence",
+        notebook="05_amp_sigmoid_precision", anchor=("layers/rwkv7.py", 'bug == "bf16_decay"')),
+)
+
+_PACKAGE = pathlib.Path(__file__).resolve().parent
+
+
+def get(name: str) -> Bug:
+    for bug in CATALOGUE:
+        if bug.name == name:
+            return bug
+    raise KeyError(f"no bug {name!r} in the catalogue; known: {[b.name for b in CATALOGUE]}")
+
+
+def for_op(op: str) -> list[Bug]:
+    return [b for b in CATALOGUE if b.op == op]
+
+
+def locate(name: str) -> str:
+    """`fla_lab/<file>:<line>` of the switch that turns the bug on."""
+    bug = get(name)
+    path = _PACKAGE / bug.anchor[0]
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if bug.anchor[1] in line:
+            return f"fla_lab/{bug.anchor[0]}:{number}"
+    raise LookupError(f"the switch of {name!r} ({bug.anchor[1]!r}) is not in fla_lab/{bug.anchor[0]}")
+
+
+def show(names: list[str] | None = None) -> None:
+    """Print the catalogue (or some entries): where to look, how to trigger it, what it does."""
+    for bug in CATALOGUE:
+        if names and bug.name not in names:
+            continue
+        try:
+            where = locate(bug.name)
+        except (LookupError, OSError):
+            where = f"fla_lab/{bug.anchor[0]} (not built yet)"
+        print(f"{bug.name}  [{bug.op}]  upstream #{bug.issue}, fix {bug.fix}")
+        print(f"  switch : {where}")
+        print(f"  trigger: {bug.trigger}")
+        print(f"  symptom: {bug.symptom}")
+        print(f"  taught : notebooks/{bug.notebook}.ipynb")

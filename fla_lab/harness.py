@@ -1,0 +1,84 @@
+"""A tiny spec -> kernel -> check harness: make inputs, run an op and its float64 reference, compare all.
+
+Used by the tests, `doctor()` and the notebooks, so every comparison is made the same way:
+forward output and final state against the reference, then every input gradient under random cotangents,
+judged with `check.grad_errors` (whole-gradient floor) and `check.tolerance(dtype)`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from fla_lab import check, runtime
+
+
+def log_decay(shape, magnitude: float, generator: torch.Generator) -> torch.Tensor:
+    """Per-step natural-log decay `-magnitude * U(0.05, 1)`: the stress knob of upstream's baseline sweep."""
+    return -magnitude * torch.empty(shape).uniform_(0.05, 1.0, generator=generator)
+
+
+def gated_inputs(B, T, H, K, V, *, decay=1.0, initial_state=True, bonus=False, seed=0,
+                 names=("q", "k", "v", "g")) -> dict[str, torch.Tensor]:
+    """GLA / RWKV6 inputs in float32 on the CPU, in the op's positional order (+ `u`, `initial_state`)."""
+    gen = torch.Generator().manual_seed(seed)
+    nq, nk, nv, ng = names
+    x = {nq: torch.randn(B, T, H, K, generator=gen), nk: torch.randn(B, T, H, K, generator=gen),
+         nv: torch.randn(B, T, H, V, generator=gen), ng: log_decay((B, T, H, K), decay, gen)}
+    if bonus:
+        x["u"] = torch.randn(H, K, generator=gen)
+    if initial_state:
+        x["initial_state"] = torch.randn(B, H, K, V, generator=gen)
+    return x
+
+
+@dataclass
+class Comparison:
+    errors: dict[str, float]
+    dtype: torch.dtype
+    outputs: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
+
+    @property
+    def tolerance(self) -> check.Tolerance:
+        return check.tolerance(self.dtype)
+
+    def failures(self) -> dict[str, float]:
+        tol = self.tolerance
+        return {n: e for n, e in self.errors.items()
+                if not e <= (tol.fwd if n in ("o", "ht") else tol.grad)}
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures()
+
+    def __str__(self) -> str:
+        return "  ".join(f"{n}={e:.1e}" for n, e in self.errors.items())
+
+
+def _final_state(result):
+    o, ht = result
+    return o, ht
+
+
+def compare(op, reference, inputs: dict[str, torch.Tensor], *, dtype=torch.float32, grads=True,
+            seed=0, **kwargs) -> Comparison:
+    """Run `op(**inputs cast to dtype, on the device)` and `reference(**inputs in float64)` and compare.
+
+    `inputs` maps argument names to float32 CPU tensors (e.g. from `gated_inputs`); `initial_state` stays
+    float32 as upstream's kernels expect. Keyword `kwargs` go to both (e.g. `scale`).
+    """
+    dev = runtime.device()
+    ours = {n: (x if n == "initial_state" else x.to(dtype)).to(dev).requires_grad_(grads) for n, x in inputs.items()}
+    theirs = {n: x.detach().to(torch.float64).cpu().requires_grad_(grads) for n, x in ours.items()}
+    o, ht = op(**ours, output_final_state=True, **kwargs)
+    o_ref, ht_ref = reference(**theirs, output_final_state=True, **kwargs)
+    errors = {"o": check.rel_error(o, o_ref), "ht": check.rel_error(ht, ht_ref)}
+    if grads:
+        gen = torch.Generator().manual_seed(seed + 1)
+        do = torch.randn(o_ref.shape, generator=gen, dtype=torch.float64)
+        dht = torch.randn(ht_ref.shape, generator=gen, dtype=torch.float64)
+        ((o * do.to(dev, o.dtype)).sum() + (ht * dht.to(dev, ht.dtype)).sum()).backward()
+        ((o_ref * do).sum() + (ht_ref * dht).sum()).backward()
+        errors.update(check.grad_errors({n: x.grad for n, x in theirs.items()},
+                                        {n: x.grad for n, x in ours.items()}))
+    return Comparison(errors, dtype, {"o": o.detach(), "ht": ht.detach(), "o_ref": o_ref.detach()})

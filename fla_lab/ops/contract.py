@@ -1,0 +1,129 @@
+"""Input checks shared by every op: bad input gets an error that names the argument and says how to fix it.
+
+Shape, dtype, device and keyword checks read only metadata and always run. Value checks (a positive
+log-decay, non-finite values) read the data; on the CPU they always run, on a GPU they cost a reduction and a
+device sync per call, so they are off by default there: turn them on with `set_value_checks(True)` (or
+FLA_LAB_VALUE_CHECKS=1) while debugging.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+
+import torch
+
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+class LayoutWarning(UserWarning):
+    """Inputs look like [B, H, T, D] where [B, T, H, D] is expected. Silence with `warnings.simplefilter('ignore', LayoutWarning)`."""
+
+
+_value_checks: bool | None = None  # None: decide by device
+
+
+def set_value_checks(enabled: bool | None) -> None:
+    """True: always check values; False: never; None: the default (on for CPU tensors, off for CUDA ones)."""
+    global _value_checks
+    _value_checks = enabled
+
+
+def value_checks_enabled(x: torch.Tensor) -> bool:
+    if _value_checks is not None:
+        return _value_checks
+    env = os.environ.get("FLA_LAB_VALUE_CHECKS")
+    if env is not None:
+        return env not in ("", "0")
+    return x.device.type != "cuda"
+
+
+def reject_kwargs(op: str, kwargs: dict) -> None:
+    if not kwargs:
+        return
+    if "head_first" in kwargs:
+        raise TypeError(
+            f"{op}: `head_first` was removed upstream (flash-linear-attention #853) and fla_lab never had it. "
+            "Pass tensors as [B, T, H, D]; from [B, H, T, D] use `x.transpose(1, 2)`.")
+    raise TypeError(f"{op}: unexpected keyword argument(s) {sorted(kwargs)}")
+
+
+def _describe(x: torch.Tensor) -> str:
+    return f"shape {tuple(x.shape)}, {x.dtype}, {x.device}"
+
+
+def check_same_device(op: str, tensors: dict[str, torch.Tensor]) -> None:
+    devices = {name: t.device for name, t in tensors.items() if t is not None}
+    if len(set(devices.values())) > 1:
+        raise ValueError(f"{op}: tensors are on different devices: {devices}. Move them with `.to(device)`.")
+
+
+def check_dtypes(op: str, tensors: dict[str, torch.Tensor], same: tuple[str, ...]) -> None:
+    for name, t in tensors.items():
+        if t is not None and t.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"{op}: `{name}` is {t.dtype}; use float32, float16 or bfloat16 (`{name}.float()`).")
+    dtypes = {name: tensors[name].dtype for name in same if tensors.get(name) is not None}
+    if len(set(dtypes.values())) > 1:
+        raise TypeError(f"{op}: {', '.join(dtypes)} must share a dtype, got {dtypes}. Cast them to one.")
+
+
+def check_shape(op: str, name: str, x: torch.Tensor, expected: tuple, meaning: str) -> None:
+    if tuple(x.shape) != tuple(expected):
+        raise ValueError(f"{op}: `{name}` should be {meaning} = {tuple(expected)}, got {_describe(x)}.")
+
+
+def warn_if_head_first(op: str, name: str, x: torch.Tensor) -> None:
+    B, T, H, D = x.shape
+    if T < H:  # upstream's heuristic (#457): fewer steps than heads usually means [B, H, T, D]
+        warnings.warn(
+            f"{op}: `{name}` has T={T} < H={H}; inputs are [B, T, H, D], so this looks like [B, H, T, D]. "
+            "If so, pass `x.transpose(1, 2)`. Silence: warnings.simplefilter('ignore', fla_lab.ops.LayoutWarning).",
+            LayoutWarning, stacklevel=4)
+
+
+def check_finite(op: str, tensors: dict[str, torch.Tensor]) -> None:
+    for name, t in tensors.items():
+        if t is not None and not torch.isfinite(t).all():
+            n = int((~torch.isfinite(t)).sum())
+            raise ValueError(f"{op}: `{name}` has {n} non-finite value(s) (NaN/inf); "
+                             "fix the producer (see fla_lab.check.nonfinite_census to locate them).")
+
+
+def check_log_decay(op: str, name: str, g: torch.Tensor) -> None:
+    """Decays are natural-log decays: exp(g) must not grow the state."""
+    if (g > 0).any():
+        top = float(g.max())
+        raise ValueError(
+            f"{op}: `{name}` is a log-decay and must be <= 0, but its maximum is {top:.3g} (every step would "
+            f"multiply the state by exp({top:.3g}) > 1). Pass log-space decays, e.g. "
+            f"`F.logsigmoid(x)` or `-torch.exp(x)`, not `sigmoid(x)` or a decay in (0, 1).")
+
+
+def check_gated_inputs(op: str, q, k, v, g, *, names=("q", "k", "v", "g"), u=None, initial_state=None,
+                       kwargs=None) -> None:
+    """The contract of GLA-style ops: q, k, g `[B, T, H, K]`, v `[B, T, H, V]`, u `[H, K]`, h0 `[B, H, K, V]`."""
+    reject_kwargs(op, kwargs or {})
+    nq, nk, nv, ng = names
+    tensors = {nq: q, nk: k, nv: v, ng: g, "u": u, "initial_state": initial_state}
+    for name, t in tensors.items():
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: `{name}` must be a torch.Tensor, got {type(t).__name__}")
+    if q.dim() != 4:
+        raise ValueError(f"{op}: `{nq}` must be 4-D [B, T, H, K], got {_describe(q)}")
+    check_same_device(op, tensors)
+    check_dtypes(op, tensors, same=(nq, nk, nv))
+    B, T, H, K = q.shape
+    check_shape(op, nk, k, (B, T, H, K), f"like `{nq}`, [B, T, H, K]")
+    check_shape(op, ng, g, (B, T, H, K), f"like `{nq}`, [B, T, H, K]")
+    if v.dim() != 4 or tuple(v.shape[:3]) != (B, T, H):
+        raise ValueError(f"{op}: `{nv}` should be [B, T, H, V] = ({B}, {T}, {H}, V), got {_describe(v)}")
+    V = v.shape[-1]
+    if u is not None:
+        check_shape(op, "u", u, (H, K), "[H, K]")
+    if initial_state is not None:
+        check_shape(op, "initial_state", initial_state, (B, H, K, V), "[B, H, K, V]")
+    if T == 0:
+        raise ValueError(f"{op}: the sequence is empty (T = 0)")
+    warn_if_head_first(op, nq, q)
+    if value_checks_enabled(q):
+        check_finite(op, tensors)
+        check_log_decay(op, ng, g)

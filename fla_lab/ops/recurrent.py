@@ -1,0 +1,217 @@
+"""Fused recurrent kernels shared by GLA and RWKV6: one time step per loop iteration, the state in registers.
+
+GLA and RWKV6 differ in one constexpr, `RWKV6`: RWKV6 reads the state *before* this step's decay and adds the
+bonus `diag(u) k_t v_t^T` for the current token; GLA reads the state after the update.
+
+Backward, as upstream structures it (and as bug #18 needs): a `dq` kernel that replays the recurrence forward
+with a value-major `[BV, BK]` state tile, and a `dkv` kernel that runs the state adjoint backwards in time with
+a key-major `[BK, BV]` tile. The bonus terms (RWKV6) and the decay gradient are closed forms of what the
+kernels return, computed with vectorised torch ops (no loop over time).
+"""
+from __future__ import annotations
+
+import torch
+import triton.language as tl
+
+from fla_lab.ops.common import (as_contiguous, custom_bwd, custom_fwd, grid_size, kernel, next_pow2,
+                                reverse_cumsum)
+
+MAX_K = 256  # the forward keeps a whole key dimension per program
+
+
+@kernel
+def fused_recurrent_fwd_kernel(q, k, v, g, u, o, h0, ht, scale, T,
+                               H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                               BK: tl.constexpr, BV: tl.constexpr, RWKV6: tl.constexpr,
+                               USE_H0: tl.constexpr, STORE_HT: tl.constexpr):
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < K, o_v < V
+    m_kv = m_k[:, None] & m_v[None, :]
+    b_h = tl.zeros([BK, BV], dtype=tl.float32)  # key-major state tile, fp32
+    if USE_H0:
+        b_h += tl.load(h0 + i_bh * K * V + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0).to(tl.float32)
+    if RWKV6:
+        b_u = tl.load(u + i_h * K + o_k, mask=m_k, other=0).to(tl.float32)
+    for t in range(0, T):
+        row = (i_b * T + t) * H + i_h
+        b_q = tl.load(q + row * K + o_k, mask=m_k, other=0).to(tl.float32) * scale
+        b_k = tl.load(k + row * K + o_k, mask=m_k, other=0).to(tl.float32)
+        b_g = tl.load(g + row * K + o_k, mask=m_k, other=0).to(tl.float32)
+        b_v = tl.load(v + row * V + o_v, mask=m_v, other=0).to(tl.float32)
+        b_kv = b_k[:, None] * b_v[None, :]
+        if RWKV6:  # read S_{t-1} plus the bonus, then decay and write
+            b_o = tl.sum((b_h + b_u[:, None] * b_kv) * b_q[:, None], axis=0)
+            b_h = b_h * tl.exp(b_g)[:, None] + b_kv
+        else:  # decay and write, then read S_t
+            b_h = b_h * tl.exp(b_g)[:, None] + b_kv
+            b_o = tl.sum(b_h * b_q[:, None], axis=0)
+        tl.store(o + row * V + o_v, b_o.to(o.dtype.element_ty), mask=m_v)
+    if STORE_HT:
+        tl.store(ht + i_bh * K * V + o_k[:, None] * V + o_v[None, :], b_h, mask=m_kv)
+
+
+@kernel
+def fused_recurrent_bwd_dq_kernel(k, v, g, do, dq, h0, scale, B, T,
+                                  H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                                  BK: tl.constexpr, BV: tl.constexpr, RWKV6: tl.constexpr,
+                                  USE_H0: tl.constexpr, BUG_TRANSPOSED_H0_MASK: tl.constexpr):
+    """dq_t = scale * S S do_t (S_t for GLA, S_{t-1} for RWKV6), one partial sum per value block."""
+    i_v, i_k, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < K, o_v < V
+    b_h = tl.zeros([BV, BK], dtype=tl.float32)  # value-major state tile: rows are values, columns keys
+    if USE_H0:
+        p_h0 = h0 + i_bh * K * V + o_k[None, :] * V + o_v[:, None]  # [BV, BK] pointers
+        if BUG_TRANSPOSED_H0_MASK:
+            m_h0 = m_k[:, None] & m_v[None, :]  # upstream #18 (before 1547448b): key-major [BK, BV] mask
+        else:
+            m_h0 = m_v[:, None] & m_k[None, :]  # fixed: the mask has the tile's own [BV, BK] shape
+        b_h += tl.load(p_h0, mask=m_h0, other=0).to(tl.float32)
+    for t in range(0, T):
+        row = (i_b * T + t) * H + i_h
+        b_k = tl.load(k + row * K + o_k, mask=m_k, other=0).to(tl.float32)
+        b_g = tl.load(g + row * K + o_k, mask=m_k, other=0).to(tl.float32)
+        b_v = tl.load(v + row * V + o_v, mask=m_v, other=0).to(tl.float32)
+        b_do = tl.load(do + row * V + o_v, mask=m_v, other=0).to(tl.float32)
+        if RWKV6:
+            b_dq = tl.sum(b_h * b_do[:, None], axis=0) * scale
+            b_h = b_h * tl.exp(b_g)[None, :] + b_v[:, None] * b_k[None, :]
+        else:
+            b_h = b_h * tl.exp(b_g)[None, :] + b_v[:, None] * b_k[None, :]
+            b_dq = tl.sum(b_h * b_do[:, None], axis=0) * scale
+        tl.store(dq + (i_v * B * T * H + row) * K + o_k, b_dq, mask=m_k)
+
+
+@kernel
+def fused_recurrent_bwd_dkv_kernel(q, k, v, g, do, dk, dv, dht, dh0, scale, B, T,
+                                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                                   BK: tl.constexpr, BV: tl.constexpr, RWKV6: tl.constexpr,
+                                   USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr):
+    """The state adjoint dS runs backwards in time; dk_t = dS v_t and dv_t = dS^T k_t (partial sums per block)."""
+    i_v, i_k, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < K, o_v < V
+    m_kv = m_k[:, None] & m_v[None, :]
+    b_dh = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_DHT:
+        b_dh += tl.load(dht + i_bh * K * V + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0).to(tl.float32)
+    for i in range(0, T):
+        t = T - 1 - i
+        row = (i_b * T + t) * H + i_h
+        b_q = tl.load(q + row * K + o_k, mask=m_k, other=0).to(tl.float32) * scale
+        b_k = tl.load(k + row * K + o_k, mask=m_k, other=0).to(tl.float32)
+        b_g = tl.load(g + row * K + o_k, mask=m_k, other=0).to(tl.float32)
+        b_v = tl.load(v + row * V + o_v, mask=m_v, other=0).to(tl.float32)
+        b_do = tl.load(do + row * V + o_v, mask=m_v, other=0).to(tl.float32)
+        if not RWKV6:  # o_t reads S_t, so its adjoint joins before k_t v_t^T is differentiated
+            b_dh += b_q[:, None] * b_do[None, :]
+        b_dk = tl.sum(b_dh * b_v[None, :], axis=1)
+        b_dv = tl.sum(b_dh * b_k[:, None], axis=0)
+        tl.store(dk + (i_v * B * T * H + row) * K + o_k, b_dk, mask=m_k)
+        tl.store(dv + (i_k * B * T * H + row) * V + o_v, b_dv, mask=m_v)
+        b_dh = b_dh * tl.exp(b_g)[:, None]
+        if RWKV6:  # o_t reads S_{t-1}
+            b_dh += b_q[:, None] * b_do[None, :]
+    if STORE_DH0:
+        tl.store(dh0 + i_bh * K * V + o_k[:, None] * V + o_v[None, :], b_dh, mask=m_kv)
+
+
+def _forward(q, k, v, g, u, scale, h0, output_final_state):
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    if K > MAX_K:
+        raise ValueError(f"fused recurrent kernels keep the whole key dimension per program: K={K} > {MAX_K}")
+    BK, BV = next_pow2(K), min(next_pow2(V), 64)
+    o = torch.empty(B, T, H, V, dtype=q.dtype, device=q.device)
+    ht = q.new_empty(B, H, K, V, dtype=torch.float32) if output_final_state else None
+    fused_recurrent_fwd_kernel[(grid_size(V, BV), B * H)](
+        q, k, v, g, u, o, h0, ht, scale, T, H=H, K=K, V=V, BK=BK, BV=BV, RWKV6=u is not None,
+        USE_H0=h0 is not None, STORE_HT=output_final_state)
+    return o, ht
+
+
+def _backward(q, k, v, g, u, scale, h0, ht, do, dht, dq_tiles, bug_transposed_h0_mask):
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    rwkv6 = u is not None
+    f32 = dict(dtype=torch.float32, device=q.device)
+    BKq, BVq = dq_tiles
+    NVq = grid_size(V, BVq)
+    dq = torch.empty(NVq, B, T, H, K, **f32)
+    fused_recurrent_bwd_dq_kernel[(NVq, grid_size(K, BKq), B * H)](
+        k, v, g, do, dq, h0, scale, B, T, H=H, K=K, V=V, BK=BKq, BV=BVq, RWKV6=rwkv6,
+        USE_H0=h0 is not None, BUG_TRANSPOSED_H0_MASK=bug_transposed_h0_mask)
+    BK, BV = min(next_pow2(K), 64), min(next_pow2(V), 64)
+    NK, NV = grid_size(K, BK), grid_size(V, BV)
+    dk, dv = torch.empty(NV, B, T, H, K, **f32), torch.empty(NK, B, T, H, V, **f32)
+    dh0 = torch.empty(B, H, K, V, **f32) if h0 is not None else None
+    fused_recurrent_bwd_dkv_kernel[(NV, NK, B * H)](
+        q, k, v, g, do, dk, dv, dht, dh0, scale, B, T, H=H, K=K, V=V, BK=BK, BV=BV, RWKV6=rwkv6,
+        USE_DHT=dht is not None, STORE_DH0=h0 is not None)
+    dq, dk, dv = dq.sum(0), dk.sum(0), dv.sum(0)
+    dg, du = decay_and_bonus_grads(q, k, v, u, scale, dq, dk, dv, do, ht, dht)
+    return dq, dk, dv, dg, du, dh0
+
+
+def decay_and_bonus_grads(q, k, v, u, scale, dq, dk, dv, do, ht, dht):
+    """Closed forms on top of the state-path gradients (updates dq, dk, dv in place for the RWKV6 bonus).
+
+    With G the cumulative log-decay, the output depends on G through exp(G_query - G_key), so
+    dL/dG_t = q_t * dq_t (query side) - k_t * dk_t (key side), and dg is its reverse cumulative sum.
+    RWKV6's query side is exclusive (G_{t-1}), which shifts its term by one step. The final state depends on
+    G_{T-1} as a whole: rowsum(ht * dht) joins every step. The bonus path has no decay and is added after.
+    """
+    qf, kf = q.float(), k.float()
+    query_side, key_side = qf * dq, kf * dk
+    if u is not None:
+        query_side = torch.cat([query_side[:, 1:], torch.zeros_like(query_side[:, :1])], 1)
+    dg = reverse_cumsum(query_side - key_side, 1)
+    if dht is not None and ht is not None:
+        dg = dg + (ht * dht.float()).sum(-1)[:, None]
+    du = None
+    if u is not None:
+        dov = (do.float() * v.float()).sum(-1, keepdim=True)  # do_t . v_t
+        uf = u.float()[None, None]
+        dq += scale * uf * kf * dov
+        dk += scale * uf * qf * dov
+        dv += scale * (qf * uf * kf).sum(-1, keepdim=True) * do.float()
+        du = scale * (qf * kf * dov).sum((0, 1))
+    return dg, du
+
+
+class FusedRecurrentFunction(torch.autograd.Function):
+    @staticmethod
+    @custom_fwd
+    def forward(ctx, q, k, v, g, u, scale, h0, output_final_state, dq_tiles, bug_transposed_h0_mask):
+        q, k, v, g, u, h0 = as_contiguous(q, k, v, g, u, h0)
+        o, ht = _forward(q, k, v, g, u, scale, h0, output_final_state)
+        ctx.save_for_backward(q, k, v, g, u, h0, ht)
+        ctx.scale, ctx.dq_tiles, ctx.bug = scale, dq_tiles, bug_transposed_h0_mask
+        return o, ht
+
+    @staticmethod
+    @custom_bwd
+    def backward(ctx, do, dht):
+        q, k, v, g, u, h0, ht = ctx.saved_tensors
+        do, dht = as_contiguous(do, dht)
+        dq, dk, dv, dg, du, dh0 = _backward(q, k, v, g, u, ctx.scale, h0, ht, do, dht, ctx.dq_tiles, ctx.bug)
+        cast = lambda grad, like: None if grad is None else grad.to(like.dtype)  # noqa: E731
+        return (cast(dq, q), cast(dk, k), cast(dv, v), cast(dg, g), cast(du, u) if u is not None else None,
+                None, cast(dh0, h0) if h0 is not None else None, None, None, None)
+
+
+DEFAULT_DQ_TILES = (16, 64)  # (BK, BV) of the dq kernel: upstream's non-square tiles, where #18 showed
+
+
+def fused_recurrent(q, k, v, g, u, scale, initial_state, output_final_state, dq_tiles, bug_transposed_h0_mask):
+    dq_tiles = tuple(dq_tiles) if dq_tiles is not None else DEFAULT_DQ_TILES
+    o, ht = FusedRecurrentFunction.apply(q, k, v, g, u, scale, initial_state, output_final_state, dq_tiles,
+                                         bug_transposed_h0_mask)
+    return o, (ht if output_final_state else None)
