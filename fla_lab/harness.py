@@ -32,6 +32,31 @@ def gated_inputs(B, T, H, K, V, *, decay=1.0, initial_state=True, bonus=False, s
     return x
 
 
+RWKV7_W_SCALE = -0.6065306597126334  # -exp(-0.5): RWKV-7's log-decay lies in (-e^-0.5, 0)
+
+
+def rwkv7_inputs(B, T, H, K, V, *, decay=None, initial_state=True, seed=0) -> dict[str, torch.Tensor]:
+    """RWKV-7 inputs in float32 on the CPU, in the op's positional order `r, w, k, v, a, b` (+ `initial_state`).
+
+    As the RWKV-7 layer builds them: `kk` unit-norm per head, `a = -kk`, `b = kk * a_gate` with a_gate in (0, 1),
+    so `diag(exp w) + b a^T` only removes state. `decay=None` is RWKV-7's own range
+    `w = -e^-0.5 * sigmoid(randn)`; a number m gives the stress decay `-m * U(0.05, 1)` of `log_decay`.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    shape = (B, T, H, K)
+    kk = torch.nn.functional.normalize(torch.randn(shape, generator=gen), dim=-1)
+    a_gate = torch.rand(shape, generator=gen)
+    if decay is None:
+        w = RWKV7_W_SCALE * torch.sigmoid(torch.randn(shape, generator=gen))
+    else:
+        w = log_decay(shape, decay, gen)
+    x = {"r": torch.randn(shape, generator=gen), "w": w, "k": torch.randn(shape, generator=gen),
+         "v": torch.randn(B, T, H, V, generator=gen), "a": -kk, "b": kk * a_gate}
+    if initial_state:
+        x["initial_state"] = torch.randn(B, H, K, V, generator=gen)
+    return x
+
+
 @dataclass
 class Comparison:
     errors: dict[str, float]

@@ -1,0 +1,1 @@
+"""One module per notebook: the sweeps, figures and explorers that notebook's story needs."""

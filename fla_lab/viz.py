@@ -1,0 +1,46 @@
+"""Figure helpers shared by every notebook: one style, one place where figures are saved."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+import torch
+
+DTYPE_COLORS = {torch.float32: "#1f77b4", torch.bfloat16: "#d62728", torch.float16: "#2ca02c",
+                torch.float64: "#555555"}
+DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+# The largest finite value's natural log: where exp() overflows in each dtype (bf16 shares fp32's exponent).
+EXP_OVERFLOW = {dtype: float(torch.log(torch.tensor(torch.finfo(dtype).max, dtype=torch.float64)))
+                for dtype in (torch.float32, torch.bfloat16, torch.float16)}
+
+
+def figures_dir() -> Path | None:
+    """`figures/` of the repository this package lives in (None when installed elsewhere)."""
+    candidate = Path(__file__).resolve().parent.parent / "figures"
+    return candidate if candidate.is_dir() else None
+
+
+def figure(ncols: int = 1, nrows: int = 1, width: float = 5.0, height: float = 3.4):
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False,
+                             layout="constrained")
+    return fig, axes.ravel()
+
+
+def save(fig, name: str) -> Path | None:
+    """Save into figures/<name>.png (deterministic metadata, so a re-run does not churn the repository)."""
+    folder = figures_dir()
+    if folder is None:
+        return None
+    path = folder / f"{name}.png"
+    fig.savefig(path, dpi=110, metadata={"Software": None})
+    return path
+
+
+def use_headless_backend_if_needed() -> None:
+    if matplotlib.get_backend().lower().startswith("qt") and not Path("/tmp/.X11-unix").exists():
+        matplotlib.use("Agg")

@@ -1,0 +1,23 @@
+import os
+import sys
+
+import pytest
+import torch
+
+import fla_lab  # noqa: F401  (switches the interpreter on before any kernel module is imported)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+def run_python(code: str, env_overrides: dict | None = None, drop=("TRITON_INTERPRET",)):
+    """Run `code` in a fresh interpreter (the runtime switch happens at import, once per process)."""
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env.update(env_overrides or {})
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)

@@ -1,0 +1,62 @@
+import math
+
+import pytest
+import torch
+
+from fla_lab import check
+
+
+def test_rel_error_basics():
+    ref = torch.ones(10, dtype=torch.float64)
+    assert check.rel_error(ref.float(), ref) == 0.0
+    assert check.rel_error(ref * 1.01, ref) == pytest.approx(0.01)
+    bad = ref.clone()
+    bad[3] = float("nan")
+    assert check.rel_error(bad, ref) == math.inf
+    with pytest.raises(ValueError, match="shape"):
+        check.rel_error(ref[:5], ref)
+
+
+def test_grad_floor_uses_the_whole_gradient_scale():
+    # dg's exact value underflows (1e-21) while the kernel returns rounding noise of 1e-7: judged against the
+    # scale of the other gradients it is tiny; judged against its own norm it would be 1e14.
+    ref = {"dq": torch.randn(1000, dtype=torch.float64), "dg": torch.full((1000,), 1e-21, dtype=torch.float64)}
+    got = {"dq": ref["dq"].clone(), "dg": ref["dg"] + 1e-7 * torch.randn(1000, dtype=torch.float64)}
+    errors = check.grad_errors(ref, got)
+    assert errors["dq"] == 0.0
+    assert 1e-8 < errors["dg"] < 1e-6
+    assert check.rel_error(got["dg"], ref["dg"]) > 1e10
+    # an error as large as the gradients themselves still fails
+    got["dg"] = ref["dg"] + torch.randn(1000, dtype=torch.float64)
+    assert check.grad_errors(ref, got)["dg"] > 0.5
+
+
+def test_grad_errors_reports_missing():
+    with pytest.raises(ValueError, match="missing"):
+        check.grad_errors({"a": torch.ones(2)}, {})
+
+
+def test_census_locates_the_earliest_time_step():
+    x = torch.zeros(2, 8, 3, 4)
+    x[0, 5, 2, 1] = float("inf")
+    x[1, 3, 1, 2] = float("nan")
+    x[1, 3, 0, 3] = float("nan")
+    census = check.nonfinite_census(x)
+    assert census.count == 3 and census.total == x.numel()
+    assert census.first == {"t": 3, "b": 1, "h": 0, "d": 3}
+    assert "first at t=3" in str(census)
+    assert str(check.nonfinite_census(torch.zeros(3))) == "all 3 values finite"
+
+
+def test_tolerances_cover_the_kernel_dtypes_only():
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        tol = check.tolerance(dtype)
+        assert 0 < tol.fwd <= tol.grad or dtype != torch.float32
+    assert check.tolerance(torch.float32).grad < check.tolerance(torch.float16).grad < check.tolerance(torch.bfloat16).grad
+    with pytest.raises(ValueError):
+        check.tolerance(torch.float64)
+
+
+def test_report_marks_failures():
+    text = check.report({"o": 1e-7, "dq": 1e-2}, tol=1e-5)
+    assert "o   1.0e-07  ok" in text and "dq  1.0e-02  FAIL" in text

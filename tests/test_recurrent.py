@@ -1,0 +1,61 @@
+"""Fused recurrent GLA and RWKV6 kernels against the float64 references: output, final state, every gradient."""
+import pytest
+import torch
+
+from fla_lab import harness, reference
+from fla_lab.ops import fused_recurrent_gla, fused_recurrent_rwkv6
+
+FP32, FP16, BF16 = torch.float32, torch.float16, torch.bfloat16
+
+# A covering list: every T, K/V pair, dtype, decay magnitude and initial-state setting appears at least once.
+CASES = [  # B, T, H, K, V, dtype, decay, h0
+    (1, 1, 1, 32, 64, FP32, 1.0, True),
+    (2, 15, 2, 64, 16, FP32, 1e-3, False),
+    (1, 63, 3, 32, 64, BF16, 1.0, True),
+    (2, 64, 1, 16, 32, FP16, 10.0, True),
+    (1, 65, 4, 64, 64, FP32, 100.0, False),
+    (1, 200, 1, 32, 16, BF16, 1e4, True),
+    (2, 33, 2, 48, 24, FP32, 30.0, True),   # K, V not powers of two: masked tiles
+    (1, 17, 2, 16, 64, FP16, 1e-3, False),
+]
+
+
+def _gla(q, k, v, gk, **kw):
+    return reference.recurrent_gla(q, k, v, gk, **kw)
+
+
+@pytest.mark.parametrize("B,T,H,K,V,dtype,decay,h0", CASES)
+def test_fused_recurrent_gla(B, T, H, K, V, dtype, decay, h0):
+    x = harness.gated_inputs(B, T, H, K, V, decay=decay, initial_state=h0, names=("q", "k", "v", "gk"))
+    result = harness.compare(fused_recurrent_gla, _gla, x, dtype=dtype)
+    assert result.ok, f"{result.failures()} | {result}"
+
+
+@pytest.mark.parametrize("B,T,H,K,V,dtype,decay,h0", CASES)
+def test_fused_recurrent_rwkv6(B, T, H, K, V, dtype, decay, h0):
+    x = harness.gated_inputs(B, T, H, K, V, decay=decay, initial_state=h0, bonus=True, names=("r", "k", "v", "w"))
+    result = harness.compare(fused_recurrent_rwkv6, reference.recurrent_rwkv6, x, dtype=dtype, seed=T)
+    assert result.ok, f"{result.failures()} | {result}"
+
+
+@pytest.mark.parametrize("tiles", [(16, 64), (32, 32), (64, 16), (16, 16)])
+def test_dq_tiles_do_not_change_the_result(tiles):
+    x = harness.gated_inputs(1, 20, 2, 48, 40, initial_state=True, bonus=True, names=("r", "k", "v", "w"))
+    result = harness.compare(lambda **kw: fused_recurrent_rwkv6(**kw, dq_tiles=tiles), reference.recurrent_rwkv6, x)
+    assert result.ok, result
+
+
+def test_explicit_scale_and_no_final_state():
+    x = harness.gated_inputs(1, 9, 1, 16, 16, initial_state=False, names=("q", "k", "v", "gk"))
+    o, ht = fused_recurrent_gla(**x, scale=0.3)
+    ref, _ = _gla(**x, scale=0.3)
+    assert ht is None
+    torch.testing.assert_close(o.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_poisoned_outputs_are_fully_written():
+    # NaN-filled outputs would survive if a store missed an element; the kernels allocate with empty, so
+    # check that no element is left unwritten for a ragged shape.
+    x = harness.gated_inputs(1, 7, 3, 20, 12, initial_state=True, bonus=True, names=("r", "k", "v", "w"))
+    o, ht = fused_recurrent_rwkv6(**x, output_final_state=True)
+    assert torch.isfinite(o).all() and torch.isfinite(ht).all()

@@ -1,0 +1,64 @@
+import pytest
+import torch
+
+from conftest import run_python
+
+no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU (interpreter) path")
+
+
+@no_cuda
+def test_import_turns_the_interpreter_on_without_cuda():
+    out = run_python("import os, fla_lab; print(os.environ['TRITON_INTERPRET'], fla_lab.device(), fla_lab.interpreting())")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1", "cpu", "True"]
+
+
+def test_user_setting_is_respected():
+    out = run_python("import fla_lab; print(fla_lab.runtime.describe()['TRITON_INTERPRET'])",
+                     {"TRITON_INTERPRET": "1"})
+    assert "set by you" in out.stdout
+
+
+@no_cuda
+def test_kernels_decorated_before_the_switch_are_reported():
+    # TRITON_INTERPRET=0 without CUDA: kernels get compiled-mode decorators, as when a kernel module is imported
+    # before fla_lab; doctor must say so and say what to do, not crash.
+    code = ("import fla_lab, fla_lab.ops; from fla_lab import runtime; runtime._STATE['interpret'] = True; "
+            "print('\\n'.join(runtime.problems()))")
+    out = run_python(code, {"TRITON_INTERPRET": "0"})
+    assert out.returncode == 0, out.stderr
+    assert "decorated before the Triton interpreter was switched on" in out.stdout
+    assert "Restart the Python kernel" in out.stdout
+
+
+@no_cuda
+def test_interpreter_off_without_cuda_is_a_clear_problem():
+    out = run_python("import fla_lab; print(fla_lab.doctor())", {"TRITON_INTERPRET": "0"})
+    assert "TRITON_INTERPRET=0" in out.stdout and out.stdout.strip().endswith("False")
+
+
+def test_doctor_cli_passes():
+    out = run_python("import sys; from fla_lab.__main__ import main; sys.exit(main(['doctor']))")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "doctor: all good" in out.stdout
+    assert "health check: fused_recurrent_gla" in out.stdout
+
+
+def test_unsupported_triton_is_reported(monkeypatch):
+    from fla_lab import runtime
+
+    monkeypatch.setattr(runtime, "triton_version", lambda: (2, 2))
+    assert any("outside the tested range" in p for p in runtime.problems())
+    monkeypatch.setattr(runtime, "triton_version", lambda: None)
+    assert any("triton is not installed" in p for p in runtime.problems())
+
+
+def test_interpreter_overflow_warnings_stay_out_of_output():
+    # exp(+100) overflows in fp32: numpy warns inside the interpreter unless fla_lab filtered it
+    code = ("import fla_lab, torch; from fla_lab.ops import fused_recurrent_gla, set_value_checks\n"
+            "set_value_checks(False); x = torch.randn(1, 4, 1, 16); g = torch.full((1, 4, 1, 16), 100.0)\n"
+            "o, _ = fused_recurrent_gla(x, x, x, g); print(bool(torch.isfinite(o).all()))")
+    out = run_python(code)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"  # the overflow really happened
+    assert "RuntimeWarning" not in out.stderr and "overflow" not in out.stderr, out.stderr
