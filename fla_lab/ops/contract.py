@@ -3,10 +3,11 @@
 Shape, dtype, device and keyword checks read only metadata and always run. Value checks (a positive
 log-decay, non-finite values) read the data; on the CPU they always run, on a GPU they cost a reduction and a
 device sync per call, so they are off by default there: turn them on with `set_value_checks(True)` (or
-FLA_LAB_VALUE_CHECKS=1) while debugging.
+FLA_LAB_VALUE_CHECKS=1) while debugging, or for one block with `with value_checks(True): ...`.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 
@@ -19,6 +20,10 @@ class LayoutWarning(UserWarning):
     """Inputs look like [B, H, T, D] where [B, T, H, D] is expected. Silence with `warnings.simplefilter('ignore', LayoutWarning)`."""
 
 
+class TransitionWarning(UserWarning):
+    """An RWKV-7 transition `diag(exp w) + b a^T` has an eigenvalue above 1: the state can grow step after step."""
+
+
 _value_checks: bool | None = None  # None: decide by device
 
 
@@ -28,7 +33,22 @@ def set_value_checks(enabled: bool | None) -> None:
     _value_checks = enabled
 
 
+@contextlib.contextmanager
+def value_checks(enabled: bool | None):
+    """Value checks on (True), off (False) or by device (None) inside the block, restored afterwards.
+
+    The layers use `value_checks(False)` to let a deliberately wrong input (a `bug=` switch) reach the kernel.
+    """
+    global _value_checks
+    previous, _value_checks = _value_checks, enabled
+    try:
+        yield
+    finally:
+        _value_checks = previous
+
+
 def value_checks_enabled(x: torch.Tensor) -> bool:
+    """Whether to read `x`'s values: on for CPU tensors, off for CUDA ones (a sync per call), unless set."""
     if _value_checks is not None:
         return _value_checks
     env = os.environ.get("FLA_LAB_VALUE_CHECKS")
@@ -98,32 +118,99 @@ def check_log_decay(op: str, name: str, g: torch.Tensor) -> None:
             f"`F.logsigmoid(x)` or `-torch.exp(x)`, not `sigmoid(x)` or a decay in (0, 1).")
 
 
-def check_gated_inputs(op: str, q, k, v, g, *, names=("q", "k", "v", "g"), u=None, initial_state=None,
-                       kwargs=None) -> None:
-    """The contract of GLA-style ops: q, k, g `[B, T, H, K]`, v `[B, T, H, V]`, u `[H, K]`, h0 `[B, H, K, V]`."""
+def _check_metadata(op: str, tensors: dict, first: str, same_dtype: tuple[str, ...], kwargs) -> tuple:
+    """Keywords, types, rank, device and dtypes: everything but the shapes; returns `first`'s [B, T, H, K]."""
     reject_kwargs(op, kwargs or {})
-    nq, nk, nv, ng = names
-    tensors = {nq: q, nk: k, nv: v, ng: g, "u": u, "initial_state": initial_state}
     for name, t in tensors.items():
         if t is not None and not isinstance(t, torch.Tensor):
             raise TypeError(f"{op}: `{name}` must be a torch.Tensor, got {type(t).__name__}")
-    if q.dim() != 4:
-        raise ValueError(f"{op}: `{nq}` must be 4-D [B, T, H, K], got {_describe(q)}")
+    x = tensors[first]
+    if x.dim() != 4:
+        raise ValueError(f"{op}: `{first}` must be 4-D [B, T, H, K], got {_describe(x)}")
     check_same_device(op, tensors)
-    check_dtypes(op, tensors, same=(nq, nk, nv))
-    B, T, H, K = q.shape
-    check_shape(op, nk, k, (B, T, H, K), f"like `{nq}`, [B, T, H, K]")
-    check_shape(op, ng, g, (B, T, H, K), f"like `{nq}`, [B, T, H, K]")
+    check_dtypes(op, tensors, same=same_dtype)
+    if x.shape[1] == 0:
+        raise ValueError(f"{op}: the sequence is empty (T = 0)")
+    return tuple(x.shape)
+
+
+def _check_value_shape(op: str, nv: str, v: torch.Tensor, B: int, T: int, H: int) -> int:
     if v.dim() != 4 or tuple(v.shape[:3]) != (B, T, H):
         raise ValueError(f"{op}: `{nv}` should be [B, T, H, V] = ({B}, {T}, {H}, V), got {_describe(v)}")
-    V = v.shape[-1]
+    return v.shape[-1]
+
+
+def check_gated_inputs(op: str, q, k, v, g, *, names=("q", "k", "v", "g"), u=None, initial_state=None,
+                       kwargs=None) -> None:
+    """The contract of GLA-style ops: q, k, g `[B, T, H, K]`, v `[B, T, H, V]`, u `[H, K]`, h0 `[B, H, K, V]`.
+
+    Value checks (finite inputs, log-decay <= 0) follow `value_checks_enabled`: on for CPU tensors, off by
+    default on CUDA so the GPU fast path never syncs.
+    """
+    nq, nk, nv, ng = names
+    tensors = {nq: q, nk: k, nv: v, ng: g, "u": u, "initial_state": initial_state}
+    B, T, H, K = _check_metadata(op, tensors, nq, (nq, nk, nv), kwargs)
+    check_shape(op, nk, k, (B, T, H, K), f"like `{nq}`, [B, T, H, K]")
+    check_shape(op, ng, g, (B, T, H, K), f"like `{nq}`, [B, T, H, K]")
+    V = _check_value_shape(op, nv, v, B, T, H)
     if u is not None:
         check_shape(op, "u", u, (H, K), "[H, K]")
     if initial_state is not None:
         check_shape(op, "initial_state", initial_state, (B, H, K, V), "[B, H, K, V]")
-    if T == 0:
-        raise ValueError(f"{op}: the sequence is empty (T = 0)")
     warn_if_head_first(op, nq, q)
     if value_checks_enabled(q):
         check_finite(op, tensors)
         check_log_decay(op, ng, g)
+
+
+TRANSITION_TOL = 0.02  # bf16 rounding of a unit-norm kk moves a contract transition's radius by ~4e-3 above 1
+TRANSITION_SAMPLES = 32
+
+
+def transition_radius(w: torch.Tensor, a: torch.Tensor, b: torch.Tensor, samples: int = TRANSITION_SAMPLES,
+                      seed: int = 0) -> float:
+    """Largest |eigenvalue| of `diag(exp w_t) + b_t a_t^T` over `samples` random (batch, step, head) triples.
+
+    For RWKV-7's `a = -kk`, `b = kk * a_gate` (unit-norm kk, a_gate in [0, 1]) it is <= 1: the rank-one term
+    removes part of the state. For `a, b ~ U(0, 1)` (upstream #150) it is about 1 + a.b, near 17 for K = 64.
+    """
+    B, T, H, K = w.shape
+    gen = torch.Generator().manual_seed(seed)
+    flat = torch.randperm(B * T * H, generator=gen)[:samples]
+    pick = lambda x: x.detach().reshape(B * T * H, K)[flat.to(x.device)].cpu().double()  # noqa: E731
+    w, a, b = pick(w), pick(a), pick(b)
+    M = torch.diag_embed(w.exp()) + b[:, :, None] * a[:, None, :]
+    return float(torch.linalg.eigvals(M).abs().max())
+
+
+def warn_if_transition_grows(op: str, w, a, b) -> None:
+    radius = transition_radius(w, a, b)
+    if radius > 1 + TRANSITION_TOL:
+        warnings.warn(
+            f"{op}: the transition diag(exp w) + b a^T has an eigenvalue of modulus {radius:.3g} > 1, so the "
+            f"state can grow like {radius:.3g}^t and overflow (upstream #150 used a, b ~ rand). RWKV-7 passes "
+            "a = -kk, b = kk * a_gate with kk = F.normalize(k * k_k, dim=-1) and a_gate in (0, 1). Silence: "
+            "warnings.simplefilter('ignore', fla_lab.ops.contract.TransitionWarning).",
+            TransitionWarning, stacklevel=4)
+
+
+def check_rwkv7_inputs(op: str, r, w, k, v, a, b, initial_state=None, kwargs=None) -> None:
+    """The contract of RWKV-7 (DPLR) ops: r, w, k, a, b `[B, T, H, K]`, v `[B, T, H, V]`, h0 `[B, H, K, V]`.
+
+    `w` is the natural-log decay (<= 0) and may be float32 while the rest is bf16 (the layer computes the decay
+    in fp32, upstream #181). r, k, v, a, b share a dtype. Value checks (finite, w <= 0, and a `TransitionWarning`
+    when diag(exp w) + b a^T can grow the state) follow `value_checks_enabled`: on for CPU tensors, off by
+    default on CUDA.
+    """
+    tensors = {"r": r, "w": w, "k": k, "v": v, "a": a, "b": b, "initial_state": initial_state}
+    B, T, H, K = _check_metadata(op, tensors, "r", ("r", "k", "v", "a", "b"), kwargs)
+    for name in ("w", "k", "a", "b"):
+        check_shape(op, name, tensors[name], (B, T, H, K), "like `r`, [B, T, H, K]")
+    V = _check_value_shape(op, "v", v, B, T, H)
+    if initial_state is not None:
+        check_shape(op, "initial_state", initial_state, (B, H, K, V), "[B, H, K, V]")
+    warn_if_head_first(op, "r", r)
+    if value_checks_enabled(r):
+        check_finite(op, tensors)
+        check_log_decay(op, "w", w)
+        warn_if_transition_grows(op, w, a, b)

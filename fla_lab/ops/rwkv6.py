@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from fla_lab.ops import contract
 from fla_lab.ops.common import check_bug
+from fla_lab.ops.chunk import chunk
 from fla_lab.ops.recurrent import fused_recurrent
 
 
@@ -24,3 +25,19 @@ def fused_recurrent_rwkv6(r, k, v, w, u, scale=None, initial_state=None, output_
     scale = r.shape[-1] ** -0.5 if scale is None else scale
     return fused_recurrent(r, k, v, w, u, scale, initial_state, output_final_state, dq_tiles,
                            bug == "transposed_h0_mask")
+
+
+def chunk_rwkv6(r, k, v, w, u, scale=None, initial_state=None, output_final_state=False, chunk_size=64, bug=None,
+                **kwargs):
+    """Chunked RWKV6 (see `fla_lab.ops.chunk`), forward and backward in Triton.
+
+    `w` is the `[B, T, H, K]` natural-log decay (<= 0), `u` the `[H, K]` bonus; `chunk_size` a power of two
+    >= 16. `bug="exclusive_reference"` restores upstream #77's reference row (fixed in 0c1c0b65): NaN in the
+    output and dq once the per-step log-decay is about -89 or stronger.
+    """
+    check_bug(bug, "chunk_rwkv6")
+    contract.check_gated_inputs("chunk_rwkv6", r, k, v, w, names=("r", "k", "v", "w"), u=u,
+                                initial_state=initial_state, kwargs=kwargs)
+    scale = r.shape[-1] ** -0.5 if scale is None else scale
+    return chunk(r, k, v, w, u, scale, initial_state, output_final_state, chunk_size,
+                 bug == "exclusive_reference")

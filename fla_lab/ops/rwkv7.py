@@ -1,0 +1,218 @@
+"""RWKV-7 / DPLR: `S_t = (diag(exp w_t) + b_t a_t^T) S_{t-1} + k_t v_t^T`, `o_t = scale * S_t^T r_t`.
+
+Reference: `fla_lab.reference.recurrent_rwkv7`. The transition acts on the key axis only, so every value column
+of the `[K, V]` state evolves on its own: a program owns a `[K, BV]` tile (the whole key dimension) of one head.
+
+Backward with state checkpoints, as the official RWKV-7 CUDA kernels do (BlinkDL/RWKV-LM `wkv7_cuda.cu`,
+`CHUNK_LEN = 16`): the forward stores the state entering every `CHECKPOINT_EVERY`-step segment,
+`[B, H, ceil(T/16), K, V]` fp32 (T/16 states per head, never one per step). The backward walks the segments
+in reverse, replays each segment forward from its checkpoint into a small scratch, then runs the adjoint
+backwards through it. It never divides by the decay to step backwards: that is unstable once decays leave
+RWKV-7's range (-e^-0.5, 0).
+
+Adjoint of one step, with dS the adjoint of S_t (o_t adds `scale * r_t do_t^T` to it) and sa_t = a_t^T S_{t-1}:
+    dr_t = scale * S_t do_t,  dk_t = dS v_t,  dv_t = dS^T k_t,  db_t = dS sa_t,  dsa_t = dS^T b_t,
+    da_t = S_{t-1} dsa_t,  dw_t = exp(w_t) * rowsum(S_{t-1} * dS),  dS_{t-1} = diag(exp w_t) dS + a_t dsa_t^T.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from fla_lab.ops import contract
+from fla_lab.ops.common import as_contiguous, custom_bwd, custom_fwd, grid_size, kernel, next_pow2
+
+MAX_K = 128  # a program keeps the whole key dimension of its state tile in registers
+CHECKPOINT_EVERY = 16  # steps per segment; the official RWKV-7 kernels' CHUNK_LEN
+MAX_BV = 64  # value columns per program (fewer programs under the interpreter; registers on a GPU)
+
+
+@kernel
+def load_step(r, w, k, v, a, b, row, o_k, o_v, m_k, m_v, K: tl.constexpr, V: tl.constexpr):
+    """One step's vectors in fp32: r, exp(w), k, a, b over keys `[BK]`, v over this program's values `[BV]`."""
+    b_r = tl.load(r + row * K + o_k, mask=m_k, other=0).to(tl.float32)
+    b_d = tl.exp(tl.load(w + row * K + o_k, mask=m_k, other=0).to(tl.float32))
+    b_k = tl.load(k + row * K + o_k, mask=m_k, other=0).to(tl.float32)
+    b_a = tl.load(a + row * K + o_k, mask=m_k, other=0).to(tl.float32)
+    b_b = tl.load(b + row * K + o_k, mask=m_k, other=0).to(tl.float32)
+    b_v = tl.load(v + row * V + o_v, mask=m_v, other=0).to(tl.float32)
+    return b_r, b_d, b_k, b_v, b_a, b_b
+
+
+@kernel
+def transition(b_h, b_d, b_k, b_v, b_a, b_b):
+    """S_{t-1} -> S_t on a `[BK, BV]` tile; also returns sa = a^T S_{t-1}, read before the decay."""
+    b_sa = tl.sum(b_a[:, None] * b_h, axis=0)
+    return b_h * b_d[:, None] + b_b[:, None] * b_sa[None, :] + b_k[:, None] * b_v[None, :], b_sa
+
+
+@kernel
+def fused_recurrent_rwkv7_fwd_kernel(r, w, k, v, a, b, o, h0, ht, hc, scale, T,
+                                     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                                     BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
+                                     USE_H0: tl.constexpr, STORE_HT: tl.constexpr, STORE_HC: tl.constexpr):
+    """One step per iteration, segments of BT steps; `hc[b, h, s]` is the state entering segment s."""
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < K, o_v < V
+    m_kv = m_k[:, None] & m_v[None, :]
+    p_kv = o_k[:, None] * V + o_v[None, :]
+    NS = tl.cdiv(T, BT)
+    b_h = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_H0:
+        b_h += tl.load(h0 + i_bh * K * V + p_kv, mask=m_kv, other=0).to(tl.float32)
+    for i_s in range(0, NS):
+        if STORE_HC:  # int64: B * H * NS * K * V passes 2**31 on long sequences
+            tl.store(hc + (i_bh.to(tl.int64) * NS + i_s) * K * V + p_kv, b_h, mask=m_kv)
+        for t in range(i_s * BT, tl.minimum(i_s * BT + BT, T)):
+            row = (i_b * T + t) * H + i_h
+            b_r, b_d, b_k, b_v, b_a, b_b = load_step(r, w, k, v, a, b, row, o_k, o_v, m_k, m_v, K, V)
+            b_h, b_sa = transition(b_h, b_d, b_k, b_v, b_a, b_b)
+            b_o = tl.sum(b_h * b_r[:, None], axis=0) * scale
+            tl.store(o + row * V + o_v, b_o.to(o.dtype.element_ty), mask=m_v)
+    if STORE_HT:
+        tl.store(ht + i_bh * K * V + p_kv, b_h, mask=m_kv)
+
+
+@kernel
+def fused_recurrent_rwkv7_bwd_kernel(r, w, k, v, a, b, do, dht, hc, scratch, dr, dw, dk, dv, da, db, dh0,
+                                     scale, B, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                                     BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
+                                     USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr):
+    """Segments in reverse: replay S_{t-1} for the segment's steps into `scratch`, then the adjoint backwards.
+
+    Gradients that contract over values (dr, dw, dk, da, db) are partial sums per value block
+    `[NV, B, T, H, K]`; dv and dh0 belong to this program's columns alone.
+    """
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    NV = tl.num_programs(0)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < K, o_v < V
+    m_kv = m_k[:, None] & m_v[None, :]
+    p_kv = o_k[:, None] * V + o_v[None, :]
+    p_scratch = scratch + (i_bh * NV + i_v).to(tl.int64) * BT * BK * BV + o_k[:, None] * BV + tl.arange(0, BV)[None, :]
+    NS = tl.cdiv(T, BT)
+    b_dh = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_DHT:
+        b_dh += tl.load(dht + i_bh * K * V + p_kv, mask=m_kv, other=0).to(tl.float32)
+    for i in range(0, NS):
+        i_s = NS - 1 - i
+        t0 = i_s * BT
+        n = tl.minimum(BT, T - t0)
+        b_h = tl.load(hc + (i_bh.to(tl.int64) * NS + i_s) * K * V + p_kv, mask=m_kv, other=0)
+        for j in range(0, n):  # replay: scratch[j] = S_{t0+j-1}
+            row = (i_b * T + t0 + j) * H + i_h
+            tl.store(p_scratch + j * BK * BV, b_h, mask=m_kv)
+            b_r, b_d, b_k, b_v, b_a, b_b = load_step(r, w, k, v, a, b, row, o_k, o_v, m_k, m_v, K, V)
+            b_h, b_sa = transition(b_h, b_d, b_k, b_v, b_a, b_b)
+        tl.debug_barrier()  # the replay's stores must land before the adjoint reads them
+        for jj in range(0, n):
+            j = n - 1 - jj
+            row = (i_b * T + t0 + j) * H + i_h
+            b_hp = tl.load(p_scratch + j * BK * BV, mask=m_kv, other=0)  # S_{t-1}
+            b_r, b_d, b_k, b_v, b_a, b_b = load_step(r, w, k, v, a, b, row, o_k, o_v, m_k, m_v, K, V)
+            b_do = tl.load(do + row * V + o_v, mask=m_v, other=0).to(tl.float32)
+            b_h, b_sa = transition(b_hp, b_d, b_k, b_v, b_a, b_b)  # S_t, one step from S_{t-1}
+            b_dh += scale * b_r[:, None] * b_do[None, :]
+            b_dsa = tl.sum(b_dh * b_b[:, None], axis=0)
+            p_k = (i_v * B * T * H + row) * K + o_k
+            tl.store(dr + p_k, scale * tl.sum(b_h * b_do[None, :], axis=1), mask=m_k)
+            tl.store(dk + p_k, tl.sum(b_dh * b_v[None, :], axis=1), mask=m_k)
+            tl.store(db + p_k, tl.sum(b_dh * b_sa[None, :], axis=1), mask=m_k)
+            tl.store(da + p_k, tl.sum(b_hp * b_dsa[None, :], axis=1), mask=m_k)
+            tl.store(dw + p_k, b_d * tl.sum(b_hp * b_dh, axis=1), mask=m_k)
+            tl.store(dv + row * V + o_v, tl.sum(b_dh * b_k[:, None], axis=0), mask=m_v)
+            b_dh = b_dh * b_d[:, None] + b_a[:, None] * b_dsa[None, :]
+        tl.debug_barrier()  # the next segment's replay overwrites the scratch
+    if STORE_DH0:
+        tl.store(dh0 + i_bh * K * V + p_kv, b_dh, mask=m_kv)
+
+
+def _value_block(V: int) -> int:
+    return min(next_pow2(V), MAX_BV)
+
+
+def _forward(r, w, k, v, a, b, scale, h0, output_final_state, save_checkpoints):
+    B, T, H, K = r.shape
+    V = v.shape[-1]
+    BK, BV = next_pow2(K), _value_block(V)
+    f32 = dict(dtype=torch.float32, device=r.device)
+    o = torch.empty(B, T, H, V, dtype=r.dtype, device=r.device)
+    ht = torch.empty(B, H, K, V, **f32) if output_final_state else None
+    hc = torch.empty(B, H, triton.cdiv(T, CHECKPOINT_EVERY), K, V, **f32) if save_checkpoints else None
+    fused_recurrent_rwkv7_fwd_kernel[(grid_size(V, BV), B * H)](
+        r, w, k, v, a, b, o, h0, ht, hc, scale, T, H=H, K=K, V=V, BK=BK, BV=BV, BT=CHECKPOINT_EVERY,
+        USE_H0=h0 is not None, STORE_HT=output_final_state, STORE_HC=save_checkpoints)
+    return o, ht, hc
+
+
+def _backward(r, w, k, v, a, b, scale, h0, hc, do, dht):
+    B, T, H, K = r.shape
+    V = v.shape[-1]
+    BK, BV = next_pow2(K), _value_block(V)
+    NV = grid_size(V, BV)
+    f32 = dict(dtype=torch.float32, device=r.device)
+    dr, dw, dk, da, db = (torch.empty(NV, B, T, H, K, **f32) for _ in range(5))
+    dv = torch.empty(B, T, H, V, **f32)
+    dh0 = torch.empty(B, H, K, V, **f32) if h0 is not None else None
+    scratch = torch.empty(B * H * NV, CHECKPOINT_EVERY, BK, BV, **f32)
+    fused_recurrent_rwkv7_bwd_kernel[(NV, B * H)](
+        r, w, k, v, a, b, do, dht, hc, scratch, dr, dw, dk, dv, da, db, dh0, scale, B, T,
+        H=H, K=K, V=V, BK=BK, BV=BV, BT=CHECKPOINT_EVERY, USE_DHT=dht is not None, STORE_DH0=h0 is not None)
+    return dr.sum(0), dw.sum(0), dk.sum(0), dv, da.sum(0), db.sum(0), dh0
+
+
+class FusedRecurrentRWKV7Function(torch.autograd.Function):
+    @staticmethod
+    @custom_fwd
+    def forward(ctx, r, w, k, v, a, b, scale, h0, output_final_state):
+        r, w, k, v, a, b, h0 = as_contiguous(r, w, k, v, a, b, h0)
+        needs_grad = any(ctx.needs_input_grad[:6]) or ctx.needs_input_grad[7]
+        o, ht, hc = _forward(r, w, k, v, a, b, scale, h0, output_final_state, save_checkpoints=needs_grad)
+        ctx.save_for_backward(r, w, k, v, a, b, h0, hc)
+        ctx.scale = scale
+        return o, ht
+
+    @staticmethod
+    @custom_bwd
+    def backward(ctx, do, dht):
+        r, w, k, v, a, b, h0, hc = ctx.saved_tensors
+        do, dht = as_contiguous(do, dht)
+        dr, dw, dk, dv, da, db, dh0 = _backward(r, w, k, v, a, b, ctx.scale, h0, hc, do, dht)
+        cast = lambda grad, like: None if like is None else grad.to(like.dtype)  # noqa: E731
+        return (cast(dr, r), cast(dw, w), cast(dk, k), cast(dv, v), cast(da, a), cast(db, b), None,
+                cast(dh0, h0), None)
+
+
+def check_key_width(op: str, K: int) -> None:
+    if K > MAX_K:
+        raise ValueError(f"{op}: K={K} > {MAX_K}: each program keeps the whole key dimension of its state tile "
+                         f"in registers. Split the heads so that K <= {MAX_K}.")
+
+
+def fused_recurrent_rwkv7(r, w, k, v, a, b, scale=1.0, initial_state=None, output_final_state=False, **kwargs):
+    """Fused recurrent RWKV-7, forward and backward in Triton.
+
+    `w` is the `[B, T, H, K]` natural-log decay (<= 0; RWKV-7 keeps it in (-e^-0.5, 0)); `a, b` the removal
+    vectors (RWKV-7: `a = -kk`, `b = kk * a_gate`, see `fla_lab.harness.rwkv7_inputs`). The state is
+    `[B, H, K, V]` fp32. `w` may be float32 while the rest is bf16 (the layer keeps the decay in fp32, upstream
+    #181). Returns `(o, final_state or None)`; K <= MAX_K = 128.
+
+    Differences from flash-linear-attention 0.6.0:
+    - upstream's `fused_recurrent_rwkv7` defaults to `scale=None`, meaning `K ** -0.5`, and
+      `output_final_state=True`, while upstream's `chunk_rwkv7` defaults to `scale=1.0`. fla_lab defaults to
+      `scale=1.0`, RWKV-7's own value (`scale=None` still means `K ** -0.5`), and `output_final_state=False`.
+    - upstream's fused recurrent RWKV7 is inference only (its backward raises `NotImplementedError`);
+      this one has a backward, with one state checkpoint every `CHECKPOINT_EVERY` = 16 steps.
+    """
+    op = "fused_recurrent_rwkv7"
+    contract.check_rwkv7_inputs(op, r, w, k, v, a, b, initial_state, kwargs)
+    check_key_width(op, r.shape[-1])
+    scale = r.shape[-1] ** -0.5 if scale is None else scale
+    o, ht = FusedRecurrentRWKV7Function.apply(r, w, k, v, a, b, scale, initial_state, output_final_state)
+    return o, (ht if output_final_state else None)

@@ -1,0 +1,144 @@
+"""fused_recurrent_rwkv7 against the float64 reference: output, final state and every gradient.
+
+Inputs follow RWKV-7's contract (`harness.rwkv7_inputs`): `a = -kk`, `b = kk * a_gate`, decays in RWKV-7's
+range and far outside it. Odd T exercises the partial last checkpoint segment; V = 96 gives two value blocks
+(partial sums over blocks) and masked key/value lanes (K = 24).
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from fla_lab import check, harness, reference, runtime
+from fla_lab.ops import rwkv7
+from fla_lab.ops.rwkv7 import fused_recurrent_rwkv7
+
+F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
+
+# (B, T, H, K, V, decay, initial_state, dtype); decay None is RWKV-7's range, a number m gives -m * U(0.05, 1)
+CASES = [
+    (1, 1, 1, 16, 16, None, True, F32),
+    (1, 15, 2, 32, 16, None, False, F32),
+    (2, 16, 1, 16, 64, None, True, F32),
+    (1, 17, 3, 32, 16, None, True, F32),
+    (2, 33, 2, 16, 32, None, False, F32),
+    (1, 100, 1, 32, 32, None, True, F32),
+    (1, 33, 1, 24, 96, None, True, F32),
+    (1, 16, 1, 128, 16, None, True, F32),
+    (1, 17, 1, 32, 16, 5, True, F32),
+    (2, 33, 1, 16, 64, 50, False, F32),
+    (1, 40, 2, 16, 16, 1000, True, F32),
+    (1, 33, 1, 24, 96, 1000, True, F32),
+    (2, 17, 3, 16, 16, None, True, BF16),
+    (1, 33, 1, 32, 16, None, False, BF16),
+    (1, 100, 1, 16, 32, None, True, BF16),
+    (1, 17, 2, 16, 64, 50, True, BF16),
+    (1, 33, 1, 32, 16, None, True, F16),
+]
+
+
+def _id(case):
+    B, T, H, K, V, decay, h0, dtype = case
+    return f"B{B}-T{T}-H{H}-K{K}-V{V}-w{decay or 'rwkv7'}-{'h0' if h0 else 'noh0'}-{str(dtype)[6:]}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=map(_id, CASES))
+def test_matches_reference(case):
+    B, T, H, K, V, decay, h0, dtype = case
+    inputs = harness.rwkv7_inputs(B, T, H, K, V, decay=decay, initial_state=h0, seed=T + K)
+    result = harness.compare(fused_recurrent_rwkv7, reference.recurrent_rwkv7, inputs, dtype=dtype)
+    assert result.ok, f"{result.failures()} (all: {result})"
+
+
+@pytest.mark.parametrize("scale", [0.25, None])
+def test_scale(scale):
+    """`scale=None` means K ** -0.5, like the reference; the default 1.0 is covered above."""
+    inputs = harness.rwkv7_inputs(1, 19, 1, 16, 16)
+    result = harness.compare(fused_recurrent_rwkv7, reference.recurrent_rwkv7, inputs, scale=scale)
+    assert result.ok, f"{result.failures()} (all: {result})"
+
+
+def _on_device(inputs, requires_grad=True):
+    return {n: x.to(runtime.device()).requires_grad_(requires_grad) for n, x in inputs.items()}
+
+
+def test_gradients_without_final_state():
+    """No `dht`: the adjoint starts from zero instead of the final state's cotangent."""
+    inputs = harness.rwkv7_inputs(1, 21, 2, 16, 32)
+    ours = _on_device(inputs)
+    theirs = {n: x.detach().double().cpu().requires_grad_() for n, x in inputs.items()}
+    o, ht = fused_recurrent_rwkv7(**ours)
+    o_ref, _ = reference.recurrent_rwkv7(**theirs)
+    assert ht is None
+    do = torch.randn(o_ref.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    (o * do.to(o)).sum().backward()
+    (o_ref * do).sum().backward()
+    errors = check.grad_errors({n: x.grad for n, x in theirs.items()}, {n: x.grad for n, x in ours.items()})
+    assert max(errors.values()) <= check.tolerance(F32).grad, errors
+
+
+def test_float32_decay_with_bf16_inputs():
+    """The layer keeps `w` in fp32 (upstream #181): each gradient comes back in its own input's dtype."""
+    inputs = harness.rwkv7_inputs(1, 18, 1, 16, 16, initial_state=False)
+    ours = _on_device({n: (x if n == "w" else x.to(BF16)) for n, x in inputs.items()})
+    theirs = {n: x.detach().double().cpu().requires_grad_() for n, x in ours.items()}
+    o, _ = fused_recurrent_rwkv7(**ours)
+    o_ref, _ = reference.recurrent_rwkv7(**theirs)
+    do = torch.randn(o_ref.shape, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    (o.float() * do.to(o.device, torch.float32)).sum().backward()
+    (o_ref * do).sum().backward()
+    assert o.dtype == BF16 and ours["w"].grad.dtype == F32 and ours["r"].grad.dtype == BF16
+    assert check.rel_error(o, o_ref) <= check.tolerance(BF16).fwd
+    errors = check.grad_errors({n: x.grad for n, x in theirs.items()}, {n: x.grad for n, x in ours.items()})
+    assert max(errors.values()) <= check.tolerance(BF16).grad, errors
+
+
+def test_gradient_of_initial_state_alone():
+    """Only h0 requires grad: the forward must still keep the checkpoints the backward replays."""
+    inputs = harness.rwkv7_inputs(1, 35, 1, 16, 16)
+    ours = _on_device(inputs, requires_grad=False)
+    ours["initial_state"].requires_grad_()
+    h0_ref = inputs["initial_state"].detach().double().requires_grad_()
+    ref_inputs = {n: x.double() for n, x in inputs.items() if n != "initial_state"}
+    o, _ = fused_recurrent_rwkv7(**ours)
+    o_ref, _ = reference.recurrent_rwkv7(**ref_inputs, initial_state=h0_ref)
+    o.sum().backward()
+    o_ref.sum().backward()
+    check.assert_close("dh0", ours["initial_state"].grad, h0_ref.grad, check.tolerance(F32).grad)
+
+
+@pytest.mark.parametrize("T", [16, 37])
+def test_checkpoints_hold_segment_states(T):
+    """The backward saves ceil(T/16) states per head, each the state entering its 16-step segment, and
+    nothing that grows like one state per step."""
+    B, H, K, V = 1, 2, 16, 32
+    every = rwkv7.CHECKPOINT_EVERY
+    assert every == 16  # the official RWKV-7 kernels' CHUNK_LEN
+    inputs = harness.rwkv7_inputs(B, T, H, K, V)
+    o, _ = fused_recurrent_rwkv7(**_on_device(inputs))
+    saved = o.grad_fn.saved_tensors
+    states = [x for x in saved if x is not None and x.dim() == 5]
+    assert [tuple(x.shape) for x in states] == [(B, H, math.ceil(T / every), K, V)]
+    assert sum(x.numel() for x in saved if x is not None) == (  # the inputs and T/16 states, nothing per step
+        sum(x.numel() for x in inputs.values()) + states[0].numel())
+    for s in range(math.ceil(T / every)):
+        prefix = {n: (x if n == "initial_state" else x[:, :s * every]) for n, x in inputs.items()}
+        expected = prefix["initial_state"] if s == 0 else reference.recurrent_rwkv7(
+            **prefix, output_final_state=True)[1]
+        check.assert_close(f"checkpoint {s}", states[0][:, :, s], expected, check.tolerance(F32).fwd)
+
+
+def test_rejects_keys_wider_than_a_tile():
+    inputs = harness.rwkv7_inputs(1, 4, 1, rwkv7.MAX_K + 32, 16)
+    with pytest.raises(ValueError, match=f"K={rwkv7.MAX_K + 32}"):
+        fused_recurrent_rwkv7(**inputs)
+
+
+@pytest.mark.parametrize("name", ["a", "b"])
+def test_rejects_misshapen_removal_vectors(name):
+    inputs = harness.rwkv7_inputs(1, 4, 1, 16, 16)
+    inputs[name] = inputs[name][..., :8]
+    with pytest.raises(ValueError, match=f"`{name}`"):
+        fused_recurrent_rwkv7(**inputs)
