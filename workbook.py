@@ -165,7 +165,27 @@ def execute(paths: list[str]) -> int:
         run([PY, "-m", "jupyter", "nbconvert", "--to", "notebook", "--execute", "--inplace",
              "--ExecutePreprocessor.timeout=600", "--ExecutePreprocessor.kernel_name=python3", nb], env=env,
             cwd=nb.parent)
+        strip_machine_paths(nb)
     return 0
+
+
+def strip_machine_paths(nb: Path) -> None:
+    """Saved tracebacks name files by absolute path: keep them readable but machine-independent."""
+    import json
+    import re
+
+    patterns = [(re.escape(str(ROOT)) + "/", ""), (r"/[^\s'\"]*?/site-packages/", "<site-packages>/"),
+                (r"/tmp/ipykernel_\d+/\d+\.py", "<ipykernel-cell>")]
+    data = json.loads(nb.read_text())
+    for cell in data["cells"]:
+        for output in cell.get("outputs", []):
+            for key in ("traceback", "text"):
+                if key in output:
+                    lines = output[key] if isinstance(output[key], list) else [output[key]]
+                    for pattern, repl in patterns:
+                        lines = [re.sub(pattern, repl, line) for line in lines]
+                    output[key] = lines if isinstance(output[key], list) else lines[0]
+    nb.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
 
 
 def lab(extra: list[str]) -> int:

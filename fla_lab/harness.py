@@ -80,20 +80,17 @@ class Comparison:
         return "  ".join(f"{n}={e:.1e}" for n, e in self.errors.items())
 
 
-def _final_state(result):
-    o, ht = result
-    return o, ht
-
-
 def compare(op, reference, inputs: dict[str, torch.Tensor], *, dtype=torch.float32, grads=True,
-            seed=0, **kwargs) -> Comparison:
+            seed=0, state_grad=True, **kwargs) -> Comparison:
     """Run `op(**inputs cast to dtype, on the device)` and `reference(**inputs in float64)` and compare.
 
     `inputs` maps argument names to float32 CPU tensors (e.g. from `gated_inputs`); `initial_state` stays
     float32 as upstream's kernels expect. Keyword `kwargs` go to both (e.g. `scale`).
     """
     dev = runtime.device()
-    ours = {n: (x if n == "initial_state" else x.to(dtype)).to(dev).requires_grad_(grads) for n, x in inputs.items()}
+    # clone: `.to()` is a no-op for fp32 CPU tensors, and gradients must not accumulate in the caller's inputs
+    ours = {n: (x if n == "initial_state" else x.to(dtype)).to(dev).detach().clone().requires_grad_(grads)
+            for n, x in inputs.items()}
     theirs = {n: x.detach().to(torch.float64).cpu().requires_grad_(grads) for n, x in ours.items()}
     o, ht = op(**ours, output_final_state=True, **kwargs)
     o_ref, ht_ref = reference(**theirs, output_final_state=True, **kwargs)
@@ -101,7 +98,7 @@ def compare(op, reference, inputs: dict[str, torch.Tensor], *, dtype=torch.float
     if grads:
         gen = torch.Generator().manual_seed(seed + 1)
         do = torch.randn(o_ref.shape, generator=gen, dtype=torch.float64)
-        dht = torch.randn(ht_ref.shape, generator=gen, dtype=torch.float64)
+        dht = torch.randn(ht_ref.shape, generator=gen, dtype=torch.float64) * float(state_grad)
         ((o * do.to(dev, o.dtype)).sum() + (ht * dht.to(dev, ht.dtype)).sum()).backward()
         ((o_ref * do).sum() + (ht_ref * dht).sum()).backward()
         errors.update(check.grad_errors({n: x.grad for n, x in theirs.items()},

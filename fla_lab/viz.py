@@ -1,6 +1,7 @@
 """Figure helpers shared by every notebook: one style, one place where figures are saved."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import matplotlib
@@ -18,8 +19,10 @@ EXP_OVERFLOW = {dtype: float(torch.log(torch.tensor(torch.finfo(dtype).max, dtyp
 
 
 def figures_dir() -> Path | None:
-    """`figures/` of the repository this package lives in (None when installed elsewhere)."""
-    candidate = Path(__file__).resolve().parent.parent / "figures"
+    """FLA_LAB_FIGURES_DIR if set (the browser test points it at a temp dir), else `figures/` of the repository
+    this package lives in (None when installed elsewhere)."""
+    override = os.environ.get("FLA_LAB_FIGURES_DIR")
+    candidate = Path(override) if override else Path(__file__).resolve().parent.parent / "figures"
     return candidate if candidate.is_dir() else None
 
 

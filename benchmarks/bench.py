@@ -1,0 +1,108 @@
+"""GPU benchmark: fla_lab's kernels beside flash-linear-attention 0.6.0's, in one run.
+
+bf16, B=8, T=4096, H=16, K=V=64 (upstream-baseline.md), `triton.testing.do_bench` medians of the forward and of
+forward+backward (`fn(*x)[0].backward(do)` with fresh gradients). Writes benchmarks/results/bench.json (and a copy
+to $OUT when set); `python benchmarks/plot_bench.py` draws the figure from it on any machine.
+"""
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+import triton  # noqa: E402
+
+import fla_lab  # noqa: E402,F401
+from fla_lab import ops  # noqa: E402
+
+B, T, H, K, V = 8, 4096, 16, 64, 64
+DTYPE = torch.bfloat16
+
+
+def gated(bonus):
+    x = [torch.randn(B, T, H, K), torch.randn(B, T, H, K), torch.randn(B, T, H, V),
+         F.logsigmoid(torch.randn(B, T, H, K))]
+    if bonus:
+        x.append(torch.randn(H, K))
+    return x
+
+
+def rwkv7():
+    kk = F.normalize(torch.randn(B, T, H, K), dim=-1)
+    return [torch.randn(B, T, H, K), -0.6065 * torch.rand(B, T, H, K), torch.randn(B, T, H, K),
+            torch.randn(B, T, H, V), -kk, kk * torch.rand(B, T, H, K)]
+
+
+def cases():
+    ours = {
+        "chunk_gla": (ops.chunk_gla, gated(False), {}),
+        "chunk_rwkv6": (ops.chunk_rwkv6, gated(True), {}),
+        "chunk_rwkv6 bug=exclusive_reference": (ops.chunk_rwkv6, gated(True), {"bug": "exclusive_reference"}),
+        "fused_recurrent_rwkv6": (ops.fused_recurrent_rwkv6, gated(True), {}),
+        "fused_recurrent_rwkv7": (ops.fused_recurrent_rwkv7, rwkv7(), {}),
+    }
+    theirs = {}
+    try:
+        from fla.ops.gla import chunk_gla
+        from fla.ops.rwkv6 import chunk_rwkv6, fused_recurrent_rwkv6
+        from fla.ops.rwkv7 import chunk_rwkv7
+        theirs = {"chunk_gla": (chunk_gla, ours["chunk_gla"][1], {}),
+                  "chunk_rwkv6": (chunk_rwkv6, ours["chunk_rwkv6"][1], {}),
+                  "fused_recurrent_rwkv6": (fused_recurrent_rwkv6, ours["fused_recurrent_rwkv6"][1], {}),
+                  "chunk_rwkv7": (chunk_rwkv7, ours["fused_recurrent_rwkv7"][1], {"scale": 1.0})}
+    except ImportError as exc:
+        print(f"flash-linear-attention not importable ({exc}): fla_lab only")
+    return ours, theirs
+
+
+def timings(fn, inputs, kwargs):
+    x = [t.to("cuda", DTYPE).requires_grad_() for t in inputs]
+    do = torch.randn(B, T, H, V, device="cuda", dtype=DTYPE)
+    forward = lambda: fn(*x, **kwargs)  # noqa: E731
+
+    def forward_backward():
+        forward()[0].backward(do)
+
+    with torch.no_grad():
+        fwd = triton.testing.do_bench(forward, warmup=50, rep=300, return_mode="median")
+    fwd_bwd = triton.testing.do_bench(forward_backward, warmup=50, rep=300, grad_to_none=x, return_mode="median")
+    return fwd, fwd_bwd
+
+
+def main():
+    torch.manual_seed(0)
+    ours, theirs = cases()
+    rows = []
+    for lib, table in (("fla_lab", ours), ("fla 0.6.0", theirs)):
+        for name, (fn, inputs, kwargs) in table.items():
+            fwd, fwd_bwd = timings(fn, inputs, kwargs)
+            rows.append({"lib": lib, "op": name, "fwd_ms": fwd, "fwd_bwd_ms": fwd_bwd})
+            print(f"{lib:<10} {name:<38} fwd {fwd:7.3f} ms   fwd+bwd {fwd_bwd:7.3f} ms", flush=True)
+    result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
+              "shape": {"B": B, "T": T, "H": H, "K": K, "V": V}, "dtype": "bf16", "rows": rows}
+    for folder in (os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"), os.environ.get("OUT")):
+        if folder:
+            with open(os.path.join(folder, "bench.json"), "w") as f:
+                json.dump(result, f, indent=1)
+    print_ratios(rows)
+
+
+def print_ratios(rows):
+    by = {(r["lib"], r["op"]): r for r in rows}
+    print("\nratios (fla_lab / fla 0.6.0, medians; < 1 is faster):")
+    for op, upstream in (("chunk_gla", "chunk_gla"), ("chunk_rwkv6", "chunk_rwkv6"),
+                         ("fused_recurrent_rwkv6", "fused_recurrent_rwkv6"), ("fused_recurrent_rwkv7", "chunk_rwkv7")):
+        a, b = by.get(("fla_lab", op)), by.get(("fla 0.6.0", upstream))
+        if a and b:
+            print(f"  {op:<24} vs {upstream:<22} fwd {a['fwd_ms'] / b['fwd_ms']:5.2f}x   "
+                  f"fwd+bwd {a['fwd_bwd_ms'] / b['fwd_bwd_ms']:5.2f}x")
+    fixed, buggy = by.get(("fla_lab", "chunk_rwkv6")), by.get(("fla_lab", "chunk_rwkv6 bug=exclusive_reference"))
+    if fixed and buggy:
+        print(f"  chunk_rwkv6 fixed / buggy: fwd {fixed['fwd_ms'] / buggy['fwd_ms']:5.3f}x   "
+              f"fwd+bwd {fixed['fwd_bwd_ms'] / buggy['fwd_bwd_ms']:5.3f}x")
+
+
+if __name__ == "__main__":
+    main()

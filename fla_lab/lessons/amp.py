@@ -1,0 +1,300 @@
+"""Notebook 05: RWKV-7's decay sigmoid in bf16 under AMP (upstream #181), a per-step bias that compounds.
+
+Every decay here comes from the layer's own code, `RWKV7Attention.log_decay`: `bug="bf16_decay"` computes
+`-e^-0.5 * sigmoid(x)` in the dtype of the LoRA output `x` (upstream before 965c3553, and again from d9e86d00 /
+v0.2.0 to 0.6.0), the fixed path upcasts `x` to fp32 first. Both start from the same rounded LoRA output, as in a
+bf16 model: what differs is only the rounding of the sigmoid (and of the product), which is what #181 is about.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import types
+
+import matplotlib
+import torch
+from torch import nn
+
+from fla_lab import reference, viz, widgets
+from fla_lab.layers import RWKV7Attention
+
+DEPTH = 12
+SIGMOID_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+AUTOCAST_OPS = ("linear", "exp", "softplus", "log", "sigmoid", "tanh", "mul by a constant")
+# Measured on an NVIDIA H200 (torch 2.11.0+cu130): dtype of each op's result on a bf16 input under
+# torch.autocast("cuda", dtype=torch.bfloat16). CUDA autocast lists exp, log, softplus as fp32 ops.
+CUDA_AUTOCAST_BF16 = {"linear": "bf16", "exp": "fp32", "softplus": "fp32", "log": "fp32", "sigmoid": "bf16",
+                      "tanh": "bf16", "mul by a constant": "bf16"}
+
+
+def _decay_path(bug: str | None):
+    """The layer's `log_decay` with an identity LoRA: feeds it a LoRA output directly."""
+    return types.SimpleNamespace(w_lora=nn.Identity(), bug=bug)
+
+
+def log_decays(lora_output: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, torch.Tensor]:
+    """(buggy, fixed) log-decays in float64 for LoRA outputs rounded to `dtype`, through `RWKV7Attention.log_decay`.
+
+    The buggy path computes the sigmoid in `dtype` (`bug="bf16_decay"`); the fixed one in fp32 (965c3553).
+    """
+    x = lora_output.to(dtype)
+    low = RWKV7Attention.log_decay(_decay_path("bf16_decay"), x)
+    fixed = RWKV7Attention.log_decay(_decay_path(None), x)
+    return low.double(), fixed.double()
+
+
+def lora_grid(lo: float = -8.0, hi: float = 4.0, n: int = 100001) -> torch.Tensor:
+    """Decay-LoRA outputs: -8 is the slowest channel of the official init, 4 far past the fastest."""
+    return torch.linspace(lo, hi, n)
+
+
+def rounding_stats(x: torch.Tensor | None = None, dtype: torch.dtype = torch.bfloat16) -> dict[str, float]:
+    """|w_low - w_fp32| (max, mean) and the same relative to |w_fp32|, over LoRA outputs `x`."""
+    x = lora_grid() if x is None else x
+    low, fixed = log_decays(x, dtype)
+    err, rel = (low - fixed).abs(), ((low - fixed) / fixed).abs()
+    return {"max_abs": float(err.max()), "mean_abs": float(err.mean()), "max_rel": float(rel.max()),
+            "mean_rel": float(rel.mean())}
+
+
+def per_step_bias(x: float, dtype: torch.dtype = torch.bfloat16) -> float:
+    """w_low - w_fp32 for one constant LoRA output: the same error at every step (> 0: decays too slowly)."""
+    low, fixed = log_decays(torch.tensor([x]), dtype)
+    return float(low - fixed)
+
+
+def cumulative_decay(x: float, T, dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, torch.Tensor]:
+    """(relative error of exp(sum_t w), exp(sum_t w) itself) after T steps of the constant LoRA output x.
+
+    The error is the same every step, so the log of the cumulative decay is off by T * bias: the relative error
+    is expm1(T * bias) = (number of e-folds of decay) x (relative error of w), growing linearly in T.
+    """
+    T = torch.as_tensor(T, dtype=torch.float64)
+    low, fixed = log_decays(torch.tensor([x]), dtype)
+    return torch.expm1(T * (low - fixed)), torch.exp(T * fixed)
+
+
+def cumulative_decay_varying(x: float, spread: float, T: int, dtype: torch.dtype = torch.bfloat16,
+                             seed: int = 0) -> torch.Tensor:
+    """Relative error of the cumulative decay at every step when the LoRA output varies per token
+    (x + spread * N(0, 1)): each step's rounding differs, and only their mean keeps compounding."""
+    gen = torch.Generator().manual_seed(seed)
+    low, fixed = log_decays(x + spread * torch.randn(T, generator=gen), dtype)
+    return torch.expm1(torch.cumsum(low - fixed, 0))
+
+
+def plot_rounding_error(dtype: torch.dtype = torch.bfloat16):
+    x = lora_grid(n=20001)
+    low, fixed = log_decays(x, dtype)
+    xs = x.to(dtype).double().numpy()
+    fig, (left, right) = viz.figure(ncols=2, width=4.6, height=3.3)
+    left.plot(xs, (low - fixed).abs().clamp(min=1e-12).numpy(), ".", ms=1, color=viz.DTYPE_COLORS[dtype])
+    left.plot(xs, fixed.abs().numpy() * torch.finfo(dtype).eps / 2, color="k", lw=0.8,
+              label=f"half a {viz.DTYPE_NAMES[dtype]} ulp of |w|")
+    left.set(yscale="log", ylim=(1e-9, 1e-2), xlabel="decay-LoRA output x", ylabel="|w_low - w_fp32|")
+    left.set_title(f"{viz.DTYPE_NAMES[dtype]} sigmoid: absolute error per step", fontsize=10)
+    left.legend(fontsize=7)
+    right.plot(xs, (100 * (low - fixed) / fixed.abs()).numpy(), ".", ms=1, color=viz.DTYPE_COLORS[dtype])
+    right.axhline(0, color="k", lw=0.6)
+    right.set(xlabel="decay-LoRA output x", ylabel="(w_low - w_fp32) / |w_fp32|  (%)",
+              title=f"{viz.DTYPE_NAMES[dtype]} rounding: > 0 decays too slowly")
+    return fig
+
+
+def plot_cumulative_decay(xs=(-8.0, -7.0, -6.0, -5.0, -4.0), T_max: int = 8192, dtype: torch.dtype = torch.bfloat16):
+    import numpy as np
+
+    T = np.unique(np.geomspace(1, T_max, 200).astype(int))
+    fig, (left, right) = viz.figure(ncols=2, width=4.6, height=3.4)
+    for i, x in enumerate(xs):
+        rel, decay = cumulative_decay(x, T, dtype)
+        color = matplotlib.colormaps["plasma"](i / max(len(xs) - 1, 1))
+        left.plot(T, 100 * rel.abs().numpy(), color=color, label=f"x = {x:g} ({'+' if rel[-1] > 0 else '-'})")
+        right.plot(T, decay.numpy(), color=color, label=f"x = {x:g}")
+    left.set(xscale="log", yscale="log", xlabel="steps T", ylabel="|relative error| of exp(sum w)  (%)",
+             title=f"{viz.DTYPE_NAMES[dtype]} sigmoid: the bias compounds ~ T")
+    left.legend(fontsize=7, title="sign at T_max", title_fontsize=7)
+    right.axhline(1e-6, color="k", ls=":", lw=0.8)
+    right.text(1.2, 2e-6, "below 1e-6: the token is forgotten anyway", fontsize=7)
+    right.set(xscale="log", yscale="log", ylim=(1e-12, 2), xlabel="steps T", ylabel="cumulative decay exp(sum w)",
+              title="what the error multiplies")
+    return fig
+
+
+# ---------------------------------------------------------------- the real layer: per channel and at long context
+
+def decay_layer(hidden_size: int = 768, layer_idx: int = 0, bug: str | None = None, seed: int = 0,
+                dtype: torch.dtype = torch.bfloat16) -> RWKV7Attention:
+    torch.manual_seed(seed)
+    layer = RWKV7Attention("chunk", hidden_size=hidden_size, layer_idx=layer_idx, num_hidden_layers=DEPTH, bug=bug)
+    return layer.to(dtype)
+
+
+@functools.lru_cache(maxsize=16)
+def channel_decays(layer_idx: int = 0, hidden_size: int = 768, dtype: torch.dtype = torch.bfloat16):
+    """Per-channel decays at init from the layer's own `log_decay`, in float64 (`[C]` each; cached, read-only).
+
+    At init the decay LoRA's down-projection is 0, so its output is the bias w0 (as the layer holds it, rounded
+    to `dtype`) at every token: `x`; `low` and `fixed` are the log-decays with and without `bug="bf16_decay"`.
+    """
+    out = {}
+    for key, bug in (("low", "bf16_decay"), ("fixed", None)):
+        layer = decay_layer(hidden_size, layer_idx, bug, dtype=dtype)
+        with torch.no_grad():
+            out[key] = layer.log_decay(torch.zeros(1, 1, hidden_size, dtype=dtype))[0, 0].double()
+    out["x"] = layer.w_lora.lora[2].bias.detach().double()
+    return out
+
+
+def channel_cumulative_error(T: int, layer_idx: int = 0, hidden_size: int = 768,
+                             dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, torch.Tensor]:
+    """(relative error of the cumulative decay after T steps, the cumulative decay), per channel."""
+    d = channel_decays(layer_idx, hidden_size, dtype)
+    return torch.expm1(T * (d["low"] - d["fixed"])), torch.exp(T * d["fixed"])
+
+
+def plot_decay_error(channel: int = 0, T: int = 4096, dtype: torch.dtype = torch.bfloat16, layer_idx: int = 0,
+                     hidden_size: int = 768, forgotten: float = 1e-6):
+    """Left: every channel's cumulative-decay error after T steps (channels whose decay fell below `forgotten`
+    are marked at 0: their relative error is huge, but of a weight nobody reads). Right: the chosen channel's
+    error and decay against the number of steps."""
+    import numpy as np
+
+    d = channel_decays(layer_idx, hidden_size, dtype)
+    rel, decay = channel_cumulative_error(T, layer_idx, hidden_size, dtype)
+    kept = (decay >= forgotten).numpy()
+    fig, (left, right) = viz.figure(ncols=2, width=4.8, height=3.5)
+    c = np.arange(hidden_size)
+    left.plot(c[~kept], np.zeros((~kept).sum()), "|", ms=4, color="#bbbbbb",
+              label=f"decay < {forgotten:g}: forgotten ({(~kept).sum()})")
+    left.plot(c[kept], 100 * rel.numpy()[kept], ".", ms=4, color=viz.DTYPE_COLORS.get(dtype, "k"),
+              label=f"decay >= {forgotten:g} ({kept.sum()})")
+    mark = 100 * float(rel[channel]) if kept[channel] else 0.0
+    left.plot([channel], [mark], "o", mfc="none", mec="k", ms=9, label=f"channel {channel}")
+    left.axhline(0, color="k", lw=0.5)
+    left.set(xlabel="channel", ylabel="relative error of exp(T w)  (%)")
+    left.set_title(f"layer {layer_idx}, {viz.DTYPE_NAMES[dtype]} sigmoid, after T = {T} steps", fontsize=9)
+    left.legend(fontsize=7)
+    steps = np.unique(np.geomspace(1, max(T, 2), 200).astype(int))
+    right.plot(steps, 100 * torch.expm1(torch.as_tensor(steps) * (d["low"] - d["fixed"])[channel]).numpy(),
+               color="#d62728")
+    right.set(xscale="log", xlabel="steps", ylabel="relative error (%), solid")
+    right.set_title(f"channel {channel}: x = {float(d['x'][channel]):.3f}, "
+                    f"half-life {math.log(2) / -float(d['fixed'][channel]):.0f} steps", fontsize=9)
+    twin = right.twinx()
+    twin.plot(steps, torch.exp(torch.as_tensor(steps) * d["fixed"][channel]).numpy(), color="#555555", ls="--")
+    twin.set(yscale="log", ylabel="cumulative decay, dashed")
+    return fig
+
+
+def decay_explorer():
+    return widgets.explorer(
+        lambda dtype, T, channel: plot_decay_error(channel, T, dtype),
+        dtype=widgets.choice("sigmoid dtype", SIGMOID_DTYPES, torch.bfloat16),
+        T=widgets.choice("T (steps)", [256, 1024, 4096, 16384, 65536], 4096),
+        channel=widgets.int_slider("channel (x = w0[channel])", 0, 0, 767),
+    )
+
+
+def long_context_layer(dtype: torch.dtype, bug: str | None, hidden_size: int = 64, seed: int = 0) -> RWKV7Attention:
+    """An official-init layer with an open output (`o_proj` orthogonal, as after some training) whose recurrence
+    runs in the float64 reference (`reference.recurrent_rwkv7`), output cast back to the layer's dtype as the
+    kernel stores it. Everything else, the decays included, is the layer's own code."""
+    from fla_lab.lessons.init import open_output
+
+    layer = decay_layer(hidden_size, 0, bug, seed, dtype=torch.float32)
+    layer = open_output(layer, seed).to(dtype)
+
+    def attend(r, w, k, v, a, b):
+        o, _ = reference.recurrent_rwkv7(r, w, k, v, a, b, scale=1.0)
+        return o.to(r.dtype)
+
+    layer._attend = attend
+    return layer
+
+
+def long_context_outputs(T: int = 4096, hidden_size: int = 64, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Outputs `[T, C]` (float64) of the same weights and input: fp32, bf16 fixed, bf16 with `bug="bf16_decay"`."""
+    x = torch.randn(1, T, hidden_size, generator=torch.Generator().manual_seed(seed + 5))
+    runs = {"fp32": (torch.float32, None), "bf16 fixed": (torch.bfloat16, None),
+            "bf16 bug": (torch.bfloat16, "bf16_decay")}
+    out = {}
+    with torch.no_grad():
+        for name, (dtype, bug) in runs.items():
+            out[name] = long_context_layer(dtype, bug, hidden_size, seed)(x.to(dtype))[0][0].double()
+    return out
+
+
+def windows(T: int) -> list[tuple[int, int]]:
+    """[0, 16), [16, 32), [32, 64), ... doubling windows of positions up to T."""
+    edges = [0, 16]
+    while edges[-1] < T:
+        edges.append(min(2 * edges[-1], T))
+    return list(zip(edges[:-1], edges[1:]))
+
+
+def output_errors(outputs: dict[str, torch.Tensor]) -> dict[str, list[tuple[int, float]]]:
+    """Relative error against the fp32 run per window of positions, and the bug-vs-fix difference."""
+    ref = outputs["fp32"]
+    pairs = {"bf16 fixed vs fp32": (outputs["bf16 fixed"], ref), "bf16 bug vs fp32": (outputs["bf16 bug"], ref),
+             "bug - fixed (the decay's share)": (outputs["bf16 bug"], outputs["bf16 fixed"])}
+    result = {}
+    for name, (got, base) in pairs.items():
+        result[name] = [(hi, float((got[lo:hi] - base[lo:hi]).norm() / ref[lo:hi].norm()))
+                        for lo, hi in windows(len(ref))]
+    return result
+
+
+def plot_output_errors(errors: dict[str, list[tuple[int, float]]]):
+    fig, (ax,) = viz.figure(width=6.0, height=3.4)
+    for (name, rows), style in zip(errors.items(), ("-o", "-s", "--^")):
+        ax.plot([t for t, _ in rows], [e for _, e in rows], style, ms=4, label=name)
+    ax.set(xscale="log", yscale="log", xlabel="position t (window ending at t)",
+           ylabel="relative error of the layer output", title="RWKV7Attention output at long context, bf16")
+    ax.legend(fontsize=7)
+    return fig
+
+
+# ---------------------------------------------------------------- autocast
+
+def autocast_dtypes(device: str = "cpu") -> dict[str, str]:
+    """The result dtype of each op on the bf16 output of a Linear under `torch.autocast(device, bf16)`."""
+    gen = torch.Generator().manual_seed(0)
+    h = torch.randn(4, 8, generator=gen).to(device)
+    linear = nn.Linear(8, 8).to(device)
+    ops = {"exp": torch.exp, "softplus": nn.functional.softplus, "log": lambda t: torch.log(t.abs()),
+           "sigmoid": torch.sigmoid, "tanh": torch.tanh, "mul by a constant": lambda t: -0.6065 * t}
+    with torch.autocast(device, dtype=torch.bfloat16):
+        x = linear(h)
+        result = {"linear": x.dtype} | {name: op(x).dtype for name, op in ops.items()}
+    return {name: viz.DTYPE_NAMES[d] for name, d in result.items()}
+
+
+def official_log_decay(x: torch.Tensor) -> torch.Tensor:
+    """The official RWKV-7 form, in float64: w = -softplus(-x) - 0.5, log-decay -exp(w) (under CUDA autocast
+    softplus and exp run in fp32, so the official code never rounds the decay to bf16)."""
+    return -torch.exp(-nn.functional.softplus(-x.double()) - 0.5)
+
+
+def kernel_layer(bug: str | None, hidden_size: int = 64, seed: int = 0) -> RWKV7Attention:
+    """`long_context_layer`'s twin on the real kernel (`fused_recurrent_rwkv7` via the layer), bf16."""
+    from fla_lab.lessons.init import open_output
+
+    return open_output(decay_layer(hidden_size, 0, bug, seed, dtype=torch.float32), seed).to(torch.bfloat16)
+
+
+def kernel_check(T: int = 128, hidden_size: int = 64, seed: int = 0) -> dict[str, float]:
+    """The float64 stand-in against the real kernel, bf16, on T steps: relative errors, and the bug-vs-fix
+    difference measured both ways."""
+    from fla_lab import check
+
+    x = torch.randn(1, T, hidden_size, generator=torch.Generator().manual_seed(seed + 5)).to(torch.bfloat16)
+    builders = {"kernel": kernel_layer,
+                "stand-in": lambda bug, size, seed: long_context_layer(torch.bfloat16, bug, size, seed)}
+    with torch.no_grad():
+        out = {(path, bug): build(bug, hidden_size, seed)(x)[0]
+               for path, build in builders.items() for bug in (None, "bf16_decay")}
+    return {"stand-in vs kernel, fixed": check.rel_error(out["stand-in", None], out["kernel", None]),
+            "stand-in vs kernel, bug": check.rel_error(out["stand-in", "bf16_decay"], out["kernel", "bf16_decay"]),
+            "bug - fixed, kernel": check.rel_error(out["kernel", "bf16_decay"], out["kernel", None]),
+            "bug - fixed, stand-in": check.rel_error(out["stand-in", "bf16_decay"], out["stand-in", None])}

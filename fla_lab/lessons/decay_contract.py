@@ -1,0 +1,409 @@
+"""Notebook 02: the contract of the decay argument, through the misuses reported upstream.
+
+- `log` of something that is already a log-decay (NaN) or of a decay that holds an exact 0 (-inf);
+- `sigmoid(x)` passed as a log-decay to `fused_recurrent_rwkv6` (upstream #11): every step multiplies the
+  state by exp(w) > 1, the output and every gradient except `du` turn non-finite;
+- `chunk_rwkv7`-style calls with `a, b ~ U(0, 1)` (upstream #150): `diag(exp w) + b a^T` has an eigenvalue near
+  1 + K/4, the state grows like 17^t at K = 64 and overflows fp32 around t = 31;
+- the `[B, H, T, D]` layout mix-up and the removed `head_first` keyword (#457, #853).
+
+Kernels run in fla_lab's Triton ops; state trajectories come from the float64 references
+(`fla_lab.reference`), stepped one token at a time, so they show the exact growth past fp32's range.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from fla_lab import check, harness, reference, viz, widgets
+from fla_lab.ops import contract
+
+FP32_MAX = torch.finfo(torch.float32).max
+
+# Decay parametrisations: raw activations x -> what is passed as the kernel's `w`. Only the last three are
+# log-space decays (<= 0); `sigmoid` is upstream #11's mistake (a decay in (0, 1), used as a log-decay).
+PARAMETRISATIONS = {
+    "sigmoid": torch.sigmoid,
+    "logsigmoid": F.logsigmoid,
+    "-exp": lambda x: -torch.exp(x),
+    "rwkv7": lambda x: harness.RWKV7_W_SCALE * torch.sigmoid(x),  # RWKV-7: (-e^-0.5, 0)
+}
+STYLES = {"sigmoid": ("#d62728", "-"), "logsigmoid": ("#1f77b4", "-"), "-exp": ("#2ca02c", "--"),
+          "rwkv7": ("#9467bd", ":"), "rand a, b; w = log(rand)": ("#d62728", "-"),
+          "rand a, b; raw w = rand": ("#ff7f0e", "--"), "RWKV-7 contract": ("#1f77b4", "-")}
+
+
+@contextlib.contextmanager
+def quiet_overflow():
+    """Hide numpy's overflow RuntimeWarnings: under the Triton interpreter an overflowing kernel emits them."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        yield
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 1. log of a decay
+
+
+def log_misuses() -> dict[str, tuple[float, float]]:
+    """`torch.log` of what a caller may hold: (value, log(value)) for a decay, a zero, a log-decay."""
+    values = {"a decay in (0, 1)": 0.9, "a decay that is exactly 0": 0.0,
+              "a log-decay (already <= 0)": math.log(0.9), "a decay > 1": 1.5}
+    logs = torch.log(torch.tensor(list(values.values()), dtype=torch.float32))
+    return {name: (value, float(lv)) for (name, value), lv in zip(values.items(), logs)}
+
+
+def verdict(op, *args, **kwargs) -> str:
+    """What the op's contract says about a call: 'accepted', the warning it raised, or the error it raised.
+
+    The call runs forward only, value checks on (as on the CPU), numpy overflow warnings hidden.
+    """
+    with warnings.catch_warnings(record=True) as caught, contract.value_checks(True):
+        warnings.simplefilter("always")
+        warnings.filterwarnings("ignore", category=RuntimeWarning)
+        try:
+            with torch.no_grad():
+                op(*args, **kwargs)
+        except (TypeError, ValueError) as error:
+            return f"{type(error).__name__}: {error}"
+    if caught:
+        return "; ".join(f"{w.category.__name__}: {w.message}" for w in caught)
+    return "accepted"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 2. sigmoid(x) as a log-decay (upstream #11)
+
+
+def rwkv6_inputs(parametrisation: str = "sigmoid", T: int = 256, K: int = 16, seed: int = 0) -> dict:
+    """#11's call at a small size: r, k, v, x ~ randn, `w = parametrisation(x)`, u ~ randn; B = H = 1, V = K."""
+    gen = torch.Generator().manual_seed(seed)
+    r, k, v, x = (torch.randn(1, T, 1, K, generator=gen) for _ in range(4))
+    return {"r": r, "k": k, "v": v, "w": PARAMETRISATIONS[parametrisation](x), "u": torch.randn(1, K, generator=gen)}
+
+
+def bonus_gradient(r, k, v, do, scale: float) -> torch.Tensor:
+    """`du = scale * sum_t (r_t * k_t)(do_t . v_t)`: the bonus only touches the current token, never the state."""
+    return scale * torch.einsum("bthk,bthk,bth->hk", r.double(), k.double(), (do.double() * v.double()).sum(-1))
+
+
+@dataclass
+class RWKV6Run:
+    parametrisation: str
+    output: check.Census
+    grads: dict[str, check.Census]
+    du_formula_error: float  # kernel du against `bonus_gradient`
+    state: torch.Tensor = field(repr=False)  # largest |entry| of the exact (float64) state after each step
+    bad_steps: dict[str, torch.Tensor] = field(repr=False)  # per tensor with a time axis: step has a NaN/inf
+
+    @property
+    def finite(self) -> bool:
+        return self.output.count == 0 and all(c.count == 0 for c in self.grads.values())
+
+
+def run_rwkv6(parametrisation: str = "sigmoid", T: int = 256, K: int = 16, seed: int = 0) -> RWKV6Run:
+    """#11 with the real kernel: `fused_recurrent_rwkv6(r, k, v, w, u)`, then `o.mean().backward()`.
+
+    Value checks are off so that a positive `w` reaches the kernel, as it did upstream.
+    """
+    from fla_lab.ops import fused_recurrent_rwkv6
+
+    inputs = {n: x.requires_grad_() for n, x in rwkv6_inputs(parametrisation, T, K, seed).items()}
+    with contract.value_checks(False), quiet_overflow():
+        o, _ = fused_recurrent_rwkv6(**inputs)
+        o.mean().backward()
+    do = torch.full_like(o, 1.0 / o.numel())
+    du = bonus_gradient(inputs["r"], inputs["k"], inputs["v"], do, scale=K ** -0.5)
+    dims = {"u": ("h", "d")}
+    grads = {n: check.nonfinite_census(x.grad, dims.get(n, ("b", "t", "h", "d"))) for n, x in inputs.items()}
+    timed = {"o": o.detach(), **{f"d{n}": x.grad for n, x in inputs.items() if n != "u"}}
+    bad_steps = {n: ~torch.isfinite(x).flatten(2).all(-1).all(0) for n, x in timed.items()}
+    return RWKV6Run(parametrisation, check.nonfinite_census(o), grads, check.rel_error(inputs["u"].grad, du),
+                    rwkv6_state_trajectory(**{n: x.detach() for n, x in inputs.items()}), bad_steps)
+
+
+def _trajectory(step, T: int) -> torch.Tensor:
+    """Largest |entry| of the state after each step, from a reference called one step at a time."""
+    state, sizes = None, []
+    with torch.no_grad():
+        for t in range(T):
+            state = step(slice(t, t + 1), state)
+            sizes.append(float(state.abs().max()))
+    return torch.tensor(sizes, dtype=torch.float64)
+
+
+def rwkv6_state_trajectory(r, k, v, w, u) -> torch.Tensor:
+    step = lambda s, h0: reference.recurrent_rwkv6(r[:, s], k[:, s], v[:, s], w[:, s], u,  # noqa: E731
+                                                   initial_state=h0, output_final_state=True)[1]
+    return _trajectory(step, r.shape[1])
+
+
+def rwkv7_state_trajectory(r, w, k, v, a, b) -> torch.Tensor:
+    step = lambda s, h0: reference.recurrent_rwkv7(r[:, s], w[:, s], k[:, s], v[:, s], a[:, s], b[:, s],  # noqa: E731
+                                                   initial_state=h0, output_final_state=True)[1]
+    return _trajectory(step, r.shape[1])
+
+
+def first_step_above(sizes: torch.Tensor, limit: float = FP32_MAX) -> int | None:
+    """The first step whose size passes `limit` (or is not finite); None if there is none."""
+    above = (~(sizes.double() <= limit)).nonzero()
+    return int(above[0]) if len(above) else None
+
+
+def layer_output(bug: str | None, T: int = 360, hidden_size: int = 16, seed: int = 0) -> check.Census:
+    """`RWKV6Attention` (official init, one head, fused recurrent) on randn input: where its output is non-finite.
+
+    At the official init the decay speeds keep `w_raw <= -1`, so `sigmoid(w_raw) <= 0.27`: the buggy layer needs
+    a few hundred steps before its state passes fp32's range.
+    """
+    from fla_lab.layers import RWKV6Attention
+
+    with torch.random.fork_rng():  # the layer's init draws from the global generator: seed it, then restore it
+        torch.manual_seed(seed)
+        layer = RWKV6Attention("fused_recurrent", hidden_size=hidden_size, num_heads=1, expand_k=1.0,
+                               layer_idx=0, num_hidden_layers=2, bug=bug)
+    x = torch.randn(1, T, hidden_size, generator=torch.Generator().manual_seed(seed))
+    with quiet_overflow(), torch.no_grad():
+        return check.nonfinite_census(layer(x)[0], dims=("b", "t", "d"))
+
+
+def decay_factors(T: int = 256, K: int = 16, seed: int = 0) -> dict[str, float]:
+    """Mean per-step factor exp(w) each parametrisation multiplies the state by (on #11's inputs)."""
+    return {p: float(rwkv6_inputs(p, T, K, seed)["w"].exp().mean()) for p in ("sigmoid", "logsigmoid", "-exp")}
+
+
+def plot_rwkv6_states(runs: list[RWKV6Run]):
+    """Left: the exact state's largest entry over time per parametrisation, fp32's limit and the kernel's first
+    non-finite output. Right: which steps of the output and of each gradient hold a NaN/inf (first run)."""
+    fig, (ax, census) = viz.figure(ncols=2, width=5.2, height=3.8)
+    for run in runs:
+        color, style = STYLES[run.parametrisation]
+        ax.plot(run.state.numpy(), style, color=color, label=f"w = {run.parametrisation}(x)")
+        if run.output.count:
+            t = run.output.first["t"]
+            ax.plot([t], [FP32_MAX], "x", color=color, ms=9, mew=2,
+                    label=f"kernel output: first non-finite at t={t}")
+    ax.axhline(FP32_MAX, color="k", lw=0.8, ls=":")
+    ax.text(2, FP32_MAX * 4, "fp32 max 3.4e38", fontsize=8)
+    ax.set(yscale="log", xlabel="step t", ylabel="largest |entry| of the state $S_t$ (float64)",
+           title="the state under three decay parametrisations")
+    ax.legend(fontsize=7, loc="center right")
+    plot_bad_steps(census, runs[0])
+    return fig
+
+
+def plot_bad_steps(ax, run: RWKV6Run) -> None:
+    """One row per tensor, red where a time step holds a NaN/inf; du has no time axis: its verdict in the label."""
+    import matplotlib.colors as mcolors
+
+    names = list(run.bad_steps)
+    grid = torch.stack([run.bad_steps[n] for n in names]).int().numpy()
+    ax.imshow(grid, aspect="auto", cmap=mcolors.ListedColormap(["#dddddd", "#d62728"]), vmin=0, vmax=1,
+              interpolation="nearest")
+    du = "finite" if run.grads["u"].count == 0 else "non-finite"
+    ax.set_yticks(range(len(names)), names)
+    ax.set(xlabel="step t", title=f"w = {run.parametrisation}(x): steps holding NaN/inf in red (du: {du})")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 3. RWKV-7: the transition diag(exp w) + b a^T (upstream #150)
+
+RWKV7_CASES = ("rand a, b; w = log(rand)", "rand a, b; raw w = rand", "RWKV-7 contract")
+
+
+def rwkv7_case(name: str, T: int = 64, K: int = 64, seed: int = 0) -> dict[str, torch.Tensor]:
+    """#150's direct call (all six inputs `torch.rand`, [B, T, H, K], w logged or not) or RWKV-7's contract."""
+    if name == "RWKV-7 contract":
+        return harness.rwkv7_inputs(1, T, 1, K, K, initial_state=False, seed=seed)
+    gen = torch.Generator().manual_seed(seed)
+    r, w, k, v, a, b = (torch.rand(1, T, 1, K, generator=gen) for _ in range(6))
+    return {"r": r, "w": w.log() if "log" in name else w, "k": k, "v": v, "a": a, "b": b}
+
+
+def step_radii(w, a, b) -> torch.Tensor:
+    """Largest |eigenvalue| of each step's transition `diag(exp w_t) + b_t a_t^T` (B = H = 1)."""
+    return torch.tensor([contract.transition_radius(w[:, t:t + 1], a[:, t:t + 1], b[:, t:t + 1], samples=1)
+                         for t in range(w.shape[1])], dtype=torch.float64)
+
+
+@dataclass
+class RWKV7Run:
+    case: str
+    K: int
+    output: check.Census
+    radii: torch.Tensor = field(repr=False)
+    state: torch.Tensor = field(repr=False)
+
+
+def run_rwkv7(case: str, T: int = 64, K: int = 64, seed: int = 0) -> RWKV7Run:
+    """The real `fused_recurrent_rwkv7` on one case, value checks off (the raw-w case has w > 0)."""
+    from fla_lab.ops import fused_recurrent_rwkv7
+
+    x = rwkv7_case(case, T, K, seed)
+    with contract.value_checks(False), quiet_overflow(), torch.no_grad():
+        o, _ = fused_recurrent_rwkv7(**x)
+    return RWKV7Run(case, K, check.nonfinite_census(o), step_radii(x["w"], x["a"], x["b"]),
+                    rwkv7_state_trajectory(**x))
+
+
+def radius_by_width(widths=(4, 8, 16, 32, 64, 128), T: int = 32, seed: int = 0) -> dict[str, list[float]]:
+    """Median transition radius per key width: rand a, b (log-rand w) against the RWKV-7 contract."""
+    out = {"rand a, b": [], "RWKV-7 contract": []}
+    for K in widths:
+        for name, case in (("rand a, b", RWKV7_CASES[0]), ("RWKV-7 contract", RWKV7_CASES[2])):
+            x = rwkv7_case(case, T, K, seed)
+            out[name].append(float(step_radii(x["w"], x["a"], x["b"]).median()))
+    return out
+
+
+def plot_rwkv7(runs: list[RWKV7Run], widths=(4, 8, 16, 32, 64, 128)):
+    """Left: the exact state over time per case, with the kernel's first non-finite step. Right: eigenvalues."""
+    import numpy as np
+
+    fig, (left, right) = viz.figure(ncols=2, width=5.0, height=3.8)
+    for run in runs:
+        color, style = STYLES[run.case]
+        left.plot(run.state.numpy(), style, color=color, label=run.case)
+        if run.output.count:
+            t = run.output.first["t"]
+            left.plot([t], [FP32_MAX], "x", color=color, ms=9, mew=2, label=f"kernel: first non-finite t={t}")
+    left.axhline(FP32_MAX, color="k", lw=0.8, ls=":")
+    left.text(1, FP32_MAX * 1e3, "fp32 max 3.4e38", fontsize=8)
+    left.set(yscale="log", xlabel="step t", ylabel="largest |entry| of $S_t$ (float64)",
+             title=f"fused_recurrent_rwkv7, K = {runs[0].K}: the state")
+    left.legend(fontsize=7, loc="lower right")
+    by_width = radius_by_width(widths)
+    for name, radii in by_width.items():
+        color = STYLES["rand a, b; w = log(rand)" if name == "rand a, b" else name][0]
+        right.plot(widths, radii, "o-", color=color, label=f"{name} (median over steps)")
+    right.plot(widths, 1 + np.array(widths) / 4, "k:", label="1 + K/4 (E[a.b] for U(0,1))")
+    right.axhline(1.0, color="grey", lw=0.8)
+    right.set(xscale="log", yscale="log", xlabel="key width K",
+              ylabel="largest |eigenvalue| of diag(exp w) + b a^T", title="one step's growth factor")
+    right.set_xticks(widths, [str(k) for k in widths])
+    right.legend(fontsize=7)
+    return fig
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 4. The contract checks, on good and bad calls
+
+
+def with_zero(decay: torch.Tensor) -> torch.Tensor:
+    """`decay` with its first entry set to exactly 0 (a gate that closed completely, or an underflow)."""
+    out = decay.clone()
+    out.view(-1)[0] = 0.0
+    return out
+
+
+def contract_cases(T: int = 16, K: int = 16, seed: int = 0) -> dict[str, tuple[str, object]]:
+    """Each case: (the verdict it should get, a call). Small shapes: every accepted call runs its kernel."""
+    from fla_lab import ops
+
+    r, k, v, w, u = rwkv6_inputs("logsigmoid", T, K, seed).values()
+    x = rwkv6_inputs("sigmoid", T, K, seed)["w"]  # a decay in (0, 1)
+    rwkv6 = lambda w, **kw: (lambda: ops.fused_recurrent_rwkv6(r, k, v, w, u, **kw))  # noqa: E731
+    rwkv7 = lambda case: (lambda: ops.fused_recurrent_rwkv7(**rwkv7_case(case, T, K, seed)))  # noqa: E731
+    gla = harness.gated_inputs(1, 32, 4, K, K, initial_state=False, seed=seed, names=("q", "k", "v", "gk"))
+    bhtd = {n: t.transpose(1, 2) for n, t in gla.items()}
+    return {
+        "rwkv6, w = logsigmoid(x)": ("accepted", rwkv6(w)),
+        "rwkv6, w = -exp(x)": ("accepted", rwkv6(-torch.exp(x))),
+        "rwkv6, w = sigmoid(x) (#11)": ("ValueError", rwkv6(x)),
+        "rwkv6, w = log(log-decay)": ("ValueError", rwkv6(torch.log(w))),
+        "rwkv6, w = log(decay holding a 0)": ("ValueError", rwkv6(torch.log(with_zero(x)))),
+        "rwkv6, head_first=False": ("TypeError", rwkv6(w, head_first=False)),
+        "gla, [B, T, H, D] = (1, 32, 4, 16)": ("accepted", lambda: ops.fused_recurrent_gla(**gla)),
+        "gla, [B, H, T, D] = (1, 4, 32, 16)": ("LayoutWarning", lambda: ops.fused_recurrent_gla(**bhtd)),
+        "rwkv7, RWKV-7 contract": ("accepted", rwkv7(RWKV7_CASES[2])),
+        "rwkv7, a, b ~ rand (#150)": ("TransitionWarning", rwkv7(RWKV7_CASES[0])),
+        "rwkv7, a, b ~ rand, raw w = rand": ("ValueError", rwkv7(RWKV7_CASES[1])),
+    }
+
+
+def contract_table(**kwargs) -> dict[str, tuple[str, str]]:
+    """{case: (expected verdict kind, verdict)} for `contract_cases`."""
+    return {name: (expected, verdict(call)) for name, (expected, call) in contract_cases(**kwargs).items()}
+
+
+def print_contract_table(table: dict[str, tuple[str, str]]) -> None:
+    width = max(map(len, table))
+    for name, (expected, got) in table.items():
+        kind = got.split(":")[0]
+        print(f"{'ok  ' if kind == expected else 'FAIL'}  {name:<{width}}  ->  {kind}")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 5. Explorer: decay and a.b against the state, per dtype
+
+SIGNS = {"log-space (w <= 0)": -1.0, "raw positive (w > 0)": 1.0}
+
+
+def explorer_inputs(decay: float, sign: float, ab: float, T: int = 128, K: int = 16, seed: int = 0) -> dict:
+    """RWKV-7 inputs with `w = sign * decay * U(0.05, 1)`, `a = -kk`, `b = -ab * kk` (so `b . a = ab`).
+
+    kk is a unit vector with positive entries (normalised U(0, 1)), so successive steps point the same way,
+    as #150's a, b ~ U(0, 1) do. RWKV-7's contract is ab in [-1, 0] (b = kk * a_gate); #150 had ab near K / 4.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    shape = (1, T, 1, K)
+    kk = F.normalize(torch.rand(shape, generator=gen), dim=-1)
+    w = sign * -harness.log_decay(shape, decay, gen)
+    r, k, v = (torch.randn(shape, generator=gen) for _ in range(3))
+    return {"r": r, "w": w, "k": k, "v": v, "a": -kk, "b": -ab * kk}
+
+
+def growth_by_dtype(decay: float = 0.1, sign: float = -1.0, ab: float = 1.0, T: int = 128, K: int = 16,
+                    seed: int = 0) -> dict[str, torch.Tensor]:
+    """Largest |o_t| per step from the kernel in each dtype (inf/NaN kept), and the exact state's largest entry."""
+    from fla_lab.ops import fused_recurrent_rwkv7
+
+    x = explorer_inputs(decay, sign, ab, T, K, seed)
+    out = {"exact state (fp64)": rwkv7_state_trajectory(**x)}
+    for name, dtype in viz.DTYPES.items():
+        with contract.value_checks(False), quiet_overflow(), torch.no_grad():
+            o, _ = fused_recurrent_rwkv7(**{n: t.to(dtype) for n, t in x.items()})
+        size = o.float().abs().amax(dim=(0, 2, 3))
+        out[name] = torch.where(torch.isfinite(o.float()).all(-1).all(-1).all(0), size, torch.full_like(size, math.inf))
+    return out
+
+
+def plot_growth(decay: float = 0.1, sign: float = -1.0, ab: float = 1.0, T: int = 128, K: int = 16):
+    import numpy as np
+
+    curves = growth_by_dtype(decay, sign, ab, T, K)
+    fig, (ax,) = viz.figure(width=6.4, height=3.8)
+    state = curves.pop("exact state (fp64)")
+    ax.plot(state.numpy(), "k--", label="exact state, largest |entry| (fp64)")
+    for name, size in curves.items():
+        dtype = viz.DTYPES[name]
+        bad = ~torch.isfinite(size)
+        finite = np.where(bad.numpy(), np.nan, size.numpy())
+        first = int(bad.nonzero()[0]) if bad.any() else None
+        label = f"kernel |o_t|, {name}" + (f": inf/NaN from t={first}" if first is not None else ": finite")
+        width = {"fp32": 3.0, "bf16": 1.5, "fp16": 1.5}[name]  # fp32 widest: bf16 lies on top of it
+        line, = ax.plot(finite, color=viz.DTYPE_COLORS[dtype], lw=width, label=label)
+        if first is not None:
+            ax.plot([first], [torch.finfo(dtype).max], "x", color=line.get_color(), ms=9, mew=2)
+    for dtype, text in ((torch.float16, "fp16 max"), (torch.float32, "fp32 / bf16 max")):
+        ax.axhline(torch.finfo(dtype).max, color=viz.DTYPE_COLORS[dtype], lw=0.8, ls=":")
+        ax.text(T - 1, torch.finfo(dtype).max * 8, text, fontsize=7, ha="right", color=viz.DTYPE_COLORS[dtype])
+    kind = "log-space" if sign < 0 else "raw positive"
+    ax.set(yscale="log", xlabel="step t", ylabel="magnitude",
+           title=f"RWKV-7, K={K}: |w| ~ {decay:g} ({kind}), b.a = {ab:g}")
+    ax.legend(fontsize=7, loc="upper left")
+    return fig
+
+
+def growth_explorer():
+    return widgets.explorer(
+        lambda decay, sign, ab: plot_growth(decay, sign, ab),
+        decay=widgets.log_slider("|w| per step", 0.1, -2, 1),
+        sign=widgets.choice("sign of w", SIGNS, -1.0),
+        ab=widgets.choice("b . a", [-2.5, -1.0, -0.5, 0.0, 0.5, 1.0, 4.0, 16.0], 0.5),
+    )

@@ -1,0 +1,316 @@
+"""Notebook 01: RWKV7Attention's uninitialised parameters (upstream #150) and the official RWKV-7 init.
+
+Everything runs the real layer (`fla_lab.layers.RWKV7Attention`): `bug="uninitialized_params"` rebuilds it as it was
+before d49c52f6 (x_r..x_g, k_k, k_a, r_k from `torch.empty`, emulated by reproducible garbage), the default is
+the official initialisation of `fla_lab.layers.init`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import matplotlib
+import torch
+from torch import nn
+
+from fla_lab import check, viz, widgets
+from fla_lab.layers import RWKV7Attention
+from fla_lab.layers import init as official
+
+DEPTH = 12  # the 12-layer model of the figures and of every official layer built here
+HUGE = 1e4  # no initialised RWKV-7 parameter comes near this; uninitialised memory often does
+
+
+def vector_parameters() -> tuple[str, ...]:
+    """The parameters upstream created with `torch.empty` (x_x split into its six rows, k_k, k_a, r_k)."""
+    return (*RWKV7Attention.MIX, "k_k", "k_a", "r_k")
+
+
+def reported_layer(hidden_size: int = 128, dtype: torch.dtype = torch.bfloat16) -> RWKV7Attention:
+    """Upstream's call `RWKV7Attention("chunk", hidden_size=768, layer_idx=0)` as it behaved before d49c52f6."""
+    return RWKV7Attention("chunk", hidden_size=hidden_size, layer_idx=0, bug="uninitialized_params").to(dtype)
+
+
+def official_layer(hidden_size: int = 128, layer_idx: int = 0, dtype: torch.dtype = torch.bfloat16,
+                   seed: int = 0) -> RWKV7Attention:
+    """The same layer with the official init, as one layer of a `DEPTH`-layer model."""
+    torch.manual_seed(seed)
+    layer = RWKV7Attention("chunk", hidden_size=hidden_size, layer_idx=layer_idx, num_hidden_layers=DEPTH)
+    return layer.to(dtype)
+
+
+def layer_input(T: int = 32, hidden_size: int = 128, dtype: torch.dtype = torch.bfloat16, B: int = 2,
+                seed: int = 0) -> torch.Tensor:
+    """`randn(B, T, C)` as in the report (which used B=2, T=1024, C=768)."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(B, T, hidden_size, generator=gen).to(dtype)
+
+
+@dataclass(frozen=True)
+class ParameterRow:
+    name: str
+    shape: tuple[int, ...]
+    nonfinite: int  # NaN or inf
+    huge: int       # finite but |x| > HUGE: garbage just as much
+    total: int
+
+    @property
+    def garbage(self) -> bool:
+        return self.nonfinite + self.huge > 0
+
+
+def parameter_census(module: nn.Module) -> list[ParameterRow]:
+    """One row per parameter: how many values are non-finite (`check.nonfinite_census`) or absurdly large."""
+    rows = []
+    for name, p in module.named_parameters():
+        values = p.detach().float()
+        nonfinite = check.nonfinite_census(values).count
+        huge = int((values.abs() > HUGE).logical_and(torch.isfinite(values)).sum())
+        rows.append(ParameterRow(name, tuple(p.shape), nonfinite, huge, p.numel()))
+    return rows
+
+
+def format_census(rows: list[ParameterRow], only_garbage: bool = True) -> str:
+    shown = [r for r in rows if r.garbage or not only_garbage]
+    lines = [f"{'parameter':<22}{'shape':<15}{'non-finite':>11}{f'|x|>{HUGE:g}':>10}{'of':>6}"]
+    lines += [f"{r.name:<22}{str(r.shape):<15}{r.nonfinite:>11}{r.huge:>10}{r.total:>6}" for r in shown]
+    clean = len(rows) - len(shown)
+    if only_garbage:
+        lines.append(f"({clean} other parameters: all values finite and |x| <= {HUGE:g})")
+    return "\n".join(lines)
+
+
+def apply_visits(module: nn.Module) -> list[tuple[str, str]]:
+    """What `module.apply(fn)` passes to `fn`: (qualified name, type), in call order. Modules only."""
+    names = {id(m): name or "(the layer itself)" for name, m in module.named_modules()}
+    visited = []
+    module.apply(lambda m: visited.append((names[id(m)], type(m).__name__)))
+    return visited
+
+
+def parameter_owners(module: nn.Module, names: tuple[str, ...]) -> dict[str, str]:
+    """Which module each parameter is registered on (apply hands `fn` that module, never the parameter)."""
+    owners = {}
+    for name in names:
+        owner, _, _ = name.rpartition(".")
+        owners[name] = type(module.get_submodule(owner)).__name__
+    return owners
+
+
+# ---------------------------------------------------------------- following the NaN through the forward pass
+
+_MODULE_STAGES = {  # submodule: (label of its input, label of its output), in forward order
+    "r_proj": ("mix x_r", "r = r_proj"), "w_lora": ("mix x_w", "w_lora(x_w)"),
+    "k_proj": ("mix x_k", "k = k_proj"), "v_proj": ("mix x_v", "v = v_proj"),
+    "a_lora": ("mix x_a", "a_lora(x_a)"), "g_lora": ("mix x_g", "gate g"),
+    "g_norm": (None, "GroupNorm"), "o_proj": ("(o + bonus) * g", "output"),
+}
+
+
+def trace(layer: RWKV7Attention, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Every intermediate of one real forward pass, in the order it is computed.
+
+    Forward hooks read the inputs/outputs of the submodules; the decay and the kernel's arguments are read by
+    wrapping `layer.log_decay` and `layer._attend` for the duration of the call (nothing is recomputed here).
+    """
+    seen: dict[str, torch.Tensor] = {"input x": x}
+
+    def hook(name):
+        def record(_module, args, output):
+            before, after = _MODULE_STAGES[name]
+            if before:
+                seen[before] = args[0].detach()
+            seen[after] = output.detach()
+        return record
+
+    def log_decay(xw):
+        seen["log-decay w"] = w = RWKV7Attention.log_decay(layer, xw).detach()
+        return w
+
+    def attend(r, w, k, v, a, b):
+        seen.update({"k after k_a": k, "a = -kk": a, "b = kk * sigmoid": b})
+        seen["kernel output"] = o = RWKV7Attention._attend(layer, r, w, k, v, a, b).detach()
+        return o
+
+    handles = [getattr(layer, name).register_forward_hook(hook(name)) for name in _MODULE_STAGES]
+    layer.log_decay, layer._attend = log_decay, attend
+    try:
+        with torch.no_grad():
+            layer(x)
+    finally:
+        for h in handles:
+            h.remove()
+        del layer.log_decay, layer._attend
+    return seen
+
+
+def trace_census(stages: dict[str, torch.Tensor]) -> dict[str, check.Census]:
+    return {name: check.nonfinite_census(t.float().flatten()) for name, t in stages.items()}
+
+
+def first_nonfinite(stages: dict[str, torch.Tensor]) -> str | None:
+    for name, census in trace_census(stages).items():
+        if census.count:
+            return name
+    return None
+
+
+def layer_with_uninitialized(names=None, dtype: torch.dtype = torch.bfloat16,
+                             hidden_size: int = 128) -> RWKV7Attention:
+    """The official layer (with an open output, see `open_output`), except that `names` keep #150's garbage
+    (the same bit patterns as the bug layer). The layer keeps `bug="uninitialized_params"`, so the garbage
+    reaches the kernel unchecked, as upstream.
+    """
+    names = vector_parameters() if names is None else tuple(names)
+    unknown = set(names) - set(vector_parameters())
+    if unknown:
+        raise ValueError(f"only {vector_parameters()} were uninitialised upstream, not {sorted(unknown)}")
+    layer = RWKV7Attention("chunk", hidden_size=hidden_size, layer_idx=0, bug="uninitialized_params")
+    garbage = {name: getattr(layer, name).detach().clone() for name in names}
+    layer.load_state_dict(open_output(official_layer(hidden_size, dtype=torch.float32)).state_dict())
+    with torch.no_grad():
+        for name, value in garbage.items():
+            getattr(layer, name).copy_(value)
+    return layer.to(dtype)
+
+
+def huge_fraction(t: torch.Tensor) -> float:
+    """Share of finite values with |x| > HUGE: garbage that has not (yet) turned into NaN."""
+    t = t.detach().float()
+    return float((t.abs() > HUGE).logical_and(torch.isfinite(t)).float().mean())
+
+
+def plot_trace(names=None, dtype: torch.dtype = torch.bfloat16, hidden_size: int = 128,
+               T: int = 16):
+    """Share of NaN/inf and of absurd values at every stage of the forward pass, for a choice of
+    uninitialised parameters."""
+    names = vector_parameters() if names is None else tuple(names)
+    layer = layer_with_uninitialized(names, dtype, hidden_size)
+    stages = trace(layer, layer_input(T, hidden_size, dtype))
+    labels = list(stages)
+    nonfinite = [100 * c.fraction for c in trace_census(stages).values()]
+    huge = [100 * huge_fraction(t) for t in stages.values()]
+    fig, (ax,) = viz.figure(width=6.4, height=4.4)
+    rows = range(len(labels))
+    ax.barh(rows, nonfinite, color="#d62728", label="NaN or inf")
+    ax.barh(rows, huge, left=nonfinite, color="#ff7f0e", label=f"finite but |x| > {HUGE:g}")
+    ax.set_yticks(rows, labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set(xlim=(0, 118), xlabel="% of values")
+    chosen = ", ".join(names) if names else "none"
+    ax.set_title(f"{viz.DTYPE_NAMES[dtype]}, uninitialised: {chosen}", fontsize=9)
+    for i, (n, h) in enumerate(zip(nonfinite, huge)):
+        ax.text(n + h + 1, i, f"{n:.0f}% / {h:.0f}%", va="center", fontsize=7)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
+    return fig
+
+
+def trace_explorer():
+    import ipywidgets as w
+
+    return widgets.explorer(
+        lambda names, dtype: plot_trace(names, dtype),
+        names=w.SelectMultiple(options=vector_parameters(), value=vector_parameters(), rows=9,
+                               description="uninitialised", style={"description_width": "initial"}),
+        dtype=widgets.choice("dtype", {"fp32": torch.float32, "bf16": torch.bfloat16}, torch.bfloat16),
+    )
+
+
+# ---------------------------------------------------------------- the official initialisation, as figures
+
+def official_vectors(layer_idx: int, hidden_size: int = 768, head_dim: int = 64) -> dict[str, torch.Tensor]:
+    return official.rwkv7_vectors(hidden_size, head_dim, layer_idx, DEPTH)
+
+
+def decay_per_step(w0: torch.Tensor) -> torch.Tensor:
+    """The decay a channel applies per step at init (LoRA down-projection 0): exp(-e^-0.5 * sigmoid(w0))."""
+    return torch.exp(-math.exp(-0.5) * torch.sigmoid(w0.double()))
+
+
+def half_life(w0: torch.Tensor) -> torch.Tensor:
+    """Steps until a channel's state has decayed to half: ln 2 / (e^-0.5 * sigmoid(w0))."""
+    return math.log(2) / (-torch.log(decay_per_step(w0)))
+
+
+def plot_decay_speeds(layers=(0, 3, 6, 9, 11), hidden_size: int = 768, head_dim: int = 64):
+    import numpy as np
+
+    fig, (left, right) = viz.figure(ncols=2, width=4.8, height=3.6)
+    cmap = matplotlib.colormaps["viridis"]
+    for l in layers:
+        steps = half_life(official_vectors(l, hidden_size, head_dim)["w0"]).numpy()
+        color = cmap(l / (DEPTH - 1))
+        left.plot(steps, lw=0.8, color=color, label=f"layer {l}")
+        right.plot(np.sort(steps), np.linspace(0, 100, hidden_size), color=color, label=f"layer {l}")
+    left.set(yscale="log", xlabel="channel", ylabel="half-life (steps)")
+    left.set_title(f"per-channel decay at init (C={hidden_size}, heads of {head_dim})", fontsize=9)
+    for h in range(0, hidden_size + 1, head_dim):
+        left.axvline(h, color="#bbbbbb", lw=0.4, zorder=0)
+    right.set(xscale="log", xlabel="half-life (steps)", ylabel="% of channels with a shorter half-life")
+    right.set_title(f"{DEPTH}-layer model: deeper layers keep more slow channels", fontsize=9)
+    right.legend(fontsize=7)
+    return fig
+
+
+def plot_mix_coefficients(layers=(0, 3, 6, 9, 11), hidden_size: int = 768, head_dim: int = 64):
+    fig, axes = viz.figure(ncols=3, nrows=2, width=3.2, height=2.4)
+    cmap = matplotlib.colormaps["viridis"]
+    for ax, (name, power) in zip(axes, official.RWKV7_MIX_POWERS.items()):
+        for l in layers:
+            ax.plot(official_vectors(l, hidden_size, head_dim)[name].numpy(), color=cmap(l / (DEPTH - 1)),
+                    label=f"layer {l}")
+        ax.set(title=f"{name} = 1 - (c/C)^({power} (1 - l/L))", ylim=(-0.05, 1.05), xlabel="channel c")
+        ax.title.set_fontsize(8)
+    axes[0].set_ylabel("share of the previous token")
+    axes[3].set_ylabel("share of the previous token")
+    axes[0].legend(fontsize=6)
+    fig.suptitle("token-shift mixes x_r..x_g: x + (shift(x) - x) * x_*, per channel and layer", fontsize=10)
+    return fig
+
+
+def plot_other_vectors(layer_idx: int = 0, hidden_size: int = 768, head_dim: int = 64):
+    vec = official_vectors(layer_idx, hidden_size, head_dim)
+    fig, axes = viz.figure(ncols=3, width=3.3, height=2.8)
+    panels = (("sigmoid(a0): in-context learning rate a", torch.sigmoid(vec["a0"])),
+              ("sigmoid(v0): value-residual mix (layers > 0)", torch.sigmoid(vec["v0"])),
+              ("k_k: removal-key scale", vec["k_k"]))
+    for ax, (title, values) in zip(axes, panels):
+        ax.plot(values.numpy(), lw=0.8)
+        ax.set(title=title, xlabel="channel")
+        ax.title.set_fontsize(8)
+    fig.suptitle(f"layer {layer_idx} of {DEPTH}: the other per-channel vectors at init "
+                 f"(k_a = 1.02, r_k = -0.04 everywhere)", fontsize=9)
+    return fig
+
+
+# ---------------------------------------------------------------- verification
+
+def init_mismatch(layer: RWKV7Attention) -> dict[str, float]:
+    """Largest |parameter - official formula| per vector (biases of the LoRAs included)."""
+    vec = official.rwkv7_vectors(layer.hidden_size, layer.head_dim, layer.layer_idx, layer.num_hidden_layers)
+    got = {name: getattr(layer, name) for name in vector_parameters()}
+    got.update(w0=layer.w_lora.lora[2].bias, a0=layer.a_lora.lora[2].bias)
+    if layer.layer_idx != 0:
+        got["v0"] = layer.v_lora.lora[2].bias
+    got["g_norm"] = layer.g_norm.weight
+    return {name: float((p.detach().float().flatten() - vec[name].flatten()).abs().max()) for name, p in got.items()}
+
+
+def open_output(layer: RWKV7Attention, seed: int = 0) -> RWKV7Attention:
+    """Give `o_proj` an orthogonal weight, as training soon does: at init it is 0 (every block starts as the
+    identity of its residual branch), so the output is 0 and no gradient reaches the other parameters."""
+    torch.manual_seed(seed)
+    official.orthogonal_(layer.o_proj.weight, 1.0)
+    return layer
+
+
+def forward_backward_census(layer: RWKV7Attention, x: torch.Tensor) -> dict[str, check.Census]:
+    """Census of the output and of the gradient of every parameter after `output.float().sum().backward()`."""
+    layer.zero_grad(set_to_none=True)
+    x = x.detach().requires_grad_(True)
+    o, *_ = layer(x)
+    o.float().sum().backward()
+    result = {"output": check.nonfinite_census(o.detach()), "d input": check.nonfinite_census(x.grad)}
+    for name, p in layer.named_parameters():
+        result[f"d {name}"] = check.nonfinite_census(p.grad if p.grad is not None else torch.zeros(1))
+    return result

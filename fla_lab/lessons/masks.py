@@ -1,0 +1,303 @@
+"""Notebook 04: a transposed initial-state mask that square tiles hid (upstream #18, fixed in 1547448b).
+
+The RWKV6 `dq` backward kernel keeps its state value-major, a `[BV, BK]` tile, and builds the initial-state
+pointers in that orientation. Before 1547448b its mask was built key-major, `[BK, BV]`. With upstream's dq tiles
+(BK, BV) = (16, 64) the two shapes cannot broadcast and Triton refuses the load; with square tiles the shapes
+agree, so the load runs and the mask is applied to the wrong cells. This module models that mask cell by cell,
+runs the real kernel over tile and problem shapes, and draws what it finds.
+
+Out-of-bounds reads: a transposed mask can let through pointers past the end of `h0` (e.g. BK=BV=32, K=16,
+V=32). An unmasked out-of-bounds read under the interpreter would read whatever memory follows (garbage, or a
+crash). So every run here places `h0` at the start of a larger buffer whose tail is NaN: every read stays inside
+memory we own, and a read outside `h0` shows up deterministically (as NaN where it reaches the result).
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import pathlib
+from dataclasses import dataclass
+
+import torch
+
+from fla_lab import bugs, check, harness, reference, runtime, viz, widgets
+from fla_lab.ops import fused_recurrent_rwkv6
+
+BUG = "transposed_h0_mask"
+SIZES = (16, 32, 64)              # tile sizes and problem sizes the sweep covers
+TILES = tuple(itertools.product(SIZES, SIZES))     # (BK, BV) of the dq kernel
+PROBLEMS = tuple(itertools.product(SIZES, SIZES))  # (K, V) of the problem
+T = 8                             # short sequences: the bug is in the first load, not in the time loop
+STATUSES = ("raises", "right", "wrong")
+STATUS_COLORS = {"raises": "#ff7f0e", "right": "#2ca02c", "wrong": "#d62728"}
+
+# Cell categories of one initial-state tile, as `h0_cells` reports them.
+CELL_NAMES = ("masked off (padding)", "loaded, right element", "MISSING: needed, masked off",
+              "extra: padding cell reads inside h0", "extra: reads OUTSIDE h0")
+CELL_COLORS = ("#eeeeee", "#2ca02c", "#d62728", "#9ecae1", "#6a3d9a")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The mask, modelled cell by cell (the same index vectors as fused_recurrent_bwd_dq_kernel)
+
+def tile_shapes(BK: int, BV: int) -> dict[str, tuple[int, int]]:
+    """Shapes of the dq kernel's initial-state load: pointers `[BV, BK]`, buggy mask `[BK, BV]`, fixed `[BV, BK]`."""
+    return {"pointers": (BV, BK), "buggy mask": (BK, BV), "fixed mask": (BV, BK)}
+
+
+def broadcastable(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    return all(x == y or 1 in (x, y) for x, y in zip(a, b))
+
+
+def h0_cells(K: int, V: int, BK: int, BV: int) -> torch.Tensor:
+    """Categories (indices into CELL_NAMES) of every cell of the buggy load, over all programs, `[Vpad, Kpad]`.
+
+    Cell (i, j) of program (i_v, i_k) points at h0[k = o_k[j], v = o_v[i]] (address o_k[j] * V + o_v[i]).
+    The fixed mask lets it through iff o_v[i] < V and o_k[j] < K; the transposed mask iff o_k[i] < K and
+    o_v[j] < V: the same index vectors, used along the other axes. Needs BK == BV (else the load cannot even
+    be built, see `tile_shapes`).
+    """
+    if BK != BV:
+        raise ValueError(f"the transposed mask only builds for square tiles, got (BK, BV) = ({BK}, {BV})")
+    NK, NV = math.ceil(K / BK), math.ceil(V / BV)
+    cells = torch.zeros(NV * BV, NK * BK, dtype=torch.int64)
+    for i_v, i_k in itertools.product(range(NV), range(NK)):
+        o_k, o_v = i_k * BK + torch.arange(BK), i_v * BV + torch.arange(BV)
+        fixed = (o_v[:, None] < V) & (o_k[None, :] < K)
+        buggy = (o_k[:, None] < K) & (o_v[None, :] < V)
+        outside = (o_k[None, :] * V + o_v[:, None]) >= K * V
+        tile = torch.zeros(BV, BK, dtype=torch.int64)
+        tile[fixed & buggy] = 1
+        tile[fixed & ~buggy] = 2
+        tile[~fixed & buggy & ~outside] = 3
+        tile[~fixed & buggy & outside] = 4
+        cells[i_v * BV:(i_v + 1) * BV, i_k * BK:(i_k + 1) * BK] = tile
+    return cells
+
+
+def cell_counts(K: int, V: int, BK: int, BV: int) -> dict[str, int]:
+    """How many cells of each category the buggy load has (square tiles only)."""
+    counts = torch.bincount(h0_cells(K, V, BK, BV).flatten(), minlength=len(CELL_NAMES))
+    return {"missing": int(counts[2]), "extra inside h0": int(counts[3]), "extra outside h0": int(counts[4])}
+
+
+def padding_needed(K: int, V: int, BK: int, BV: int) -> int:
+    """Elements past the last head's h0 that any load of the dq kernel (buggy or fixed) can address."""
+    Kpad, Vpad = math.ceil(K / BK) * BK, math.ceil(V / BV) * BV
+    return max(0, (Kpad - 1) * V + Vpad - K * V)  # largest address o_k * V + o_v, past K * V
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The real kernel
+
+def rwkv6_inputs(K: int, V: int, *, T: int = T, initial_state: bool = True, seed: int = 0) -> dict:
+    """B = H = 1 RWKV6 inputs (fp32, CPU) for `harness.compare` / `fused_recurrent_rwkv6`."""
+    return harness.gated_inputs(1, T, 1, K, V, bonus=True, initial_state=initial_state, seed=seed,
+                                names=("r", "k", "v", "w"))
+
+
+def in_canary_buffer(h0: torch.Tensor, pad: int) -> torch.Tensor:
+    """`h0` copied to the start of a NaN-filled buffer `pad` elements longer (a contiguous view of it).
+
+    Any read past h0's end then lands in memory we own and reads NaN: deterministic, and visible. The buffer is
+    made on the kernels' device, so `harness.compare` passes this very view on instead of copying it.
+    """
+    buffer = torch.full((h0.numel() + pad,), math.nan, dtype=h0.dtype, device=runtime.device())
+    buffer[:h0.numel()] = h0.flatten().to(buffer.device)
+    return buffer[:h0.numel()].view(h0.shape)
+
+
+def fresh(inputs: dict) -> dict:
+    """Copies of the inputs: `harness.compare` attaches gradients to the tensors it is given."""
+    return {name: x.detach().clone() for name, x in inputs.items()}
+
+
+@dataclass
+class Outcome:
+    status: str                     # "raises", "right" or "wrong"
+    errors: dict[str, float]        # relative errors against the float64 reference (empty when it raised)
+    failing: tuple[str, ...] = ()   # the outputs / gradients beyond the fp32 tolerance
+    message: str = ""               # the exception, when it raised
+
+
+def run_backward(K: int, V: int, tiles: tuple[int, int], buggy: bool, *, initial_state: bool = True,
+                 T: int = T, seed: int = 0) -> Outcome:
+    """Forward + backward of `fused_recurrent_rwkv6` with dq tiles `tiles`, judged by `harness.compare`."""
+    x = fresh(rwkv6_inputs(K, V, T=T, initial_state=initial_state, seed=seed))
+    if initial_state:
+        x["initial_state"] = in_canary_buffer(x["initial_state"], padding_needed(K, V, *tiles))
+    op = lambda **kw: fused_recurrent_rwkv6(**kw, bug=BUG if buggy else None, dq_tiles=tiles)  # noqa: E731
+    try:
+        result = harness.compare(op, reference.recurrent_rwkv6, x)
+    except Exception as error:  # noqa: BLE001  (Triton's refusal is the outcome we are measuring)
+        return Outcome("raises", {}, message=f"{type(error).__name__}: {error}")
+    return Outcome("right" if result.ok else "wrong", result.errors, tuple(result.failures()))
+
+
+def sweep(tiles=TILES, problems=PROBLEMS, *, T: int = T) -> dict[tuple, Outcome]:
+    """`{(buggy, (BK, BV), (K, V)): Outcome}` for every tile shape x problem shape, buggy and fixed kernel."""
+    return {(buggy, tile, problem): run_backward(*problem, tile, buggy, T=T)
+            for buggy in (True, False) for tile in tiles for problem in problems}
+
+
+def status_table(results: dict[tuple, Outcome], buggy: bool) -> str:
+    """The sweep as text: one row per tile shape, one column per problem shape."""
+    tiles = sorted({t for b, t, _ in results if b == buggy})
+    problems = sorted({p for b, _, p in results if b == buggy})
+    head = "(BK,BV) \\ (K,V)  " + " ".join(f"{f'{K},{V}':>7}" for K, V in problems)
+    rows = [f"{f'({BK},{BV})':<17}" + " ".join(f"{results[buggy, (BK, BV), p].status:>7}" for p in problems)
+            for BK, BV in tiles]
+    return "\n".join([head, *rows])
+
+
+def summary(results: dict[tuple, Outcome]) -> dict[str, dict[str, int]]:
+    """How many configurations raise / run right / run wrong, for the buggy and the fixed kernel."""
+    out = {}
+    for buggy, name in ((True, "buggy"), (False, "fixed")):
+        statuses = [o.status for (b, _, _), o in results.items() if b == buggy]
+        out[name] = {s: statuses.count(s) for s in STATUSES}
+    return out
+
+
+def reads_outside_h0(results: dict[tuple, Outcome]) -> list[tuple]:
+    """The buggy square-tile configurations of a sweep whose load also points past the end of h0."""
+    return sorted((t, p) for (b, t, p) in results if b and t[0] == t[1] and cell_counts(*p, *t)["extra outside h0"])
+
+
+def show_fix() -> None:
+    """The one-line fix as a diff, at the line `bugs.locate` finds (the buggy line, then the fixed one)."""
+    where = bugs.locate(BUG)
+    path, number = where.rsplit(":", 1)
+    lines = (pathlib.Path(bugs.__file__).resolve().parent.parent / path).read_text().splitlines()
+    buggy, fixed = lines[int(number)], lines[int(number) + 2]  # body of the `if`, body of the `else`
+    print(where)
+    print("-" + buggy.strip())
+    print("+" + fixed.strip())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Figures and the explorer
+
+def _draw_cells(ax, K: int, V: int, BK: int, BV: int, title: str) -> None:
+    """The buggy load's cells over the whole padded state; solid lines: tiles, dashed: the problem's K and V."""
+    import matplotlib.colors as mcolors
+
+    cells = h0_cells(K, V, BK, BV)
+    cmap = mcolors.ListedColormap(CELL_COLORS)
+    ax.imshow(cells.numpy(), cmap=cmap, vmin=-0.5, vmax=len(CELL_COLORS) - 0.5, interpolation="nearest",
+              aspect="auto")
+    for edge in range(BV, cells.shape[0], BV):
+        ax.axhline(edge - 0.5, color="k", lw=1)
+    for edge in range(BK, cells.shape[1], BK):
+        ax.axvline(edge - 0.5, color="k", lw=1)
+    if K < cells.shape[1]:
+        ax.axvline(K - 0.5, color="k", ls="--", lw=1.2)
+    if V < cells.shape[0]:
+        ax.axhline(V - 0.5, color="k", ls="--", lw=1.2)
+    ax.set(title=title, xlabel="key index k (tile columns, BK)", ylabel="value index v (tile rows, BV)")
+
+
+def _cell_legend(fig) -> None:
+    from matplotlib.patches import Patch
+
+    fig.legend(handles=[Patch(color=c, label=n) for c, n in zip(CELL_COLORS, CELL_NAMES)], loc="outside lower center",
+               ncols=3, fontsize=7)
+
+
+def _draw_shape_clash(ax, BK: int, BV: int) -> None:
+    from matplotlib.patches import Rectangle
+
+    shapes = tile_shapes(BK, BV)
+    (pr, pc), (mr, mc) = shapes["pointers"], shapes["buggy mask"]
+    ax.add_patch(Rectangle((0, 0), pc, pr, fill=False, ec="#1f77b4", lw=2.5,
+                           label=f"pointer tile [BV, BK] = [{pr}, {pc}]"))
+    ax.add_patch(Rectangle((0, 0), mc, mr, fc="#d62728", alpha=0.25, ec="#d62728", lw=2.5,
+                           label=f"transposed mask [BK, BV] = [{mr}, {mc}]"))
+    size = max(pr, pc, mr, mc)
+    ax.set(xlim=(-1, size + 1), ylim=(size + 1, -1), aspect="equal", xlabel="tile column", ylabel="tile row",
+           title=f"(BK, BV) = ({BK}, {BV}): the shapes differ,\nTriton refuses the load")
+    ax.legend(fontsize=7, loc="lower right")
+
+
+def plot_tile_shapes():
+    """Why square tiles hid the bug: (16, 64) cannot broadcast; (32, 32) builds, and is right only when full."""
+    fig, axes = viz.figure(ncols=4, width=3.3, height=3.9)
+    _draw_shape_clash(axes[0], 16, 64)
+    for ax, (K, V) in zip(axes[1:], ((32, 32), (32, 16), (16, 32))):
+        _draw_cells(ax, K, V, 32, 32, f"(32, 32), K={K}, V={V}")
+    _cell_legend(fig)
+    fig.suptitle("the dq kernel's initial-state load: pointers [BV, BK], mask built [BK, BV] (upstream #18)")
+    return fig
+
+
+def plot_sweep(results: dict[tuple, Outcome]):
+    """The sweep as two grids (buggy, fixed): rows = dq tile shapes, columns = problem shapes."""
+    import matplotlib.colors as mcolors
+    from matplotlib.patches import Patch
+
+    tiles = sorted({t for _, t, _ in results})
+    problems = sorted({p for _, _, p in results})
+    cmap = mcolors.ListedColormap([STATUS_COLORS[s] for s in STATUSES])
+    reads_outside = reads_outside_h0(results)
+    fig, axes = viz.figure(ncols=2, width=4.6, height=4.4)
+    for ax, buggy in zip(axes, (True, False)):
+        grid = torch.tensor([[STATUSES.index(results[buggy, t, p].status) for p in problems] for t in tiles])
+        ax.imshow(grid.numpy(), cmap=cmap, vmin=-0.5, vmax=len(STATUSES) - 0.5, interpolation="nearest")
+        for r, t in enumerate(tiles):
+            for c, p in enumerate(problems):
+                outcome = results[buggy, t, p]
+                if outcome.status == "wrong":
+                    outside = (t, p) in reads_outside
+                    ax.text(c, r, " ".join(outcome.failing) + ("\n(oob)" if outside else ""), ha="center",
+                            va="center", fontsize=6, color="w")
+        ax.set_xticks(range(len(problems)), [f"{K},{V}" for K, V in problems], rotation=60, fontsize=8)
+        ax.set_yticks(range(len(tiles)), [f"{BK},{BV}" for BK, BV in tiles], fontsize=8)
+        ax.set(xlabel="problem (K, V)", ylabel="dq tiles (BK, BV)",
+               title=f"{'buggy' if buggy else 'fixed'} kernel")
+    fig.legend(handles=[Patch(color=STATUS_COLORS[s], label=s) for s in STATUSES], loc="outside lower center",
+               ncols=3, fontsize=8)
+    fig.suptitle(f"RWKV6 backward with an initial state (T={T}); text: the gradients that fail,\n"
+                 "(oob): the buggy load also reads past the end of h0 (into a NaN-filled pad)", fontsize=10)
+    return fig
+
+
+def plot_config(BK: int = 32, BV: int = 32, K: int = 32, V: int = 16):
+    """One configuration: the buggy load's cells (or its shape clash) and both kernels' gradient errors."""
+    import numpy as np
+
+    fig, (left, right) = viz.figure(ncols=2, width=4.6, height=3.9)
+    if BK == BV:
+        _draw_cells(left, K, V, BK, BV, f"buggy load, (BK, BV)=({BK}, {BV}), K={K}, V={V}")
+        _cell_legend(fig)
+    else:
+        _draw_shape_clash(left, BK, BV)
+    outcomes = {name: run_backward(K, V, (BK, BV), buggy) for name, buggy in (("buggy", True), ("fixed", False))}
+    names = list(outcomes["fixed"].errors)
+    floor = 1e-9  # so a zero error still shows on the log axis
+    for shift, (name, outcome) in zip((-0.2, 0.2), outcomes.items()):
+        values = [max(outcome.errors.get(n, math.nan), floor) for n in names]
+        values = [1.0 if math.isnan(e) else e for e in values]  # NaN drawn at the top
+        if outcome.status == "raises":
+            right.text(0.5, 0.6, f"{name} kernel raises:\nno gradients at all", transform=right.transAxes,
+                       ha="center", color=STATUS_COLORS["raises"], fontsize=11)
+            continue
+        right.bar(np.arange(len(names)) + shift, values, width=0.4, label=f"{name}: {outcome.status}",
+                  color=STATUS_COLORS[outcome.status] if name == "buggy" else "#1f77b4")
+    right.axhline(check.tolerance(torch.float32).grad, color="k", ls=":", label="fp32 gradient tolerance")
+    right.set_yscale("log")
+    right.set_ylim(floor / 2, 10)
+    right.set_xticks(range(len(names)), names, rotation=45, fontsize=8)
+    right.set(ylabel="relative error vs float64", title="backward with h0: buggy vs fixed")
+    right.legend(fontsize=7)
+    return fig
+
+
+def explorer():
+    """Tile shape and problem shape; each change runs both kernels' backward once."""
+    return widgets.explorer(
+        lambda BK, BV, K, V: plot_config(BK, BV, K, V),
+        BK=widgets.choice("BK (dq tile)", list(SIZES), 32),
+        BV=widgets.choice("BV (dq tile)", list(SIZES), 32),
+        K=widgets.choice("K", list(SIZES), 32),
+        V=widgets.choice("V", list(SIZES), 16),
+    )

@@ -1,0 +1,191 @@
+"""Fixtures for the browser test: one JupyterLab server and one headless Chromium per session.
+
+The server serves a temporary copy of the notebooks (so neither autosave nor the notebooks' own writes touch
+the repository) with private settings, workspaces and Jupyter directories, and is always stopped by its PID.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+NOTEBOOK_DIR = Path(os.environ.get("FLA_LAB_BROWSER_NOTEBOOKS", REPO / "notebooks")).resolve()
+CHROMIUM = Path(os.environ.get("FLA_LAB_CHROMIUM", "/usr/bin/chromium"))
+SETUP_HINT = "`python3 workbook.py setup` installs it (apt-get install chromium)"
+SERVER_START_TIMEOUT_S = 90
+
+# JupyterLab user settings: no news/update toasts (CI has no network, and a toast covers the page), no
+# autosave, every cell attached to the DOM (windowing leaves off-screen outputs unrendered), the kernel
+# started without a dialog, and no blank space after the last cell (it would pad the full-page screenshot).
+LAB_SETTINGS = {
+    "@jupyterlab/apputils-extension/notification": {
+        "fetchNews": "false", "checkForUpdates": False, "doNotDisturbMode": True},
+    "@jupyterlab/docmanager-extension/plugin": {"autosave": False},
+    "@jupyterlab/notebook-extension/tracker": {
+        "windowingMode": "none", "autoStartDefaultKernel": True, "scrollPastEnd": False},
+}
+
+
+@dataclass
+class LabServer:
+    base_url: str
+    token: str
+    root_dir: Path
+    log_path: Path
+
+    def url(self, path: str) -> str:
+        return f"{self.base_url}{path}?token={self.token}"
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+
+def notebook_paths() -> list[Path]:
+    """The notebooks under test, sorted; checkpoints excluded."""
+    return sorted(NOTEBOOK_DIR.glob("*.ipynb"))
+
+
+def pytest_generate_tests(metafunc):
+    if "notebook" in metafunc.fixturenames:
+        metafunc.parametrize("notebook", notebook_paths(), ids=lambda path: path.stem)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _write_settings(settings_dir: Path) -> None:
+    for plugin, values in LAB_SETTINGS.items():
+        path = settings_dir / f"{plugin}.jupyterlab-settings"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(values, indent=2))
+
+
+def _prepare_tree(top: Path) -> Path:
+    """Copy notebooks/ into `top`; give it a figures/ sibling so `../figures` writes stay in the copy."""
+    root = top / "notebooks"
+    shutil.copytree(NOTEBOOK_DIR, root, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    (top / "figures").mkdir()
+    return root
+
+
+def _server_env(top: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    for name in ("JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR", "IPYTHONDIR"):
+        path = top / name.lower()
+        path.mkdir()
+        env[name] = str(path)
+    env.pop("JUPYTER_PATH", None)  # kernels and lab extensions come from the venv (sys.prefix)
+    env["FLA_LAB_FIGURES_DIR"] = str(top / "figures")  # fla_lab.viz.save: keep the repo's figures/ as is
+    return env
+
+
+def _server_command(port: int, token: str, root: Path, top: Path) -> list[str]:
+    cmd = [
+        sys.executable, "-m", "jupyterlab",
+        "--no-browser", "--ip=127.0.0.1", f"--port={port}", "--ServerApp.port_retries=0",
+        f"--IdentityProvider.token={token}",
+        f"--ServerApp.root_dir={root}",
+        f"--LabApp.workspaces_dir={top / 'workspaces'}",
+        f"--LabApp.user_settings_dir={top / 'settings'}",
+        "--LabApp.news_url=None",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        "--LabApp.extension_manager=readonly",  # no PyPI queries from the extension manager
+        "--LabApp.expose_app_in_browser=True",  # window.jupyterapp: read the notebook model from the page
+    ]
+    if os.geteuid() == 0:
+        cmd.append("--allow-root")
+    return cmd
+
+
+def _status_ok(server: LabServer) -> bool:
+    try:
+        with urllib.request.urlopen(server.url("/api/status"), timeout=5) as reply:
+            return reply.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _wait_until_up(proc: subprocess.Popen, server: LabServer) -> None:
+    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"JupyterLab exited with {proc.returncode}:\n{server.log_tail()}")
+        if _status_ok(server):
+            return
+        time.sleep(0.5)
+    pytest.fail(f"JupyterLab not up after {SERVER_START_TIMEOUT_S} s:\n{server.log_tail()}")
+
+
+def _stop(proc: subprocess.Popen, server: LabServer) -> None:
+    """Ask the server to shut down (it stops its kernels), then SIGTERM, then SIGKILL, all by its PID."""
+    if proc.poll() is None:
+        request = urllib.request.Request(server.url("/api/shutdown"), method="POST")
+        try:
+            urllib.request.urlopen(request, timeout=10).close()
+        except (urllib.error.URLError, OSError):
+            pass
+    for escalate in (lambda: None, proc.terminate, proc.kill):
+        if proc.poll() is None:
+            escalate()
+        try:
+            proc.wait(timeout=20)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+@pytest.fixture(scope="session")
+def lab_server(tmp_path_factory) -> Iterator[LabServer]:
+    top = tmp_path_factory.mktemp("jupyterlab")
+    root = _prepare_tree(top)
+    _write_settings(top / "settings")
+    (top / "workspaces").mkdir()
+    port, token = _free_port(), secrets.token_hex(24)
+    server = LabServer(f"http://127.0.0.1:{port}", token, root, top / "server.log")
+    with server.log_path.open("wb") as log:
+        proc = subprocess.Popen(_server_command(port, token, root, top), cwd=top, env=_server_env(top),
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        _wait_until_up(proc, server)
+        yield server
+    finally:
+        _stop(proc, server)
+
+
+@pytest.fixture(scope="session")
+def browser():
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing: the browser test needs Debian's Chromium; {SETUP_HINT}.")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.fail("Playwright for Python is missing from the venv; `python3 workbook.py setup` installs it.")
+    playwright = sync_playwright().start()
+    try:
+        chromium = playwright.chromium.launch(
+            executable_path=str(CHROMIUM), headless=True,
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--no-first-run"])
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+    finally:
+        playwright.stop()

@@ -1,0 +1,258 @@
+"""Every notebook runs top to bottom in JupyterLab in a real browser, and its widgets render.
+
+nbval checks outputs without a browser; this test checks what a reader sees: Run All in JupyterLab (headless
+Chromium driven by Playwright) must finish without an error output, except in cells tagged
+`raises-exception`, and every widget view in the outputs must be rendered in the page. A full-page
+screenshot per notebook goes to artifacts/browser/<notebook>.png.
+
+Set FLA_LAB_BROWSER_NOTEBOOKS to run it on another folder of notebooks, FLA_LAB_BROWSER_TIMEOUT (seconds, per
+notebook) to change the execution time limit.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+
+
+REPO = Path(__file__).resolve().parents[2]
+EXECUTION_TIMEOUT_S = float(os.environ.get("FLA_LAB_BROWSER_TIMEOUT", 600))
+OPEN_TIMEOUT_MS = 180_000  # page load + kernel start on a busy 2-core machine
+WIDGET_RENDER_TIMEOUT_MS = 30_000
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+ARTIFACTS = REPO / "artifacts" / "browser"
+MAX_SCREENSHOT_HEIGHT = 16_000  # Chromium's largest capture
+
+# Page-side helpers, defined once per page. `panel(path)` is the open notebook for that path.
+JS_HELPERS = """
+window.__fla = {
+  panel(path) {
+    const app = window.jupyterapp;
+    if (!app || !app.shell) return null;
+    for (const w of app.shell.widgets('main')) {
+      if (w.context && w.context.path === path && w.content && w.sessionContext) return w;
+    }
+    return null;
+  },
+  kernel(path) {
+    const p = this.panel(path);
+    return p && p.sessionContext.session ? p.sessionContext.session.kernel : null;
+  },
+  pendingCells(path) {
+    const pending = [];
+    this.panel(path).content.widgets.forEach((cell, i) => {
+      if (cell.model.type !== 'code') return;
+      const prompt = cell.node.querySelector('.jp-InputPrompt');
+      if (cell.model.executionState === 'running' || (prompt && prompt.textContent.includes('*')))
+        pending.push(i);
+    });
+    return pending;
+  },
+};
+"""
+
+JS_KERNEL_READY = """(path) => {
+  const p = window.__fla.panel(path), k = window.__fla.kernel(path);
+  return !!(p && p.context.isReady && k && k.connectionStatus === 'connected' && k.status === 'idle');
+}"""
+
+JS_RUN_ALL = """async (path) => {
+  const app = window.jupyterapp, p = window.__fla.panel(path);
+  app.shell.activateById(p.id);
+  app.shell.collapseLeft();
+  window.__flaRun = {done: false};
+  window.__flaKernelTrouble = null;  // a kernel death is followed by an auto-restart: remember it
+  p.sessionContext.statusChanged.connect((_, status) => {
+    if (['dead', 'autorestarting', 'restarting'].includes(status)) window.__flaKernelTrouble = status;
+  });
+  // Widgets the kernel closed on purpose (tqdm bars with leave=False, w.close()) leave an empty output.
+  window.__flaClosedWidgets = new Set();
+  p.sessionContext.iopubMessage.connect((_, msg) => {
+    if (msg.header.msg_type === 'comm_close') window.__flaClosedWidgets.add(msg.content.comm_id);
+  });
+  // The command's promise settles when the last queued cell has finished (or the queue was cleared).
+  app.commands.execute('notebook:run-all-cells').then(
+    ok => { window.__flaRun = {done: true, ok}; },
+    err => { window.__flaRun = {done: true, ok: false, error: String(err)}; });
+}"""
+
+JS_PROGRESS = """(path) => {
+  const k = window.__fla.kernel(path);
+  return {run: window.__flaRun, trouble: window.__flaKernelTrouble, kernel: k ? k.status : 'none',
+          connection: k ? k.connectionStatus : 'none', pending: window.__fla.pendingCells(path)};
+}"""
+
+JS_MODEL = "(path) => window.__fla.panel(path).context.model.toJSON()"
+
+# For one cell: each output holding a widget view, whether a widget view was attached to its node, whether
+# the kernel closed that widget, and its text (a failed render leaves only a text such as "Error displaying
+# widget: model not found"). Output area children map one to one onto the model's outputs; nested output
+# areas (interact's Output) are not counted.
+JS_WIDGET_OUTPUTS = """([path, index, mime]) => {
+  const cell = window.__fla.panel(path).content.widgets[index];
+  const found = [];
+  cell.outputArea.widgets.forEach((child, j) => {
+    const output = j < cell.model.outputs.length ? cell.model.outputs.get(j) : null;
+    if (!output || !(mime in (output.data || {}))) return;
+    const node = child.node;
+    found.push({
+      output: j,
+      closed: window.__flaClosedWidgets.has(output.data[mime].model_id),
+      rendered: !!node.querySelector('.jupyter-widgets[class*="widget-"]')
+                && !node.textContent.includes('Error displaying widget'),
+      text: node.textContent.trim().slice(0, 200)});
+  });
+  return found;
+}"""
+
+# Growing the viewport by the notebook's hidden scroll height lets a full-page screenshot show every cell
+# (JupyterLab scrolls inside its own panel, so full_page alone captures one screen).
+JS_CONTENT_HEIGHT = """(path) => {
+  const scroller = window.__fla.panel(path).content.node.querySelector('.jp-WindowedPanel-outer');
+  return Math.ceil(window.innerHeight + scroller.scrollHeight - scroller.clientHeight + 20);
+}"""
+
+
+def _cell_tags(cell: dict) -> list[str]:
+    return cell.get("metadata", {}).get("tags", [])
+
+
+def error_outputs(notebook: dict) -> list[str]:
+    """'cell i: Ename: evalue' for each error output outside cells tagged raises-exception."""
+    found = []
+    for index, cell in enumerate(notebook["cells"]):
+        if cell["cell_type"] != "code" or "raises-exception" in _cell_tags(cell):
+            continue
+        for out in cell.get("outputs", []):
+            if out["output_type"] == "error":
+                found.append(f"cell {index}: {out['ename']}: {out['evalue']}")
+    return found
+
+
+def unexecuted_cells(notebook: dict) -> list[int]:
+    """Non-empty code cells without an execution count (Run All stopped before them)."""
+    return [i for i, cell in enumerate(notebook["cells"])
+            if cell["cell_type"] == "code" and "".join(cell["source"]).strip()
+            and cell.get("execution_count") is None]
+
+
+def widget_cells(notebook: dict) -> dict[int, int]:
+    """Cell index -> number of widget-view outputs it holds."""
+    counts = {}
+    for index, cell in enumerate(notebook["cells"]):
+        n = sum(WIDGET_MIME in out.get("data", {}) for out in cell.get("outputs", []))
+        if n:
+            counts[index] = n
+    return counts
+
+
+def describe_cells(notebook: dict, indices: list[int]) -> str:
+    heads = ("".join(notebook["cells"][i]["source"]).strip().splitlines()[0][:80] for i in indices)
+    return "; ".join(f"cell {i} ({head})" for i, head in zip(indices, heads)) or "none"
+
+
+def open_notebook(page, lab_server, name: str) -> None:
+    page.goto(lab_server.url(f"/lab/tree/{quote(name)}"))
+    page.wait_for_function("() => !!(window.jupyterapp && window.jupyterapp.shell)", timeout=OPEN_TIMEOUT_MS)
+    page.evaluate(JS_HELPERS)
+    # Run All sent before the kernel exists is lost: wait for a connected, idle kernel first.
+    page.wait_for_function(JS_KERNEL_READY, arg=name, timeout=OPEN_TIMEOUT_MS, polling=500)
+
+
+def run_all_and_wait(page, name: str) -> dict:
+    """Run All, then wait until it settled, the kernel is idle and no cell is queued or running."""
+    page.evaluate(JS_RUN_ALL, name)
+    deadline = time.monotonic() + EXECUTION_TIMEOUT_S
+    while True:
+        state = page.evaluate(JS_PROGRESS, name)
+        if state["trouble"] or state["connection"] == "disconnected":
+            model = page.evaluate(JS_MODEL, name)
+            pytest.fail(f"{name}: the kernel died or restarted during Run All (status {state['trouble']}, "
+                        f"connection {state['connection']}); cells left without a result: "
+                        + describe_cells(model, unexecuted_cells(model)))
+        if state["run"]["done"] and state["kernel"] == "idle" and not state["pending"]:
+            return state
+        if time.monotonic() > deadline:
+            pytest.fail(f"{name}: not finished after {EXECUTION_TIMEOUT_S:.0f} s; "
+                        f"running/queued cells {state['pending']}, kernel {state['kernel']}")
+        time.sleep(1)
+
+
+def unrendered_widgets(page, name: str, expected: dict[int, int]) -> list[str]:
+    """Wait (bounded) for every widget view to render; describe those that did not."""
+    def missing() -> list[str]:
+        problems = []
+        for index, count in expected.items():
+            nodes = page.evaluate(JS_WIDGET_OUTPUTS, [name, index, WIDGET_MIME])
+            bad = [f"output {n['output']}: {n['text'] or '<empty>'!r}" for n in nodes
+                   if not (n["rendered"] or n["closed"])]
+            if len(nodes) != count or bad:
+                problems.append(f"cell {index}: {count} widget view(s) in the model, {len(nodes)} in the "
+                                f"page; not rendered: {bad}")
+        return problems
+
+    deadline = time.monotonic() + WIDGET_RENDER_TIMEOUT_MS / 1000
+    while (problems := missing()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return problems
+
+
+def save_screenshot(page, name: str) -> Path:
+    height = min(page.evaluate(JS_CONTENT_HEIGHT, name), MAX_SCREENSHOT_HEIGHT)
+    page.set_viewport_size({"width": 1280, "height": max(height, 800)})
+    page.wait_for_timeout(500)  # let Lumino re-lay out after the resize
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = ARTIFACTS / f"{Path(name).stem}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path
+
+
+def save_screenshot_quietly(page, name: str) -> None:
+    """Best-effort screenshot of a failed run: the failure itself is what gets reported."""
+    try:
+        save_screenshot(page, name)
+    except Exception:
+        pass
+
+
+def shutdown_kernel_and_close(page, name: str) -> None:
+    """Free the kernel's CPU and memory before the next notebook (the server would stop it at the end)."""
+    try:
+        page.evaluate("(path) => { const p = window.__fla.panel(path); "
+                      "return p ? p.sessionContext.shutdown() : null; }", name)
+    except Exception:
+        pass
+    page.close()
+
+
+def test_notebook_runs_in_jupyterlab(notebook: Path, browser, lab_server):
+    """`notebook` is parametrised in conftest.py: one test per notebook, sorted."""
+    name = notebook.name
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page_errors = []
+    page.on("pageerror", lambda exc: page_errors.append(str(exc)))
+    started = time.monotonic()
+    try:
+        open_notebook(page, lab_server, name)
+        run_all_and_wait(page, name)
+        model = page.evaluate(JS_MODEL, name)
+        widgets = unrendered_widgets(page, name, widget_cells(model))
+        shot = save_screenshot(page, name)
+    except BaseException:  # pytest.fail raises an OutcomeException
+        save_screenshot_quietly(page, name)
+        raise
+    finally:
+        shutdown_kernel_and_close(page, name)
+    elapsed = time.monotonic() - started
+
+    errors = error_outputs(model)
+    assert not errors, f"{name}: error outputs (screenshot {shot}):\n" + "\n".join(errors)
+    skipped = unexecuted_cells(model)
+    assert not skipped, f"{name}: cells never executed: {describe_cells(model, skipped)}"
+    assert not widgets, f"{name}: widgets not rendered (screenshot {shot}; page errors {page_errors}):\n" + \
+        "\n".join(widgets)
+    print(f"{name}: ran in JupyterLab in {elapsed:.0f} s; screenshot {shot.relative_to(REPO)}")

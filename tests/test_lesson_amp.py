@@ -1,0 +1,125 @@
+"""Notebook 05's module: the decays come from the layer's code, the bf16 bias has the sign and size the
+functions report and grows with T, the long-context stand-in matches the kernel, the explorer is live."""
+import math
+
+import pytest
+import torch
+
+from fla_lab.layers import RWKV7Attention
+from fla_lab.lessons import amp
+
+
+def test_log_decays_are_the_layers_two_paths():
+    x = torch.tensor([-8.0, -2.5, 0.0, 3.0])
+    low, fixed = amp.log_decays(x, torch.bfloat16)
+    xb = x.to(torch.bfloat16)
+    # independent: bf16 sigmoid then bf16 product, against the fp32 sigmoid of the same bf16 input
+    expected_low = (-math.exp(-0.5) * torch.sigmoid(xb)).double()
+    expected_fixed = (-math.exp(-0.5) * torch.sigmoid(xb.float())).double()
+    assert torch.equal(low, expected_low) and torch.equal(fixed, expected_fixed)
+    assert not torch.equal(low, fixed)
+
+
+def test_log_decays_follow_the_layer_switch(monkeypatch):
+    calls = []
+    real = RWKV7Attention.log_decay
+    monkeypatch.setattr(RWKV7Attention, "log_decay", lambda self, x: calls.append(self.bug) or real(self, x))
+    amp.log_decays(torch.zeros(3))
+    assert calls == ["bf16_decay", None]
+
+
+def test_rounding_stats_match_the_dossier_and_vanish_in_fp32():
+    stats = amp.rounding_stats()
+    assert stats["max_abs"] == pytest.approx(2.98e-3, rel=0.01)  # dossier, bug 4
+    assert stats["mean_abs"] == pytest.approx(3.8e-4, rel=0.03)
+    assert stats["max_rel"] == pytest.approx(6.9e-3, rel=0.02)
+    # two roundings of at most half a bf16 ulp (2^-8 relative) each
+    assert stats["max_rel"] <= 2 * 2.0 ** -8 * 1.01
+    assert amp.rounding_stats(dtype=torch.float32)["max_abs"] == 0.0
+    assert amp.rounding_stats(dtype=torch.float16)["max_abs"] < stats["max_abs"] / 4
+
+
+@pytest.mark.parametrize("x, T, expected", [(-8.0, 4096, 0.11e-2), (-6.0, 4096, -1.33e-2), (-4.0, 1024, 4.7e-2)])
+def test_cumulative_decay_error_matches_the_dossier(x, T, expected):
+    rel, decay = amp.cumulative_decay(x, T)
+    assert float(rel) == pytest.approx(expected, rel=0.03)
+    assert math.copysign(1, float(rel)) == math.copysign(1, amp.per_step_bias(x))
+    # direct: the product of T equal bf16 and fp32 decays
+    low, fixed = amp.log_decays(torch.tensor([x]))
+    assert float(rel) == pytest.approx(math.exp(T * float(low)) / math.exp(T * float(fixed)) - 1, rel=1e-9)
+    assert float(decay) == pytest.approx(math.exp(T * float(fixed)))
+
+
+def test_the_bias_grows_linearly_with_T():
+    T = torch.tensor([256, 512, 1024, 2048, 4096])
+    rel, _ = amp.cumulative_decay(-8.0, T)
+    ratios = (rel[1:] / rel[:-1]).tolist()
+    assert all(1.99 < r < 2.01 for r in ratios)
+    assert (rel > 0).all()  # x = -8 rounds towards a slower decay: the same sign at every T
+
+
+def test_varying_lora_outputs_compound_only_their_mean_rounding():
+    steady = amp.cumulative_decay_varying(-8.0, 0.0, 4096)
+    assert float(steady[-1]) == pytest.approx(float(amp.cumulative_decay(-8.0, 4096)[0]), rel=1e-6)
+    varied = amp.cumulative_decay_varying(-8.0, 1.0, 4096)
+    assert abs(float(varied[-1])) < abs(float(steady[-1]))
+
+
+def test_channel_decays_come_from_the_layer_at_init():
+    d = amp.channel_decays(0, 128, torch.bfloat16)
+    assert torch.equal(d["fixed"], amp.log_decays(d["x"], torch.bfloat16)[1])
+    assert torch.equal(d["low"], amp.log_decays(d["x"], torch.bfloat16)[0])
+    assert float(d["x"][0]) == -8.0  # official w0 starts at -8
+    rel, decay = amp.channel_cumulative_error(4096, 0, 128)
+    assert rel.shape == decay.shape == (128,)
+    assert (decay[0] > 0.4) and abs(float(rel[0])) < 0.01
+
+
+def test_long_context_stand_in_matches_the_kernel():
+    kc = amp.kernel_check(T=32, hidden_size=64)
+    assert kc["stand-in vs kernel, fixed"] < 2e-2 and kc["stand-in vs kernel, bug"] < 2e-2
+    assert kc["bug - fixed, kernel"] > 0 and kc["bug - fixed, stand-in"] > 0
+    assert kc["bug - fixed, kernel"] == pytest.approx(kc["bug - fixed, stand-in"], rel=0.3)
+
+
+def test_output_errors_cover_every_window():
+    outs = amp.long_context_outputs(T=100, hidden_size=64)
+    assert set(outs) == {"fp32", "bf16 fixed", "bf16 bug"} and outs["fp32"].shape == (100, 64)
+    errors = amp.output_errors(outs)
+    assert [t for t, _ in errors["bug - fixed (the decay's share)"]] == [16, 32, 64, 100]
+    assert all(0 < e < 0.05 for rows in errors.values() for _, e in rows)
+    assert amp.windows(100) == [(0, 16), (16, 32), (32, 64), (64, 100)]
+
+
+def test_cpu_autocast_returns_bf16_for_every_op():
+    dtypes = amp.autocast_dtypes("cpu")
+    assert set(dtypes) == set(amp.AUTOCAST_OPS) == set(amp.CUDA_AUTOCAST_BF16)
+    assert set(dtypes.values()) == {"bf16"}
+
+
+def test_official_form_equals_the_fixed_path():
+    x = amp.lora_grid(-8, 4, 301).to(torch.bfloat16)
+    assert torch.allclose(amp.log_decays(x)[1], amp.official_log_decay(x.float()), rtol=1e-6, atol=0)
+
+
+def test_explorer_controls_drive_plot_decay_error(monkeypatch):
+    import matplotlib
+    matplotlib.use("Agg")
+    calls = []
+    monkeypatch.setattr(amp, "plot_decay_error", lambda channel, T, dtype: calls.append((channel, T, dtype)))
+    ui = amp.decay_explorer()
+    assert calls[-1] == (0, 4096, torch.bfloat16)
+    dtype, T, channel = ui.children[:3]
+    channel.value = 70
+    assert calls[-1] == (70, 4096, torch.bfloat16)
+    T.value = 256
+    dtype.value = torch.float16
+    assert calls[-1] == (70, 256, torch.float16)
+
+
+def test_plot_decay_error_runs_for_every_dtype():
+    import matplotlib
+    matplotlib.use("Agg")
+    for dtype in amp.SIGMOID_DTYPES.values():
+        fig = amp.plot_decay_error(channel=3, T=512, dtype=dtype, hidden_size=128)
+        assert "channel 3" in fig.axes[1].get_title()

@@ -1,0 +1,145 @@
+"""Lesson module of notebook 02: the decay contract. Small shapes; each test checks what a function claims."""
+from __future__ import annotations
+
+import math
+
+import ipywidgets
+import matplotlib
+import pytest
+import torch
+
+matplotlib.use("Agg")
+
+from fla_lab import reference  # noqa: E402
+from fla_lab.lessons import decay_contract as dc  # noqa: E402
+
+
+def test_log_misuses_give_nan_and_minus_inf():
+    logs = dict(dc.log_misuses().values())
+    assert logs[0.0] == -math.inf
+    assert any(value < 0 and math.isnan(lv) for value, lv in logs.items())
+    assert logs[0.9] == pytest.approx(math.log(0.9), rel=1e-6) and logs[1.5] > 0
+
+
+@pytest.mark.parametrize("name", ["logsigmoid", "-exp", "rwkv7"])
+def test_log_space_parametrisations_are_non_positive(name):
+    x = torch.linspace(-30, 30, 601)
+    assert (dc.PARAMETRISATIONS[name](x) <= 0).all()
+    assert (dc.PARAMETRISATIONS["sigmoid"](x) >= 0).all()  # the mistake: a decay, not a log-decay
+
+
+def test_bonus_gradient_matches_autograd_of_the_reference():
+    x = dc.rwkv6_inputs("logsigmoid", T=6, K=4, seed=1)
+    u = x["u"].double().requires_grad_()
+    o, _ = reference.recurrent_rwkv6(x["r"], x["k"], x["v"], x["w"], u)
+    do = torch.randn(o.shape, dtype=torch.float64)
+    (o * do).sum().backward()
+    assert torch.allclose(dc.bonus_gradient(x["r"], x["k"], x["v"], do, scale=4 ** -0.5), u.grad)
+
+
+def test_state_trajectory_ends_at_the_reference_final_state():
+    x = dc.rwkv6_inputs("logsigmoid", T=12, K=4, seed=2)
+    sizes = dc.rwkv6_state_trajectory(**x)
+    _, final = reference.recurrent_rwkv6(**x, output_final_state=True)
+    assert sizes.shape == (12,) and sizes[-1] == pytest.approx(float(final.abs().max()))
+    y = dc.rwkv7_case("RWKV-7 contract", T=10, K=8)
+    _, final7 = reference.recurrent_rwkv7(**y, output_final_state=True)
+    assert dc.rwkv7_state_trajectory(**y)[-1] == pytest.approx(float(final7.abs().max()))
+
+
+def test_first_step_above():
+    sizes = torch.tensor([1.0, 1e30, 1e39, math.inf], dtype=torch.float64)
+    assert dc.first_step_above(sizes) == 2
+    assert dc.first_step_above(torch.tensor([1.0, math.nan])) == 1
+    assert dc.first_step_above(torch.ones(3)) is None
+
+
+def test_sigmoid_decay_blows_up_everything_but_du():
+    """#11 at a reduced size: T = 200 still passes fp32's range (~t = 165), du stays finite and exact."""
+    bad = dc.run_rwkv6("sigmoid", T=200, K=8)
+    assert bad.output.count > 0 and all(bad.grads[n].count > 0 for n in "rkvw")
+    assert bad.grads["u"].count == 0 and bad.du_formula_error < 1e-5
+    assert bad.output.first["t"] == dc.first_step_above(bad.state) + 1  # o_t reads S_{t-1}
+    assert bad.bad_steps["dk"][0] and not bad.bad_steps["dr"][0]  # the adjoint fails at the start
+    good = dc.run_rwkv6("logsigmoid", T=200, K=8)
+    assert good.finite and dc.first_step_above(good.state) is None
+
+
+def test_rwkv7_rand_ab_grows_and_the_contract_does_not():
+    T, K = 56, 32  # radius ~9: fp32 overflows near t = 40
+    rand = dc.run_rwkv7(dc.RWKV7_CASES[0], T=T, K=K)
+    good = dc.run_rwkv7(dc.RWKV7_CASES[2], T=T, K=K)
+    assert rand.radii.median() == pytest.approx(1 + K / 4, rel=0.25)
+    assert rand.output.count > 0 and good.output.count == 0
+    assert good.radii.max() <= 1.0 and good.state.max() < 1e3
+    assert rand.radii.shape == (T,) and rand.state.shape == (T,)
+
+
+def test_radius_by_width_follows_one_plus_k_over_four():
+    radii = dc.radius_by_width(widths=(8, 64), T=8)
+    assert radii["rand a, b"][1] > radii["rand a, b"][0] > 1
+    assert radii["rand a, b"][1] == pytest.approx(17, rel=0.2)
+    assert max(radii["RWKV-7 contract"]) <= 1
+
+
+def test_contract_checks_fire_on_bad_calls_and_stay_quiet_on_good_ones():
+    table = dc.contract_table(T=8, K=8)
+    assert {kind for kind, _ in table.values()} >= {"accepted", "ValueError", "TypeError", "LayoutWarning",
+                                                     "TransitionWarning"}
+    for name, (expected, got) in table.items():
+        assert got.split(":")[0] == expected, (name, got)
+
+
+def test_verdict_reports_errors_warnings_and_acceptance():
+    def raises():
+        raise ValueError("bad w")
+
+    def warns():
+        import warnings
+        warnings.warn("careful", UserWarning)
+
+    assert dc.verdict(raises) == "ValueError: bad w"
+    assert dc.verdict(warns) == "UserWarning: careful"
+    assert dc.verdict(lambda: None) == "accepted"
+
+
+def test_explorer_inputs_have_the_requested_b_dot_a_and_sign():
+    x = dc.explorer_inputs(decay=0.3, sign=1.0, ab=-0.5, T=5, K=8)
+    assert torch.allclose((x["a"] * x["b"]).sum(-1), torch.full((1, 5, 1), -0.5), atol=1e-6)
+    assert (x["w"] > 0).all() and (dc.explorer_inputs(0.3, -1.0, 0.0, T=5, K=8)["w"] < 0).all()
+
+
+def test_growth_by_dtype_fp16_overflows_first():
+    curves = dc.growth_by_dtype(decay=0.1, sign=-1.0, ab=1.0, T=48, K=8)
+    assert set(curves) == {"exact state (fp64)", "fp32", "bf16", "fp16"}
+    assert dc.first_step_above(curves["fp16"], torch.finfo(torch.float16).max) is not None
+    assert torch.isfinite(curves["fp32"]).all()
+
+
+def test_explorer_controls_drive_the_figure(monkeypatch):
+    calls = []
+    monkeypatch.setattr(dc, "plot_growth", lambda decay, sign, ab, **kw: calls.append((decay, sign, ab)))
+    explorer = dc.growth_explorer()
+    assert isinstance(explorer, ipywidgets.interactive)
+    controls = {c.description: c for c in explorer.children if hasattr(c, "description")}
+    controls["b . a"].value = 16.0
+    controls["sign of w"].value = 1.0
+    assert calls[-1][1:] == (1.0, 16.0)
+
+
+def test_figures_draw():
+    import matplotlib.pyplot as plt
+
+    runs = [dc.run_rwkv6(p, T=16, K=4) for p in ("sigmoid", "logsigmoid")]
+    fig = dc.plot_rwkv6_states(runs)
+    assert len(fig.axes) == 2
+    fig7 = dc.plot_rwkv7([dc.run_rwkv7(c, T=8, K=8) for c in dc.RWKV7_CASES], widths=(4, 8))
+    assert len(fig7.axes) == 2
+    assert len(dc.plot_growth(T=8, K=4).axes) == 1
+    plt.close("all")
+
+
+def test_layer_with_sigmoid_decay_overflows_and_the_fixed_layer_does_not():
+    assert dc.layer_output(None, T=300).count == 0
+    bad = dc.layer_output("sigmoid_decay", T=300)
+    assert bad.count > 0 and bad.first["t"] > 100  # sigmoid(w_raw) <= 0.27 at init: slow growth

@@ -1,0 +1,125 @@
+"""Notebook 01's module: the census finds exactly #150's garbage, the trace is the real forward pass, the
+init figures' quantities are right, and the explorer drives the package function."""
+import math
+
+import pytest
+import torch
+
+from fla_lab.layers import RWKV7Attention
+from fla_lab.layers import init as official
+from fla_lab.lessons import init as lesson
+
+# Dossier, bug 1: the tensors upstream created with torch.empty (x_x is [6, C]: x_r, x_w, x_k, x_v, x_a, x_g).
+EMPTY_UPSTREAM = {"x_r", "x_w", "x_k", "x_v", "x_a", "x_g", "k_k", "k_a", "r_k"}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_census_finds_exactly_the_uninitialised_parameters(dtype):
+    rows = lesson.parameter_census(lesson.reported_layer(hidden_size=64, dtype=dtype))
+    assert {r.name for r in rows if r.garbage} == EMPTY_UPSTREAM
+    assert set(lesson.vector_parameters()) == EMPTY_UPSTREAM
+
+
+def test_census_counts_match_a_direct_count():
+    layer = lesson.reported_layer(hidden_size=128, dtype=torch.float32)
+    for row in lesson.parameter_census(layer):
+        p = layer.get_parameter(row.name).detach()
+        assert row.nonfinite == int((~torch.isfinite(p)).sum())
+        assert row.huge == sum(1 for v in p.flatten().tolist() if math.isfinite(v) and abs(v) > lesson.HUGE)
+        assert row.total == p.numel() and row.shape == tuple(p.shape)
+    assert sum(r.nonfinite for r in lesson.parameter_census(layer)) > 0  # the seeded garbage holds NaN/inf
+
+
+def test_official_layer_has_no_garbage_and_matches_the_formulas():
+    layer = lesson.official_layer(hidden_size=128, dtype=torch.float32)
+    assert not any(r.garbage for r in lesson.parameter_census(layer))
+    assert max(lesson.init_mismatch(layer).values()) == 0.0
+    with torch.no_grad():
+        layer.k_k[3] += 0.5
+    assert lesson.init_mismatch(layer)["k_k"] == pytest.approx(0.5)
+
+
+def test_apply_visits_every_module_and_no_parameter():
+    layer = lesson.reported_layer(hidden_size=64)
+    visits = lesson.apply_visits(layer)
+    assert len(visits) == len(list(layer.modules()))
+    assert visits[-1] == ("(the layer itself)", "RWKV7Attention")  # children first, the module itself last
+    assert all(kind != "Parameter" for _, kind in visits)
+    assert layer.legacy_parameter_branch_runs == 0
+    assert lesson.parameter_owners(layer, ("x_r", "w_lora.lora.2.bias")) == {"x_r": "RWKV7Attention",
+                                                                             "w_lora.lora.2.bias": "Linear"}
+
+
+def test_trace_is_the_real_forward_and_leaves_the_layer_untouched():
+    layer = lesson.open_output(lesson.official_layer(hidden_size=64, dtype=torch.float32))
+    x = lesson.layer_input(T=8, hidden_size=64, dtype=torch.float32)
+    stages = lesson.trace(layer, x)
+    assert list(stages)[0] == "input x" and list(stages)[-1] == "output"
+    assert torch.equal(stages["output"], layer(x)[0].detach())
+    assert "log_decay" not in vars(layer) and "_attend" not in vars(layer)
+    assert not any(m._forward_hooks for m in layer.modules())
+    # the decay really is the layer's: -e^-0.5 * sigmoid(w0) at init (the LoRA's down-projection is 0)
+    w0 = layer.w_lora.lora[2].bias.detach()
+    assert torch.allclose(stages["log-decay w"][0, 0], -math.exp(-0.5) * torch.sigmoid(w0))
+
+
+@pytest.mark.parametrize("names, first", [((), None), (("x_r",), "mix x_r"), (("k_k",), "a = -kk"),
+                                          (("k_a",), "k after k_a"), (("r_k",), None)])
+def test_first_nonfinite_stage(names, first):
+    # (which stage turns non-finite first depends on the garbage drawn: these are the notebook's sizes)
+    layer = lesson.layer_with_uninitialized(names, torch.float32, hidden_size=128)
+    stages = lesson.trace(layer, lesson.layer_input(T=4, hidden_size=128, dtype=torch.float32))
+    assert lesson.first_nonfinite(stages) == first
+    if names == ("r_k",):  # finite, but garbage
+        assert lesson.huge_fraction(stages["output"]) == 1.0
+
+
+def test_layer_with_uninitialized_takes_the_bug_layers_garbage():
+    garbage = lesson.reported_layer(hidden_size=64, dtype=torch.float32)
+    layer = lesson.layer_with_uninitialized(("x_g", "r_k"), torch.float32, hidden_size=64)
+    vec = official.rwkv7_vectors(64, 64, 0, lesson.DEPTH)
+    assert torch.equal(layer.x_g, garbage.x_g) and torch.equal(layer.r_k, garbage.r_k)
+    assert torch.equal(layer.x_r.flatten(), vec["x_r"]) and torch.equal(layer.k_k, vec["k_k"])
+    assert layer.o_proj.weight.abs().sum() > 0  # opened, so garbage can reach the output
+    with pytest.raises(ValueError, match="uninitialised upstream"):
+        lesson.layer_with_uninitialized(("o_proj.weight",))
+
+
+def test_half_life_and_decay():
+    w0 = torch.tensor([-8.0, 0.0, 3.0])
+    hl = lesson.half_life(w0)
+    assert torch.allclose(lesson.decay_per_step(w0) ** hl, torch.full((3,), 0.5, dtype=torch.float64))
+    assert 3300 < hl[0] < 3500  # dossier: w0 starts at -8, the slowest channel
+    assert (lesson.decay_per_step(w0) > math.exp(-math.exp(-0.5))).all()  # official range (0.545, 1)
+
+
+def test_reported_layer_is_all_nan_and_fixed_layer_is_finite_with_gradients():
+    x = lesson.layer_input(T=8, hidden_size=64, dtype=torch.bfloat16)
+    o, *_ = lesson.reported_layer(hidden_size=64)(x)
+    assert torch.isnan(o).all()
+    result = lesson.forward_backward_census(lesson.open_output(lesson.official_layer(hidden_size=64)), x)
+    assert all(c.count == 0 for c in result.values())
+    assert {"output", "d input", "d x_r", "d w_lora.lora.0.weight"} <= set(result)
+
+
+def test_explorer_controls_drive_plot_trace(monkeypatch):
+    import matplotlib
+    matplotlib.use("Agg")
+    calls = []
+    monkeypatch.setattr(lesson, "plot_trace", lambda names, dtype: calls.append((tuple(names), dtype)))
+    ui = lesson.trace_explorer()
+    assert calls[-1] == (lesson.vector_parameters(), torch.bfloat16)
+    names, dtype = ui.children[0], ui.children[1]
+    names.value = ("k_k",)
+    assert calls[-1] == (("k_k",), torch.bfloat16)
+    dtype.value = torch.float32
+    assert calls[-1] == (("k_k",), torch.float32)
+
+
+def test_plot_trace_draws_one_bar_per_stage():
+    import matplotlib
+    matplotlib.use("Agg")
+    fig = lesson.plot_trace(("k_a",), torch.float32, hidden_size=64, T=4)
+    ax = fig.axes[0]
+    assert len(ax.get_yticklabels()) == len(ax.patches) // 2
+    assert "k_a" in ax.get_title()

@@ -1,0 +1,92 @@
+"""Notebook 04's module: the mask model and the kernel sweep classify known cases right; the explorer is live.
+
+Reproduces the catalogue entry "transposed_h0_mask" (upstream #18) with the real dq backward kernel.
+"""
+import pytest
+import torch
+
+from fla_lab.lessons import masks
+
+
+@pytest.mark.parametrize("K,V,tiles,buggy,status", [
+    (16, 64, (16, 64), True, "raises"),    # upstream's dq tiles: mask [16, 64] vs pointers [64, 16]
+    (16, 64, (16, 64), False, "right"),    # the fix
+    (64, 64, (32, 32), True, "right"),     # square tiles that K and V fill: the bug hides
+    (32, 16, (32, 32), True, "wrong"),     # square tiles that V does not fill: silently wrong dq
+    (16, 32, (32, 32), True, "wrong"),     # ... and reads past the end of h0
+    (16, 32, (32, 32), False, "right"),
+])
+def test_run_backward_classifies_known_cases(K, V, tiles, buggy, status):
+    outcome = masks.run_backward(K, V, tiles, buggy, T=4)
+    assert outcome.status == status, (outcome.status, outcome.errors, outcome.message)
+    if status == "raises":
+        assert "incompatible dimensions" in outcome.message and "64 and 16" in outcome.message
+    if status == "wrong":  # only dq is wrong, and dw through it; dh0 comes from the other kernel
+        assert outcome.failing == ("r", "w")
+
+
+def test_bug_needs_the_backward_and_an_initial_state():
+    assert masks.run_backward(16, 64, (16, 64), True, initial_state=False, T=4).status == "right"
+
+
+def test_sweep_keys_and_summary():
+    results = masks.sweep(tiles=((16, 64), (32, 32)), problems=((32, 32), (32, 16)), T=4)
+    assert len(results) == 2 * 2 * 2
+    assert masks.summary(results) == {"buggy": {"raises": 2, "right": 1, "wrong": 1},
+                                      "fixed": {"raises": 0, "right": 4, "wrong": 0}}
+    table = masks.status_table(results, buggy=True).splitlines()
+    assert table[1].split()[1:] == ["raises", "raises"]
+    assert table[2].split()[1:] == ["wrong", "right"]  # columns sorted: (32,16), (32,32)
+
+
+@pytest.mark.parametrize("K,V,BK", [(32, 16, 32), (16, 32, 32), (16, 64, 64), (64, 64, 32), (16, 16, 64)])
+def test_cell_model_matches_a_direct_index_count(K, V, BK):
+    """Missing = h0 elements the fixed load reads and the buggy one does not; outside = addresses >= K*V."""
+    cells = masks.h0_cells(K, V, BK, BK)
+    rows, cols = torch.meshgrid(torch.arange(cells.shape[0]), torch.arange(cells.shape[1]), indexing="ij")
+    in_problem = (rows < V) & (cols < K)
+    assert ((cells == 1) | (cells == 2)).eq(in_problem).all()  # the fixed mask is exactly the problem
+    counts = masks.cell_counts(K, V, BK, BK)
+    if K == V or (K % BK == 0 and V % BK == 0):
+        assert counts == {"missing": 0, "extra inside h0": 0, "extra outside h0": 0}
+    else:
+        assert counts["missing"] > 0
+
+
+def test_canary_buffer_covers_every_address_and_keeps_h0():
+    h0 = torch.randn(1, 1, 16, 32)
+    view = masks.in_canary_buffer(h0, masks.padding_needed(16, 32, 32, 32))
+    assert torch.equal(view, h0) and view.is_contiguous()
+    storage = view.untyped_storage().nbytes() // view.element_size()
+    largest_address = (32 - 1) * 32 + (32 - 1)  # o_k up to the padded K=32, times V=32, plus o_v up to 31
+    assert storage > largest_address
+    assert storage - view.numel() == masks.padding_needed(16, 32, 32, 32)
+    assert torch.isnan(torch.as_strided(view, (storage,), (1,))[view.numel():]).all()
+
+
+def test_non_square_tiles_cannot_be_modelled():
+    assert not masks.broadcastable(masks.tile_shapes(16, 64)["pointers"], masks.tile_shapes(16, 64)["buggy mask"])
+    assert masks.broadcastable(masks.tile_shapes(32, 32)["pointers"], masks.tile_shapes(32, 32)["buggy mask"])
+    with pytest.raises(ValueError, match="square"):
+        masks.h0_cells(16, 64, 16, 64)
+
+
+def test_explorer_controls_drive_the_kernels(monkeypatch):
+    import matplotlib
+    matplotlib.use("Agg")
+    calls = []
+    real = masks.run_backward
+    monkeypatch.setattr(masks, "run_backward", lambda *a, **kw: calls.append(a) or real(*a, **kw, T=2))
+    ui = masks.explorer()
+    assert calls[-2:] == [(32, 16, (32, 32), True), (32, 16, (32, 32), False)]  # the default draws once
+    controls = {c.description.split()[0]: c for c in ui.children[:-1]}
+    controls["BV"].value = 64
+    assert calls[-1] == (32, 16, (32, 64), False)
+    controls["V"].value = 64
+    assert calls[-1] == (32, 64, (32, 64), False)
+
+
+def test_reads_outside_h0_lists_only_square_buggy_configs_with_oob_cells():
+    results = {(True, (32, 32), (16, 32)): None, (True, (32, 32), (32, 16)): None,
+               (True, (16, 64), (16, 64)): None, (False, (32, 32), (16, 32)): None}
+    assert masks.reads_outside_h0(results) == [((32, 32), (16, 32))]
