@@ -16,7 +16,7 @@ __all__ = ["bugs", "check", "reference", "device", "doctor", "interpreting", "op
 
 def __getattr__(name):
     # `fla_lab.ops` imports triton; load it on first use so `fla_lab.doctor()` can report a missing triton.
-    if name in ("ops", "layers", "viz", "widgets", "sweep"):
+    if name in ("ops", "layers", "lessons", "harness", "viz", "widgets"):
         import importlib
 
         return importlib.import_module(f"fla_lab.{name}")

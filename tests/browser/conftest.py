@@ -25,7 +25,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOK_DIR = Path(os.environ.get("FLA_LAB_BROWSER_NOTEBOOKS", REPO / "notebooks")).resolve()
 CHROMIUM = Path(os.environ.get("FLA_LAB_CHROMIUM", "/usr/bin/chromium"))
-SETUP_HINT = "`python3 workbook.py setup` installs it (apt-get install chromium)"
+SETUP_HINT = "`python3 workbook.py test` installs it (apt-get install chromium)"
 SERVER_START_TIMEOUT_S = 90
 
 # JupyterLab user settings: no news/update toasts (CI has no network, and a toast covers the page), no

@@ -1,0 +1,146 @@
+"""Chunked GLA and RWKV6 kernels against the float64 references: output, final state and every gradient.
+
+Also bug #77 (`bug="exclusive_reference"`): NaN at strong decay, no symptom at weak decay, GLA unaffected.
+"""
+import functools
+
+import pytest
+import torch
+
+from fla_lab import check, device, harness, reference
+from fla_lab.ops import chunk_gla, chunk_rwkv6, fused_recurrent_gla, fused_recurrent_rwkv6
+
+FP32, FP16, BF16 = torch.float32, torch.float16, torch.bfloat16
+GLA_NAMES, RWKV6_NAMES = ("q", "k", "v", "g"), ("r", "k", "v", "w")
+
+
+def _on_device(x):
+    """Inputs built on the CPU (reproducible), moved to where the kernels run (harness.compare does the same)."""
+    return {name: t.to(device()) for name, t in x.items()}
+
+# A covering list, not a product: every T, K/V pair, B, H, dtype, decay magnitude, initial-state setting and
+# chunk size appears at least once, and partial last chunks meet strong decays (the padded-row hazard).
+CASES = [  # B, T, H, K, V, dtype, decay, h0, chunk_size
+    (1, 1, 1, 32, 64, FP32, 1.0, True, 64),
+    (2, 15, 2, 64, 16, FP32, 1e-3, False, 16),
+    (1, 63, 3, 32, 64, BF16, 1.0, True, 32),
+    (1, 64, 1, 64, 64, FP16, 10.0, True, 64),
+    (1, 65, 4, 64, 16, FP32, 100.0, False, 16),
+    (1, 200, 1, 32, 64, FP32, 1e4, True, 64),
+    (2, 33, 2, 48, 24, FP32, 30.0, True, 32),  # K, V not powers of two: masked tiles
+    (1, 65, 2, 32, 64, FP16, 1e-3, False, 64),
+    (2, 40, 1, 64, 16, BF16, 1e4, False, 16),
+    (1, 17, 2, 16, 32, FP32, 1.0, True, 16),
+    (1, 130, 1, 64, 64, BF16, 100.0, True, 64),
+    (2, 15, 1, 32, 64, FP16, 1e4, True, 32),
+]
+
+
+def _ids(case):
+    B, T, H, K, V, dtype, decay, h0, cs = case
+    return f"B{B}-T{T}-H{H}-K{K}-V{V}-{str(dtype)[6:]}-m{decay:g}-{'h0' if h0 else 'noh0'}-c{cs}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+def test_chunk_gla(case):
+    B, T, H, K, V, dtype, decay, h0, cs = case
+    x = harness.gated_inputs(B, T, H, K, V, decay=decay, initial_state=h0, seed=T, names=GLA_NAMES)
+    result = harness.compare(functools.partial(chunk_gla, chunk_size=cs), reference.recurrent_gla, x, dtype=dtype,
+                             seed=T)
+    assert result.ok, f"{result.failures()} | {result}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+def test_chunk_rwkv6(case):
+    B, T, H, K, V, dtype, decay, h0, cs = case
+    x = harness.gated_inputs(B, T, H, K, V, decay=decay, initial_state=h0, bonus=True, seed=T + 1,
+                             names=RWKV6_NAMES)
+    result = harness.compare(functools.partial(chunk_rwkv6, chunk_size=cs), reference.recurrent_rwkv6, x,
+                             dtype=dtype, seed=T)
+    assert result.ok, f"{result.failures()} | {result}"
+
+
+def test_explicit_scale_and_no_final_state():
+    x = harness.gated_inputs(1, 20, 2, 16, 16, initial_state=False, bonus=True, names=RWKV6_NAMES)
+    o, ht = chunk_rwkv6(**_on_device(x), scale=0.3, chunk_size=16)
+    ref, _ = reference.recurrent_rwkv6(**x, scale=0.3)
+    assert ht is None
+    check.assert_close("o", o, ref, check.tolerance(FP32).fwd)
+
+
+@pytest.mark.parametrize("chunk_size", [0, 8, 48, 100])
+def test_chunk_size_must_be_a_power_of_two_of_at_least_16(chunk_size):
+    x = harness.gated_inputs(1, 8, 1, 16, 16, initial_state=False, names=GLA_NAMES)
+    with pytest.raises(ValueError, match="chunk_size"):
+        chunk_gla(**_on_device(x), chunk_size=chunk_size)
+
+
+def test_chunk_agrees_with_fused_recurrent():
+    x = _on_device(harness.gated_inputs(1, 50, 2, 32, 48, decay=3.0, initial_state=True, bonus=True,
+                                        names=RWKV6_NAMES))
+    tol = check.tolerance(FP32).fwd
+    for chunked, fused, args in ((chunk_gla, fused_recurrent_gla, (x["r"], x["k"], x["v"], x["w"])),
+                                 (chunk_rwkv6, fused_recurrent_rwkv6, (x["r"], x["k"], x["v"], x["w"], x["u"]))):
+        o1, h1 = chunked(*args, initial_state=x["initial_state"], output_final_state=True, chunk_size=16)
+        o2, h2 = fused(*args, initial_state=x["initial_state"], output_final_state=True)
+        check.assert_close(f"{chunked.__name__} o", o1, o2, tol)
+        check.assert_close(f"{chunked.__name__} ht", h1, h2, tol)
+
+
+# ---- bug #77: the inclusive reference row of RWKV6's sub-chunk factorisation
+
+def _rwkv6_run(decay, bug, T=80, chunk_size=32):
+    """Output, dq and the errors of one RWKV6 call; inputs on the CPU, moved by harness.compare."""
+    x = harness.gated_inputs(1, T, 2, 32, 16, decay=decay, initial_state=True, bonus=True, seed=7,
+                             names=RWKV6_NAMES)
+    op = functools.partial(chunk_rwkv6, chunk_size=chunk_size, bug=bug)
+    grads = {}
+
+    def capture(**kw):  # keep the leaf r, whose .grad is dq once harness.compare has run backward
+        grads["r"] = kw["r"]
+        return op(**kw)
+
+    result = harness.compare(capture, reference.recurrent_rwkv6, x)
+    return result, result.outputs["o"], grads["r"].grad
+
+
+@pytest.mark.parametrize("decay", [100.0, 1e4])
+def test_exclusive_reference_bug_gives_nan_in_output_and_dq(decay):
+    result, o, dq = _rwkv6_run(decay, "exclusive_reference")
+    o_census, dq_census = check.nonfinite_census(o), check.nonfinite_census(dq)
+    assert o_census.count > 0, f"o: {o_census}"
+    assert dq_census.count > 0, f"dq: {dq_census}"
+    # the first NaN is on the first row of a query sub-chunk past the first one (16-row sub-chunks)
+    assert o_census.first["t"] % 16 == 0 and o_census.first["t"] % 32 != 0, o_census
+    # the key path and the state between chunks do not use the reference row
+    assert result.errors["ht"] <= result.tolerance.fwd and result.errors["k"] <= result.tolerance.grad, result
+
+
+@pytest.mark.parametrize("decay", [100.0, 1e4])
+def test_fixed_reference_is_finite_and_accurate_at_strong_decay(decay):
+    result, o, dq = _rwkv6_run(decay, None)
+    assert check.nonfinite_census(o).count == 0 and check.nonfinite_census(dq).count == 0
+    assert result.ok, f"{result.failures()} | {result}"
+
+
+def test_exclusive_reference_bug_has_no_symptom_at_weak_decay():
+    buggy, o_buggy, dq_buggy = _rwkv6_run(1.0, "exclusive_reference")
+    fixed, o_fixed, dq_fixed = _rwkv6_run(1.0, None)
+    assert buggy.ok, f"{buggy.failures()} | {buggy}"
+    tol = check.tolerance(FP32)
+    check.assert_close("o", o_buggy, o_fixed, tol.fwd)
+    check.assert_close("dq", dq_buggy, dq_fixed, tol.grad)
+
+
+def test_gla_has_no_bug_switch_and_no_nan_at_strong_decay():
+    x = harness.gated_inputs(1, 80, 2, 32, 16, decay=1e4, initial_state=True, names=GLA_NAMES)
+    with pytest.raises(TypeError):
+        chunk_gla(**_on_device(x), bug="exclusive_reference")
+    result = harness.compare(functools.partial(chunk_gla, chunk_size=32), reference.recurrent_gla, x)
+    assert result.ok, f"{result.failures()} | {result}"
+
+
+def test_unknown_bug_is_rejected():
+    x = harness.gated_inputs(1, 8, 1, 16, 16, initial_state=False, bonus=True, names=RWKV6_NAMES)
+    with pytest.raises(ValueError, match="unknown bug"):
+        chunk_rwkv6(**_on_device(x), bug="transposed_h0_mask")
