@@ -15,14 +15,14 @@ for step in $steps; do
   case $step in
     tests)
       python3 -m fla_lab doctor 2>&1 | tee "$OUT/doctor.log"; summary+=("doctor: rc=${PIPESTATUS[0]}")
-      python3 -m pytest tests --ignore=tests/browser --ignore-glob='tests/test_lesson_*' -q -p no:cacheprovider ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/pytest_gpu.log" | tail -25
+      timeout ${STEP_TIMEOUT:-240} python3 -m pytest tests --ignore=tests/browser --ignore-glob='tests/test_lesson_*' -q -p no:cacheprovider ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/pytest_gpu.log" | tail -25
       summary+=("pytest (CUDA): $(tail -1 "$OUT/pytest_gpu.log")") ;;
     agreement)
-      python3 benchmarks/upstream_agreement.py 2>&1 | tee "$OUT/agreement.log" | tail -12
-      summary+=("agreement: see agreement.log") ;;
+      timeout ${STEP_TIMEOUT:-240} python3 benchmarks/upstream_agreement.py 2>&1 | tee "$OUT/agreement.log" | tail -12
+      summary+=("agreement: $(grep -A12 'worst relative' "$OUT/agreement.log" | tr -s ' ' | paste -sd';')") ;;
     bench)
-      python3 benchmarks/bench.py 2>&1 | tee "$OUT/bench.log" | tail -20
-      summary+=("bench: see bench.log") ;;
+      timeout ${STEP_TIMEOUT:-240} python3 benchmarks/bench.py 2>&1 | tee "$OUT/bench.log" | tail -20
+      summary+=("bench: $(grep -A8 '^ratios' "$OUT/bench.log" | tr -s ' ' | paste -sd';')") ;;
   esac
 done
 echo; echo "==== summary ===="; printf '%s\n' "${summary[@]}"
