@@ -71,12 +71,16 @@ def timings(fn, inputs, kwargs):
     return fwd, fwd_bwd
 
 
-def main():
+def main(argv):
+    """`--only a,b` keeps the ops whose name contains a or b (upstream's autotuning makes a full run long)."""
+    only = argv[argv.index("--only") + 1].split(",") if "--only" in argv else None
     torch.manual_seed(0)
     ours, theirs = cases()
     rows = []
     for lib, table in (("fla_lab", ours), ("fla 0.6.0", theirs)):
         for name, (fn, inputs, kwargs) in table.items():
+            if only and not any(word in name for word in only):
+                continue
             fwd, fwd_bwd = timings(fn, inputs, kwargs)
             rows.append({"lib": lib, "op": name, "fwd_ms": fwd, "fwd_bwd_ms": fwd_bwd})
             print(f"{lib:<10} {name:<38} fwd {fwd:7.3f} ms   fwd+bwd {fwd_bwd:7.3f} ms", flush=True)
@@ -84,7 +88,8 @@ def main():
               "shape": {"B": B, "T": T, "H": H, "K": K, "V": V}, "dtype": "bf16", "rows": rows}
     for folder in (os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"), os.environ.get("OUT")):
         if folder:
-            with open(os.path.join(folder, "bench.json"), "w") as f:
+            tag = "-" + "-".join(only) if only else ""
+            with open(os.path.join(folder, f"bench{tag}.json"), "w") as f:
                 json.dump(result, f, indent=1)
     print_ratios(rows)
 
@@ -105,4 +110,4 @@ def print_ratios(rows):
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -21,7 +21,7 @@ for step in $steps; do
       timeout ${STEP_TIMEOUT:-240} python3 benchmarks/upstream_agreement.py 2>&1 | tee "$OUT/agreement.log" | tail -12
       summary+=("agreement: $(grep -A12 'worst relative' "$OUT/agreement.log" | tr -s ' ' | paste -sd';')") ;;
     bench)
-      timeout ${STEP_TIMEOUT:-240} python3 benchmarks/bench.py 2>&1 | tee "$OUT/bench.log" | tail -20
+      timeout ${STEP_TIMEOUT:-240} python3 benchmarks/bench.py ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -20
       summary+=("bench: $(grep -A8 '^ratios' "$OUT/bench.log" | tr -s ' ' | paste -sd';')") ;;
   esac
 done

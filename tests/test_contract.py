@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import fla_lab
 from fla_lab import harness, ops
 from fla_lab.ops import contract
 
@@ -41,6 +42,11 @@ def rwkv7_inputs(B=1, T=8, H=2, K=16, V=16, seed=0, dtype=torch.float32):
     a_gate = torch.rand(B, T, H, K, generator=g)
     x = dict(r=r, w=w, k=k, v=v, a=-kk, b=kk * a_gate)
     return {n: (t if n == "w" else t.to(dtype)) for n, t in x.items()}
+
+
+def on_kernel_device(tensors):
+    """Tests that run an op to completion need its inputs where its kernels run (the GPU, when there is one)."""
+    return [t.to(fla_lab.device()) for t in tensors]
 
 
 def check7(inputs, initial_state=None, **kwargs):
@@ -97,7 +103,7 @@ def test_nonfinite_rwkv7_input_is_named():
 def test_head_first_looking_input_warns(name):
     op, args, names = gated(name, T=2, H=4)  # T < H: probably [B, H, T, D]
     with pytest.warns(ops.LayoutWarning, match=r"looks like \[B, H, T, D\].*transpose\(1, 2\)"):
-        op(*args)
+        op(*on_kernel_device(args))
 
 
 def test_layout_warning_can_be_silenced():
@@ -105,7 +111,7 @@ def test_layout_warning_can_be_silenced():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         warnings.simplefilter("ignore", ops.LayoutWarning)
-        op(*args)
+        op(*on_kernel_device(args))
 
 
 def test_rwkv7_layout_warning():
@@ -289,7 +295,7 @@ def test_metadata_checks_run_without_value_checks():
 def test_valid_inputs_pass_through_the_ops():
     for name in GATED_OPS:
         op, args, _ = gated(name)
-        o, ht = op(*args, output_final_state=True)
+        o, ht = op(*on_kernel_device(args), output_final_state=True)
         assert torch.isfinite(o).all() and ht.shape == (1, 2, 16, 16)
 
 
@@ -320,7 +326,8 @@ def test_chunk_ops_check_before_running(name):
 
 def test_fused_recurrent_rwkv7_checks_its_inputs():
     op = op_or_skip("fused_recurrent_rwkv7")
-    x = rwkv7_inputs()
+    x = dict(zip("rwkvab", on_kernel_device(rwkv7_inputs().values())))
+    contract.set_value_checks(True)  # the value checks under test are off by default on a GPU
     with pytest.raises(TypeError, match="head_first"):
         op(*x.values(), head_first=True)
     bad = dict(x, w=x["w"].abs())
@@ -330,3 +337,12 @@ def test_fused_recurrent_rwkv7_checks_its_inputs():
     grow = dict(x, a=torch.rand(x["a"].shape, generator=g), b=torch.rand(x["b"].shape, generator=g))
     with pytest.warns(contract.TransitionWarning):
         op(*grow.values())
+
+
+def test_cpu_inputs_on_a_gpu_machine_get_a_clear_error(monkeypatch):
+    from fla_lab import runtime
+
+    monkeypatch.setitem(runtime._STATE, "device", "cuda")  # as on a GPU box, where kernels read GPU memory
+    op, args, _ = gated("fused_recurrent_gla")
+    with pytest.raises(ValueError, match=r"on the CPU, but here the Triton kernels run compiled on the GPU.*\.to\(fla_lab\.device\(\)\)"):
+        op(*args)

@@ -34,6 +34,9 @@ def rwkv7_op(monkeypatch):
     monkeypatch.setattr(ops, "chunk_rwkv7", reference_rwkv7, raising=False)
 
 
+DEV = fla_lab.device()  # layers run their kernels where fla_lab runs them (the GPU, when there is one)
+
+
 def gen(seed=0):
     return torch.Generator().manual_seed(seed)
 
@@ -214,8 +217,8 @@ def test_rwkv7_later_layers_need_v_first(rwkv7_op):
 
 
 def bf16_forward_backward(layer, x, **kwargs):
-    layer = trained_(layer).to(torch.bfloat16)
-    x = x.to(torch.bfloat16).requires_grad_(True)
+    layer = trained_(layer).to(DEV, torch.bfloat16)
+    x = x.to(DEV, torch.bfloat16).requires_grad_(True)
     out = layer(x, **kwargs)[0]
     out.float().square().mean().backward()
     grads = {"x": x.grad, **{name: p.grad for name, p in layer.named_parameters()}}
@@ -247,7 +250,7 @@ def test_rwkv7_layer_on_the_real_kernel(monkeypatch):
     op = real_rwkv7_op()
     C, N = 64, 32
     layer = trained_(RWKV7Attention("fused_recurrent", hidden_size=C, head_dim=N, layer_idx=0, num_hidden_layers=2))
-    x = torch.randn(1, 16, C, generator=gen(3))
+    layer, x = layer.to(DEV), torch.randn(1, 16, C, generator=gen(3)).to(DEV)
     results = {}
     for name, impl in (("kernel", op), ("reference", reference_rwkv7)):
         monkeypatch.setattr(ops, "fused_recurrent_rwkv7", impl, raising=False)
@@ -399,8 +402,8 @@ def official_rwkv6_forward(layer, x, decay_from_raw=lambda w: -torch.exp(w)):
 
 
 def test_rwkv6_forward_matches_the_official_recurrence():
-    layer = trained_(RWKV6Attention("chunk", hidden_size=64, num_heads=2, layer_idx=1, num_hidden_layers=3))
-    x = torch.randn(2, 24, 64, generator=gen(8))
+    layer = trained_(RWKV6Attention("chunk", hidden_size=64, num_heads=2, layer_idx=1, num_hidden_layers=3)).to(DEV)
+    x = torch.randn(2, 24, 64, generator=gen(8)).to(DEV)
     out, attn, cache = layer(x)
     assert attn is None and cache is None
     assert check.rel_error(out, official_rwkv6_forward(layer, x)) < 1e-5
@@ -435,10 +438,10 @@ def test_rwkv6_bf16_forward_backward_finite():
 def test_sigmoid_decay_reaches_the_kernel_and_blows_up():
     """#11: sigmoid(w) as a log-decay grows the state by up to exp(0.27) per step at init (w_raw <= -1)."""
     T, C = 360, 16
-    x = torch.randn(1, T, C, generator=gen(10))
+    x = torch.randn(1, T, C, generator=gen(10)).to(DEV)
     kwargs = dict(hidden_size=C, num_heads=1, expand_k=1.0, layer_idx=0, num_hidden_layers=2)
-    fixed = trained_(RWKV6Attention("fused_recurrent", **kwargs))
-    buggy = RWKV6Attention("fused_recurrent", bug="sigmoid_decay", **kwargs)
+    fixed = trained_(RWKV6Attention("fused_recurrent", **kwargs)).to(DEV)
+    buggy = RWKV6Attention("fused_recurrent", bug="sigmoid_decay", **kwargs).to(DEV)
     buggy.load_state_dict(fixed.state_dict())
     results = {}
     for name, layer in (("fixed", fixed), ("buggy", buggy)):

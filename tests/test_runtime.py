@@ -53,6 +53,7 @@ def test_unsupported_triton_is_reported(monkeypatch):
     assert any("triton is not installed" in p for p in runtime.problems())
 
 
+@no_cuda
 def test_interpreter_overflow_warnings_stay_out_of_output():
     # exp(+100) overflows in fp32: numpy warns inside the interpreter unless fla_lab filtered it
     code = ("import fla_lab, torch; from fla_lab.ops import fused_recurrent_gla, set_value_checks\n"

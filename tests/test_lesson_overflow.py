@@ -1,0 +1,154 @@
+"""Notebook 03's module: the bug's NaN sits exactly where the analysis says (first query row of every later
+sub-chunk), the threshold is 88.72 / max |U| on those rows, the fixed kernel matches the float64 spec at extreme
+decay, the clamp changes the model by about e^-level, and the explorer drives the package function."""
+import math
+
+import pytest
+import torch
+
+from fla_lab.lessons import overflow
+
+BUG = overflow.BUG
+
+
+@pytest.mark.parametrize("chunk_size", [32, 64])
+def test_nan_rows_are_the_first_rows_of_later_sub_chunks(chunk_size):
+    x = overflow.inputs(1e3, T=128)
+    got = overflow.run_with_grads(x, BUG, chunk_size)
+    starts = overflow.sub_chunk_starts(128, chunk_size)
+    assert overflow.bad_rows(got["o"]) == starts == overflow.bad_rows(got["dr"])
+    census = overflow.census(got)
+    assert all(census[n].count == 0 for n in ("dk", "du", "dinitial_state"))
+    assert census["dv"].count > 0 and census["dw"].count > 0
+    fixed = overflow.census(overflow.run_with_grads(x, None, chunk_size))
+    assert all(c.count == 0 for c in fixed.values())
+
+
+def test_sub_chunk_starts():
+    assert overflow.sub_chunk_starts(128, 64) == [16, 32, 48, 80, 96, 112]
+    assert overflow.sub_chunk_starts(100, 32) == [16, 48, 80]
+    assert overflow.sub_chunk_starts(300, 16) == []
+    assert overflow.sub_chunk_starts(70, 64) == [16, 32, 48]
+
+
+def test_score_census_marks_whole_rows_of_earlier_keys():
+    x = overflow.inputs(1e3, T=64)
+    scores = overflow.score_census(x, BUG, 64)
+    assert scores == {16: list(range(16)), 32: list(range(32)), 48: list(range(48))}
+    assert overflow.score_census(x, None, 64) == {}
+
+
+def test_spans():
+    assert overflow.spans([0, 1, 2, 5, 7, 8]) == "0..2, 5, 7..8"
+    assert overflow.spans([]) == ""
+
+
+@pytest.mark.parametrize("g", [-0.5, -100.0])
+def test_exponents_sign(g):
+    bug, fixed = overflow.exponents(g, "buggy"), overflow.exponents(g, "fixed")
+    assert float(bug["query_exp"][0]) == pytest.approx(-g)  # ge[start] - gi[start] = |g|
+    assert (bug["query_exp"][1:] <= 0).all() and (bug["key_exp"] <= 0).all()
+    assert (fixed["query_exp"] <= 0).all() and (fixed["key_exp"] <= 0).all()
+    # the split must reproduce the exact exponent ge[t] - gi[s] = (t - 1 - s) * g either way
+    for e in (bug, fixed):
+        total = e["query_exp"][:, None] + e["key_exp"][None, :]
+        exact = (e["query_rows"][:, None] - 1 - e["key_rows"][None, :]).double() * g
+        assert torch.allclose(total, exact)
+
+
+@pytest.mark.parametrize("chunk_size", [32, 64])
+def test_threshold_is_88_72_over_the_largest_first_row_decay(chunk_size):
+    m = overflow.predicted_threshold(chunk_size)
+    assert 88.72 < m < 88.72 / 0.05
+    assert overflow.forward_finite(m * (1 - 1e-4), chunk_size)
+    assert not overflow.forward_finite(m * (1 + 1e-4), chunk_size)
+    assert overflow.forward_finite(1e4, chunk_size, bug=None)
+
+
+def test_measured_threshold_agrees_and_chunk_16_never_fires():
+    m = overflow.measured_threshold(64, lo=80.0, hi=120.0, steps=8)
+    assert m == pytest.approx(overflow.predicted_threshold(64), rel=2e-3)
+    assert overflow.predicted_threshold(16) == math.inf == overflow.measured_threshold(16)
+
+
+def test_clamp_bounds_the_decay_and_kills_its_gradient():
+    w = torch.tensor([-0.5, -11.0, -13.0, -1e4], requires_grad=True)
+    clamped = overflow.clamp_log_decay(w, 12.0)
+    assert clamped.tolist() == [-0.5, -11.0, -12.0, -12.0]
+    clamped.sum().backward()
+    assert w.grad.tolist() == [1.0, 1.0, 0.0, 0.0]
+
+
+def test_clamp_cost_is_about_e_to_minus_level():
+    c = overflow.clamp_cost(1e3, level=12.0)
+    assert c["clamped"] == 1.0
+    assert 0.1 * math.exp(-12) < c["model"] < 3 * math.exp(-12)
+    assert c["buggy kernel, clamped w"] == pytest.approx(c["model"], rel=0.05)  # finite, and only the model change
+    assert c["fixed kernel, true w"] < c["model"] / 10
+    errors = overflow.clamp_model_errors([4, 8, 16], [1e3])[1e3]
+    assert errors[0] > errors[1] > errors[2] > 0
+
+
+@pytest.mark.parametrize("chunk_size", [16, 64])
+def test_fixed_kernel_matches_the_spec_at_extreme_decay(chunk_size):
+    comparison = overflow.verify(decay=1e4, chunk_size=chunk_size)
+    assert comparison.ok, comparison.failures()
+    assert set(comparison.errors) == {"o", "ht", "r", "k", "v", "w", "u", "initial_state"}
+
+
+def test_buggy_kernel_fails_exactly_where_the_reference_row_is_used():
+    assert set(overflow.verify(decay=1e4, bug=BUG).failures()) == {"o", "r", "v", "w"}
+
+
+def test_gla_is_unaffected():
+    assert overflow.gla_check(decay=1e4).ok
+
+
+def test_sweep_and_summary():
+    results = overflow.sweep(decays=(1.0, 1e3), dtypes=("fp32",), progress=False)
+    assert set(results) == {("fp32", b, m) for b in (BUG, None) for m in (1.0, 1e3)}
+    assert math.isinf(results[("fp32", BUG, 1e3)]["o"]) and results[("fp32", None, 1e3)]["o"] < 2e-5
+    below = results[("fp32", BUG, 1.0)], results[("fp32", None, 1.0)]  # both accurate below the threshold
+    assert all(max(e.values()) < 5e-5 for e in below)
+    summary = overflow.sweep_summary(results)["fp32"]
+    assert summary["bug fires at"] == 1e3 and summary["fixed fires at"] == math.inf
+    assert summary["fixed worst error"] < 5e-5
+    assert overflow.worst_grad(results[("fp32", BUG, 1e3)]) == math.inf
+
+
+def test_decade_and_summary():
+    assert overflow.decade(8.3e-08) == "< 1e-07" and overflow.decade(1.2e-6) == "< 1e-05"
+    assert overflow.decade(math.inf) == "non-finite" and overflow.decade(0.0) == "0"
+    line = overflow.summary(overflow.verify(decay=1e4, bug=BUG))
+    assert "worst error non-finite" in line and line.endswith("failing: o, r, v, w")
+
+
+def test_show_switch_prints_both_lines(capsys):
+    overflow.show_switch()
+    out = capsys.readouterr().out
+    assert "- p_gn = gi + i_start * HK + o_k" in out
+    assert "+ p_gn = gi + (i_start - 1) * HK + o_k" in out
+
+
+def test_figures_draw():
+    import matplotlib
+    matplotlib.use("Agg")
+    assert len(overflow.plot_exponents(-100.0).axes) == 2
+    results = overflow.sweep(decays=(1.0, 1e3), dtypes=("fp32",), progress=False)
+    assert "fp32" in overflow.plot_sweep(results).axes[0].get_title()
+    assert "bf16" in overflow.plot_setting(300.0, torch.bfloat16, 32).axes[1].get_title()
+
+
+def test_explorer_controls_drive_plot_setting(monkeypatch):
+    import matplotlib
+    matplotlib.use("Agg")
+    calls = []
+    monkeypatch.setattr(overflow, "plot_setting",
+                        lambda decay, dtype, chunk_size: calls.append((decay, dtype, chunk_size)))
+    ui = overflow.explorer()
+    assert calls[-1] == (100.0, torch.float32, 64)
+    decay, dtype, chunk_size = ui.children[:3]
+    chunk_size.value = 16
+    dtype.value = torch.float16
+    decay.value = 1e3
+    assert calls[-1] == (pytest.approx(1e3), torch.float16, 16)
