@@ -88,6 +88,7 @@ def main(argv):
               "shape": {"B": B, "T": T, "H": H, "K": K, "V": V}, "dtype": "bf16", "rows": rows}
     for folder in (os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"), os.environ.get("OUT")):
         if folder:
+            os.makedirs(folder, exist_ok=True)
             tag = "-" + "-".join(only) if only else ""
             with open(os.path.join(folder, f"bench{tag}.json"), "w") as f:
                 json.dump(result, f, indent=1)

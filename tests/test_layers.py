@@ -389,7 +389,7 @@ def official_rwkv6_forward(layer, x, decay_from_raw=lambda w: -torch.exp(w)):
     d = torch.exp(decay_from_raw(w_raw))
     heads = lambda t: t.view(B, T, H, -1)  # noqa: E731
     r, k, v, d = heads(r), heads(k), heads(v), heads(d)
-    S = torch.zeros(B, H, N, v.shape[-1], dtype=torch.float64)
+    S = torch.zeros(B, H, N, v.shape[-1], dtype=torch.float64, device=v.device)
     ys = []
     for t in range(T):
         kv = k[:, t, :, :, None] * v[:, t, :, None, :]

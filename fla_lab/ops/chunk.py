@@ -34,6 +34,7 @@ from __future__ import annotations
 import torch
 import triton.language as tl
 
+from fla_lab.ops import contract
 from fla_lab.ops.common import (DOT_PRECISION, as_contiguous, custom_bwd, custom_fwd, dot_dtype, grid_size,
                                 kernel, next_pow2)
 
@@ -565,6 +566,8 @@ class ChunkFunction(torch.autograd.Function):
 
 def chunk(q, k, v, g, u, scale, initial_state, output_final_state, chunk_size, bug_exclusive_reference):
     """Chunked GLA (`u=None`) or RWKV6 (`u` the bonus), forward and backward in Triton."""
+    contract.check_kernel_device("chunk_rwkv6" if u is not None else "chunk_gla",
+                                 dict(q=q, k=k, v=v, g=g, u=u, initial_state=initial_state))
     o, ht = ChunkFunction.apply(q, k, v, g, u, scale, initial_state, output_final_state, int(chunk_size),
                                 bool(bug_exclusive_reference))
     return o, (ht if output_final_state else None)

@@ -75,15 +75,17 @@ def check_same_device(op: str, tensors: dict[str, torch.Tensor]) -> None:
     devices = {name: t.device for name, t in tensors.items() if t is not None}
     if len(set(devices.values())) > 1:
         raise ValueError(f"{op}: tensors are on different devices: {devices}. Move them with `.to(device)`.")
-    check_kernel_device(op, devices)
 
 
-def check_kernel_device(op: str, devices: dict[str, torch.device]) -> None:
-    """Compiled kernels read GPU memory: a CPU tensor would reach Triton as an opaque pointer error."""
+def check_kernel_device(op: str, tensors: dict[str, torch.Tensor]) -> None:
+    """Compiled kernels read GPU memory: a CPU tensor would reach Triton as an opaque pointer error.
+
+    Called at the kernel launch, after the contract checks, so those report their own (more specific) errors.
+    """
     from fla_lab import runtime
 
     if runtime.device() == "cuda":
-        on_cpu = [name for name, d in devices.items() if d.type != "cuda"]
+        on_cpu = [name for name, t in tensors.items() if t is not None and t.device.type != "cuda"]
         if on_cpu:
             raise ValueError(f"{op}: {on_cpu} are on the CPU, but here the Triton kernels run compiled on the GPU. "
                              "Move the inputs with `.to(fla_lab.device())` (or `.cuda()`).")

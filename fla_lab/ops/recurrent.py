@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 import triton.language as tl
 
+from fla_lab.ops import contract
 from fla_lab.ops.common import (as_contiguous, custom_bwd, custom_fwd, grid_size, kernel, next_pow2,
                                 reverse_cumsum)
 
@@ -211,6 +212,8 @@ DEFAULT_DQ_TILES = (16, 64)  # (BK, BV) of the dq kernel: upstream's non-square 
 
 
 def fused_recurrent(q, k, v, g, u, scale, initial_state, output_final_state, dq_tiles, bug_transposed_h0_mask):
+    contract.check_kernel_device("fused_recurrent_rwkv6" if u is not None else "fused_recurrent_gla",
+                                 dict(q=q, k=k, v=v, g=g, u=u, initial_state=initial_state))
     dq_tiles = tuple(dq_tiles) if dq_tiles is not None else DEFAULT_DQ_TILES
     o, ht = FusedRecurrentFunction.apply(q, k, v, g, u, scale, initial_state, output_final_state, dq_tiles,
                                          bug_transposed_h0_mask)

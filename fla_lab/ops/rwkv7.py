@@ -213,6 +213,7 @@ def fused_recurrent_rwkv7(r, w, k, v, a, b, scale=1.0, initial_state=None, outpu
     op = "fused_recurrent_rwkv7"
     contract.check_rwkv7_inputs(op, r, w, k, v, a, b, initial_state, kwargs)
     check_key_width(op, r.shape[-1])
+    contract.check_kernel_device(op, dict(r=r, w=w, k=k, v=v, a=a, b=b, initial_state=initial_state))
     scale = r.shape[-1] ** -0.5 if scale is None else scale
     o, ht = FusedRecurrentRWKV7Function.apply(r, w, k, v, a, b, scale, initial_state, output_final_state)
     return o, (ht if output_final_state else None)

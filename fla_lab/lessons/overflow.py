@@ -1,0 +1,402 @@
+"""Notebook 03: RWKV6's exclusive decay and the reference row that overflowed (upstream #77, the RWKV6 half).
+
+The chunked kernel factorises the decay between a query row t and an earlier key row s around a reference row
+gn: `exp(ge[t] - gi[s]) = exp(ge[t] - gn) * exp(gn - gi[s])`. RWKV6's queries read the *exclusive* cumulative
+decay `ge[t] = gi[t-1]`; with the inclusive `gn = gi[start]` (de4235fd) the first query row of a sub-chunk gets
+`exp(ge[start] - gi[start]) = exp(|g[start]|)`, which overflows fp32 once |g| > 88.72. The fix 0c1c0b65 takes
+`gn = gi[start - 1]`. Everything here runs the real kernel `chunk_rwkv6` with and without
+`bug="exclusive_reference"`, against the float64 spec `reference.recurrent_rwkv6`.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import pathlib
+
+import torch
+
+from fla_lab import bugs, check, harness, reference, viz, widgets
+
+BUG = "exclusive_reference"
+NAMES = ("r", "k", "v", "w")
+BC = 16  # rows per sub-chunk, as in fla_lab.ops.chunk
+FP32_EXP_MAX = viz.EXP_OVERFLOW[torch.float32]  # log(float32 max) = 88.72: exp() of more is inf
+GRADS = ("r", "k", "v", "w", "u", "initial_state")
+# Measured on an NVIDIA H200 (torch 2.11, triton 3.6): the decay knob m at which the buggy forward first turns
+# non-finite, `inputs(m, T=128, K=16)`, by bisection. On a GPU `tl.dot` takes fp16/bf16 operands
+# (`common.dot_dtype`): the query factor q * exp(|g|) passes fp16's 65504 at |g| ~ 11, bf16 has fp32's range.
+# The fixed kernel stayed finite (and within tolerance) up to m = 1e4 in every dtype and chunk size.
+GPU_THRESHOLDS = {"fp32": {16: math.inf, 32: 89.64, 64: 89.64}, "fp16": {16: math.inf, 32: 10.84, 64: 10.84},
+                  "bf16": {16: math.inf, 32: 89.66, 64: 89.66}}
+SWEEP_DECAYS = (1e-3, 1e-1, 1.0, 10.0, 30.0, 90.0, 120.0, 300.0, 1e3, 1e4)
+
+
+def inputs(decay: float, T: int = 64, K: int = 16, V: int = 16, seed: int = 0) -> dict[str, torch.Tensor]:
+    """RWKV6 inputs (B = H = 1) with per-step log-decay `w = -decay * U(0.05, 1)` (`harness.gated_inputs`)."""
+    return harness.gated_inputs(1, T, 1, K, V, decay=decay, bonus=True, names=NAMES, seed=seed)
+
+
+def chunk_op(bug: str | None, chunk_size: int = 64):
+    """`chunk_rwkv6` with the bug switch and chunk size bound, in `harness.compare`'s call form."""
+    from fla_lab.ops import chunk_rwkv6
+
+    return functools.partial(chunk_rwkv6, chunk_size=chunk_size, bug=bug)
+
+
+def sub_chunk_starts(T: int, chunk_size: int) -> list[int]:
+    """The rows that start a sub-chunk with an earlier sub-chunk in its chunk: where the reference row matters."""
+    return [c + i for c in range(0, T, chunk_size) for i in range(BC, chunk_size, BC) if c + i < T]
+
+
+# ---------------------------------------------------------------------------------------------------- reproduce
+
+
+def run_with_grads(x: dict[str, torch.Tensor], bug: str | None, chunk_size: int = 64,
+                   dtype: torch.dtype = torch.float32, seed: int = 0) -> dict[str, torch.Tensor]:
+    """The kernel's output `o` and every input gradient (`d<name>`) under a random cotangent, in fp32."""
+    ours = {n: (t if n == "initial_state" else t.to(dtype)).detach().clone().requires_grad_(True)
+            for n, t in x.items()}
+    o, _ = chunk_op(bug, chunk_size)(**ours)
+    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(seed + 1)).to(o.dtype)
+    (o * do).sum().backward()
+    return {"o": o.detach().float(), **{f"d{n}": ours[n].grad.float() for n in GRADS}}
+
+
+def census(tensors: dict[str, torch.Tensor]) -> dict[str, check.Census]:
+    """`check.nonfinite_census` of each tensor (time-major ones `[B, T, H, D]` report the first time step)."""
+    dims = {"du": ("h", "k"), "dinitial_state": ("b", "h", "k", "v")}
+    return {n: check.nonfinite_census(t, dims.get(n, ("b", "t", "h", "d"))) for n, t in tensors.items()}
+
+
+def bad_rows(x: torch.Tensor) -> list[int]:
+    """Time steps of a `[B, T, H, D]` tensor that hold a non-finite value."""
+    return torch.nonzero((~torch.isfinite(x)).flatten(2).any(-1).any(0)).flatten().tolist()
+
+
+def score_census(x: dict[str, torch.Tensor], bug: str | None, chunk_size: int = 64) -> dict[int, list[int]]:
+    """Which intra-chunk scores A[t, s] the forward produces non-finite: {row t: [columns s within the chunk]}.
+
+    Runs the kernel's own forward launcher (`fla_lab.ops.chunk._forward`) to read the score matrix it builds.
+    """
+    from fla_lab.ops import chunk
+
+    r, k, v, w, u = (x[n] for n in ("r", "k", "v", "w", "u"))
+    *_, A = chunk._forward(r, k, v, w, u, r.shape[-1] ** -0.5, x.get("initial_state"), False, chunk_size,
+                           bug == BUG)
+    bad = ~torch.isfinite(A[0, :, 0])  # [T, BT]
+    return {int(t): torch.nonzero(bad[t]).flatten().tolist() for t in torch.nonzero(bad.any(-1)).flatten()}
+
+
+def spans(columns: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0..2, 5': compact print of index lists."""
+    out, start = [], None
+    for i, c in enumerate(columns):
+        if start is None:
+            start = c
+        if i + 1 == len(columns) or columns[i + 1] != c + 1:
+            out.append(f"{start}..{c}" if c > start else f"{c}")
+            start = None
+    return ", ".join(out)
+
+
+def decade(x: float) -> str:
+    """'< 1e-07' for 8.3e-08: how notebooks print kernel rounding errors, which move with every kernel tweak."""
+    if not math.isfinite(x):
+        return "non-finite"
+    return "0" if x == 0 else f"< 1e{math.floor(math.log10(x)) + 1:+03d}"
+
+
+def summary(comparison: harness.Comparison) -> str:
+    """One stable line for a `harness.Comparison`: what was checked, the worst error's decade, pass/fail."""
+    errors = comparison.errors
+    bad = sorted(comparison.failures())
+    return (f"{len(errors)} checks ({', '.join(errors)}): worst error {decade(max(errors.values()))}, "
+            + ("all within tolerance" if not bad else f"failing: {', '.join(bad)}"))
+
+
+# ---------------------------------------------------------------------------------------------------- explain
+
+
+def exponents(log_decay: float = -100.0, reference_row: str = "buggy", chunk_size: int = 32) -> dict:
+    """The exponents the kernel exponentiates for query sub-chunk 1 against key sub-chunk 0 (one channel,
+    constant per-step log-decay, float64): query side `ge[t] - gn`, key side `gn - gi[s]`.
+
+    `reference_row="buggy"`: gn = gi[start] (inclusive, de4235fd); "fixed": gn = gi[start - 1] (0c1c0b65).
+    """
+    gi = log_decay * torch.arange(1, chunk_size + 1, dtype=torch.float64)  # inclusive cumulative decay
+    ge = torch.cat([gi.new_zeros(1), gi[:-1]])  # exclusive: ge[t] = gi[t - 1]
+    start = BC
+    gn = gi[start] if reference_row == "buggy" else gi[start - 1]
+    keys, queries = torch.arange(0, start), torch.arange(start, 2 * BC)
+    return {"key_rows": keys, "key_exp": gn - gi[keys], "query_rows": queries, "query_exp": ge[queries] - gn}
+
+
+def plot_exponents(log_decay: float = -100.0):
+    fig, axes = viz.figure(ncols=2, width=4.7, height=3.6)
+    for ax, which, title in ((axes[0], "buggy", "bug: gn = gi[start] (inclusive)"),
+                             (axes[1], "fixed", "fix 0c1c0b65: gn = gi[start-1] = ge[start]")):
+        e = exponents(log_decay, which)
+        ax.axhspan(FP32_EXP_MAX, 1e9, color="#d62728", alpha=0.12)
+        ax.axhline(FP32_EXP_MAX, color="#d62728", lw=0.8)
+        ax.text(0.3, FP32_EXP_MAX + 12, "exp() = inf in fp32 (> 88.7)", fontsize=7, color="#d62728")
+        ax.axhline(0, color="k", lw=0.6)
+        ax.plot(e["key_rows"], e["key_exp"], "s", ms=4, color="#1f77b4", label="key side gn - gi[s]")
+        ax.plot(e["query_rows"], e["query_exp"], "o", ms=4, color="#ff7f0e", label="query side ge[t] - gn")
+        first = float(e["query_exp"][0])
+        ax.annotate(f"first query row: {first:+.0f}", (BC, first), (BC + 2.5, first + 55), fontsize=8,
+                    arrowprops=dict(arrowstyle="->", lw=0.8))
+        ax.axvline(BC - 0.5, color="grey", ls=":", lw=0.8)
+        ax.set(ylim=(-450, 220), xlabel="row in chunk (keys: sub-chunk 0, queries: sub-chunk 1)",
+               ylabel="exponent (clipped below -450)", title=title)
+        ax.title.set_fontsize(9)
+        ax.legend(fontsize=7, loc="lower left")
+    fig.suptitle(f"what each row exponentiates, per-step log-decay {log_decay:g} (one channel)", fontsize=10)
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------------- thresholds
+
+
+def predicted_threshold(chunk_size: int, T: int = 128, K: int = 16, seed: int = 0) -> float:
+    """The decay knob above which some sub-chunk's first row has |g| > 88.72: 88.72 / max U over those rows.
+
+    `inputs(decay)` draws w = -decay * U with the same U for every decay, so the first overflow is at the
+    largest U on a sub-chunk start row (inf for chunk 16: no chunk holds two sub-chunks).
+    """
+    starts = sub_chunk_starts(T, chunk_size)
+    if not starts:
+        return math.inf
+    U = -inputs(1.0, T, K, K, seed)["w"][0, starts, 0]
+    return FP32_EXP_MAX / float(U.max())
+
+
+def forward_finite(decay: float, chunk_size: int, bug: str | None = BUG, T: int = 128, K: int = 16,
+                   seed: int = 0) -> bool:
+    x = inputs(decay, T, K, K, seed)
+    with torch.no_grad():
+        o, _ = chunk_op(bug, chunk_size)(**x)
+    return bool(torch.isfinite(o).all())
+
+
+def measured_threshold(chunk_size: int, lo: float = 1.0, hi: float = 1e4, steps: int = 14, T: int = 128,
+                       K: int = 16, seed: int = 0) -> float:
+    """Bisection (geometric) on the decay knob for the first non-finite output of the buggy forward.
+
+    inf when the kernel is still finite at `hi`. The knob multiplies a fixed U, so finiteness is monotone.
+    """
+    if forward_finite(hi, chunk_size, T=T, K=K, seed=seed):
+        return math.inf
+    for _ in range(steps):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if forward_finite(mid, chunk_size, T=T, K=K, seed=seed) else (lo, mid)
+    return hi
+
+
+# ---------------------------------------------------------------------------------------------------- the clamp
+
+
+def clamp_log_decay(w: torch.Tensor, level: float = 12.0) -> torch.Tensor:
+    """The workaround of #77 / PR #78 (rejected): bound the per-step log-decay the kernel receives, w >= -level
+    (|w| < 12 for RWKV6). With w = -exp(w_raw) that is the same as w_raw <= log(level) (2.48 for 12)."""
+    return w.clamp(min=-level)
+
+
+def clamp_cost(decay: float, level: float = 12.0, T: int = 64, K: int = 16, seed: int = 0) -> dict[str, float]:
+    """What the clamp changes at per-step log-decay -decay * U(0.05, 1), float64 and the real buggy kernel.
+
+    - model: rel. error of the exact recurrence run on clamped w against the exact recurrence on the true w;
+    - buggy kernel on clamped w: the same comparison with the kernel users were running (finite now);
+    - clamped: the fraction of decays the clamp changes, whose gradient it also sets to zero.
+    """
+    x = inputs(decay, T, K, K, seed)
+    clamped = {**x, "w": clamp_log_decay(x["w"], level)}
+    exact, _ = reference.recurrent_rwkv6(**x)
+    model, _ = reference.recurrent_rwkv6(**clamped)
+    with torch.no_grad():
+        kernel, _ = chunk_op(BUG)(**clamped)
+        fixed, _ = chunk_op(None)(**x)
+    return {"model": check.rel_error(model, exact), "buggy kernel, clamped w": check.rel_error(kernel, exact),
+            "fixed kernel, true w": check.rel_error(fixed, exact), "clamped": float((x["w"] < -level).double().mean())}
+
+
+def clamp_model_errors(levels, decays, T: int = 64, K: int = 16, seed: int = 0) -> dict[float, list[float]]:
+    """{decay: [rel. error of the clamped exact model vs the true one, per clamp level]} (float64 only)."""
+    out = {}
+    for decay in decays:
+        x = inputs(decay, T, K, K, seed)
+        exact, _ = reference.recurrent_rwkv6(**x)
+        out[decay] = [check.rel_error(reference.recurrent_rwkv6(**{**x, "w": clamp_log_decay(x["w"], c)})[0], exact)
+                      for c in levels]
+    return out
+
+
+def plot_clamp_cost(levels=(1, 2, 4, 6, 8, 10, 12, 16, 20, 24, 30), decays=(30.0, 100.0, 1e4)):
+    import matplotlib
+    import numpy as np
+
+    errors = clamp_model_errors(levels, decays)
+    fig, (ax,) = viz.figure(width=6.2, height=3.6)
+    for i, decay in enumerate(decays):
+        ys = np.array(errors[decay])
+        ax.plot(levels, np.where(ys > 0, ys, np.nan), "o-", ms=3, lw=2.5 - 0.7 * i,
+                color=matplotlib.colormaps["viridis"](i / len(decays)), label=f"true w = -{decay:g}·U(0.05, 1)")
+    c = np.linspace(min(levels), max(levels), 200)
+    ax.plot(c, np.exp(-c), "k:", lw=0.8, label="e^-level")
+    for dtype in (torch.bfloat16, torch.float32):
+        ax.axhline(check.tolerance(dtype).fwd, color=viz.DTYPE_COLORS[dtype], ls="--", lw=0.8,
+                   label=f"{viz.DTYPE_NAMES[dtype]} forward tolerance")
+    own = clamp_cost(100.0, 12.0)["fixed kernel, true w"]
+    ax.axhline(own, color="k", ls="-.", lw=0.8, label="fixed kernel's own fp32 error")
+    ax.axvline(12, color="grey", lw=0.8)
+    ax.text(12.4, 1e-14, "|w| < 12 (#77)", fontsize=7, color="grey")
+    ax.set(yscale="log", ylim=(1e-16, 3), xlabel="clamp level: w >= -level",
+           ylabel="rel. error of o vs the exact model", title="the clamp changes the model by about e^-level")
+    ax.legend(fontsize=7, loc="lower left")
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------------- fix
+
+
+def show_switch() -> None:
+    """Where the switch is, and the one-row difference between the buggy and the fixed reference row."""
+    where = bugs.locate(BUG)
+    path, line = where.rsplit(":", 1)
+    lines = (pathlib.Path(bugs.__file__).resolve().parent.parent / path).read_text().splitlines()
+    i = int(line) - 1
+    buggy, fixed = lines[i + 1], lines[i + 3]
+    assert lines[i + 2].strip() == "else:", "the switch block changed shape: update show_switch"
+    print(f"{path}, load_reference_decay (RWKV6 branch):")
+    print("\n".join(lines[i - 1:i + 4]))
+    code = lambda s: s.split("#")[0].strip()  # noqa: E731
+    print(f"\n- {code(buggy)}    # gn = gi[start]\n+ {code(fixed)}    # gn = gi[start - 1] = ge[start]")
+
+
+def verify(decay: float = 1e4, chunk_size: int = 64, bug: str | None = None, dtype=torch.float32, T: int = 64,
+           K: int = 16) -> harness.Comparison:
+    """`harness.compare` of `chunk_rwkv6` (forward, final state and every gradient) against the float64 spec."""
+    return harness.compare(chunk_op(bug, chunk_size), reference.recurrent_rwkv6, inputs(decay, T, K, K),
+                           dtype=dtype)
+
+
+def gla_check(decay: float = 1e4, chunk_size: int = 64, T: int = 64, K: int = 16) -> harness.Comparison:
+    """`chunk_gla` at the same decay: its queries are inclusive, gi[start] already lies between both sides."""
+    from fla_lab.ops import chunk_gla
+
+    x = harness.gated_inputs(1, T, 1, K, K, decay=decay, seed=0)
+    ref = lambda q, k, v, g, **kw: reference.recurrent_gla(q, k, v, g, **kw)  # noqa: E731
+    return harness.compare(functools.partial(chunk_gla, chunk_size=chunk_size), ref, x)
+
+
+# ---------------------------------------------------------------------------------------------------- sweep
+
+
+@functools.lru_cache(maxsize=8)
+def sweep(decays: tuple[float, ...] = SWEEP_DECAYS, dtypes: tuple[str, ...] = ("fp32", "fp16", "bf16"),
+          chunk_size: int = 64, T: int = 64, K: int = 16, progress: bool = True) -> dict:
+    """{(dtype name, bug, decay): errors of o, ht and every gradient} (cached: treat the result as read-only)."""
+    from tqdm.auto import tqdm
+
+    cases = [(d, b, m) for d in dtypes for b in (BUG, None) for m in decays]
+    out = {}
+    for name, bug, decay in tqdm(cases, desc="sweep", leave=False, disable=not progress):
+        out[(name, bug, decay)] = verify(decay, chunk_size, bug, viz.DTYPES[name], T, K).errors
+    return out
+
+
+def sweep_summary(results: dict) -> dict[str, dict[str, float]]:
+    """Per dtype: the smallest decay at which each kernel has a non-finite value, and the fixed kernel's worst
+    error (output or gradient) over the sweep."""
+    out = {}
+    for name in dict.fromkeys(d for d, _, _ in results):
+        first = {tag: min((m for d, b, m in results if d == name and b == bug
+                           and not math.isfinite(max(results[(d, b, m)].values()))), default=math.inf)
+                 for bug, tag in ((BUG, "bug"), (None, "fixed"))}
+        worst = max(max(e.values()) for (d, b, _), e in results.items() if d == name and b is None)
+        out[name] = {"bug fires at": first["bug"], "fixed fires at": first["fixed"], "fixed worst error": worst}
+    return out
+
+
+def worst_grad(errors: dict[str, float]) -> float:
+    grads = [e for n, e in errors.items() if n not in ("o", "ht")]
+    return math.inf if any(not math.isfinite(e) for e in grads) else max(grads)
+
+
+def plot_sweep(results: dict, chunk_size: int = 64):
+    import numpy as np
+
+    dtypes = sorted({d for d, _, _ in results}, key=["fp32", "fp16", "bf16"].index)
+    decays = sorted({m for _, _, m in results})
+    fig, axes = viz.figure(ncols=len(dtypes), width=3.9, height=3.5)
+    top = 10.0
+    for ax, name in zip(axes, dtypes):
+        for bug, color, label, lw in ((BUG, "#d62728", "bug", 3.5), (None, "#1f77b4", "fixed", 1.2)):
+            for key, style, what in (("o", "-", "o"), ("grad", "--", "worst grad")):
+                ys = np.array([results[(name, bug, m)]["o"] if key == "o" else worst_grad(results[(name, bug, m)])
+                               for m in decays])
+                ok = np.isfinite(ys)
+                ax.plot(np.array(decays)[ok], ys[ok], style, marker=".", lw=lw, color=color, alpha=0.8,
+                        label=f"{label}: {what}")
+                if (~ok).any():
+                    ax.plot(np.array(decays)[~ok], np.full((~ok).sum(), top), "x", ms=8, color=color,
+                            label=f"{label}: non-finite" if key == "o" else None)
+        ax.axhline(check.tolerance(viz.DTYPES[name]).grad, color="grey", ls=":", lw=0.8, label="tolerance")
+        ax.axvline(FP32_EXP_MAX, color="k", lw=0.6, alpha=0.5)
+        ax.set(xscale="log", yscale="log", ylim=(1e-9, 40), xlabel="decay knob m: w = -m·U(0.05, 1)",
+               ylabel="rel. error vs float64 reference", title=f"{name}, chunk {chunk_size}")
+    axes[-1].legend(fontsize=6, loc="lower left", ncol=2)
+    fig.suptitle("chunk_rwkv6 against the exact recurrence: x = NaN/inf (the vertical line: 88.7)", fontsize=10)
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------------- explorer
+
+
+def plot_setting(decay: float = 100.0, dtype: torch.dtype = torch.float32, chunk_size: int = 64, T: int = 64,
+                 K: int = 16):
+    """Left: which time steps of o and of each gradient are non-finite, bug vs fixed. Right: their errors."""
+    import matplotlib.colors as mcolors
+    import numpy as np
+
+    x = inputs(decay, T, K, K)
+    rows, labels = [], []
+    for bug, tag in ((BUG, "bug"), (None, "fixed")):
+        got = run_with_grads(x, bug, chunk_size, dtype)
+        for n in ("o", "dr", "dv", "dw"):
+            bad = np.zeros(T)
+            bad[bad_rows(got[n])] = 1
+            rows.append(bad)
+            labels.append(f"{tag}: {n}")
+    fig, (left, right) = viz.figure(ncols=2, width=4.8, height=3.5)
+    left.imshow(np.array(rows), aspect="auto", interpolation="nearest",
+                cmap=mcolors.ListedColormap(["#e8e8e8", "#d62728"]), vmin=0, vmax=1)
+    for s in sub_chunk_starts(T, chunk_size):
+        left.axvline(s, color="k", lw=0.4, alpha=0.4)
+    left.set_yticks(range(len(labels)), labels, fontsize=7)
+    left.set(xlabel="time step t (lines: first rows of sub-chunks)",
+             title=f"non-finite rows (red), |w| up to {decay:g}")
+    left.title.set_fontsize(9)
+    names = ["o", "ht", *GRADS]
+    pos = np.arange(len(names))
+    for offset, bug, color, tag in ((-0.2, BUG, "#d62728", "bug"), (0.2, None, "#1f77b4", "fixed")):
+        errors = verify(decay, chunk_size, bug, dtype, T, K).errors
+        vals = np.array([errors[n] for n in names])
+        ok = np.isfinite(vals)
+        right.bar(pos[ok] + offset, np.maximum(vals[ok], 1e-12), width=0.4, color=color, label=tag, log=True)
+        right.plot(pos[~ok] + offset, np.full((~ok).sum(), 3.0), "x", color=color, ms=8)
+    right.axhline(check.tolerance(dtype).grad, color="grey", ls=":", lw=0.8, label="tolerance")
+    right.set_xticks(pos, [n.replace("initial_state", "h0") for n in names], fontsize=7)
+    right.set(ylim=(1e-12, 20), ylabel="rel. error vs reference (x: non-finite)",
+              title=f"{viz.DTYPE_NAMES[dtype]}, chunk {chunk_size}")
+    right.title.set_fontsize(9)
+    right.legend(fontsize=7, loc="lower left")
+    return fig
+
+
+def explorer():
+    return widgets.explorer(
+        lambda decay, dtype, chunk_size: plot_setting(decay, dtype, chunk_size),
+        decay=widgets.log_slider("decay knob m (w = -m·U)", 100.0, -3, 4),
+        dtype=widgets.choice("dtype", viz.DTYPES, torch.float32),
+        chunk_size=widgets.choice("chunk size", [16, 32, 64], 64),
+    )
