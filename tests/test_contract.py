@@ -334,7 +334,8 @@ def test_fused_recurrent_rwkv7_checks_its_inputs():
     with pytest.raises(ValueError, match="`w` is a log-decay"):
         op(*bad.values())
     g = torch.Generator().manual_seed(1)
-    grow = dict(x, a=torch.rand(x["a"].shape, generator=g), b=torch.rand(x["b"].shape, generator=g))
+    a_rand, b_rand = on_kernel_device([torch.rand(x["a"].shape, generator=g), torch.rand(x["b"].shape, generator=g)])
+    grow = dict(x, a=a_rand, b=b_rand)
     with pytest.warns(contract.TransitionWarning):
         op(*grow.values())
 
