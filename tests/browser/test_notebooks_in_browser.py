@@ -163,10 +163,16 @@ def open_notebook(page, lab_server, name: str) -> None:
     page.wait_for_function(JS_KERNEL_READY, arg=name, timeout=OPEN_TIMEOUT_MS, polling=500)
 
 
+SETTLED_FOR_S = 5.0  # Run All's promise can settle early (a reply with status 'error' from a cell tagged
+# raises-exception) while later cells still wait in the kernel's queue and the kernel looks idle between two
+# cells: the finished state must hold this long before it counts.
+
+
 def run_all_and_wait(page, name: str) -> dict:
-    """Run All, then wait until it settled, the kernel is idle and no cell is queued or running."""
+    """Run All, then wait until it settled, the kernel is idle and no cell is queued or running, for a while."""
     page.evaluate(JS_RUN_ALL, name)
     deadline = time.monotonic() + EXECUTION_TIMEOUT_S
+    settled_since = None
     while True:
         state = page.evaluate(JS_PROGRESS, name)
         if state["trouble"] or state["connection"] == "disconnected":
@@ -175,7 +181,11 @@ def run_all_and_wait(page, name: str) -> dict:
                         f"connection {state['connection']}); cells left without a result: "
                         + describe_cells(model, unexecuted_cells(model)))
         if state["run"]["done"] and state["kernel"] == "idle" and not state["pending"]:
-            return state
+            settled_since = settled_since or time.monotonic()
+            if time.monotonic() - settled_since >= SETTLED_FOR_S:
+                return state
+        else:
+            settled_since = None
         if time.monotonic() > deadline:
             pytest.fail(f"{name}: not finished after {EXECUTION_TIMEOUT_S:.0f} s; "
                         f"running/queued cells {state['pending']}, kernel {state['kernel']}")
