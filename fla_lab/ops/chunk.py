@@ -206,7 +206,7 @@ def chunk_fwd_A_kernel(q, k, gi, u, A, T, H: tl.constexpr, K: tl.constexpr, BT: 
         b_gq = load_query_decay(gi, o_i[:, None], o_k[None, :], m_ik, t_first, HK, RWKV6)
         b_u = load_bonus(u, i_h, o_k, m_k, K, BK, RWKV6)[None, :]
         for j in range(0, BC):
-            m_j = m_k & (i_start + j < T)
+            m_j = m_k & (i_start + j + 0 * o_k < T)  # a vector test: triton 3.9 rejects vector & scalar masks
             b_kj = tl.load(k + (i_start + j) * HK + o_k, mask=m_j, other=0).to(tl.float32)
             b_gj = tl.load(gi + (i_start + j) * HK + o_k, mask=m_j, other=0)
             causal = ((o_c >= j) & m_i)[:, None]
