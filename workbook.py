@@ -165,12 +165,16 @@ def execute(paths: list[str]) -> int:
         run([PY, "-m", "jupyter", "nbconvert", "--to", "notebook", "--execute", "--inplace",
              "--ExecutePreprocessor.timeout=600", "--ExecutePreprocessor.kernel_name=python3", nb], env=env,
             cwd=nb.parent)
-        strip_machine_paths(nb)
+        clean_saved_outputs(nb)
     return 0
 
 
-def strip_machine_paths(nb: Path) -> None:
-    """Saved tracebacks name files by absolute path: keep them readable but machine-independent."""
+def clean_saved_outputs(nb: Path) -> None:
+    """Make a saved notebook machine-independent and quiet in diffs.
+
+    Tracebacks name files by absolute path (kept readable, made relative); nbconvert records per-cell
+    execution timestamps, which would change every cell on every re-execution.
+    """
     import json
     import re
 
@@ -178,6 +182,7 @@ def strip_machine_paths(nb: Path) -> None:
                 (r"/tmp/ipykernel_\d+/\d+\.py", "<ipykernel-cell>")]
     data = json.loads(nb.read_text())
     for cell in data["cells"]:
+        cell.get("metadata", {}).pop("execution", None)
         for output in cell.get("outputs", []):
             for key in ("traceback", "text"):
                 if key in output:

@@ -64,8 +64,6 @@ def main():
         result = json.load(f)
     with open(os.path.join(HERE, "results", "bench.md"), "w") as f:
         f.write(table(result))
-    from fla_lab import viz
-
     fig = figure(result)
     fig.savefig(os.path.join(os.path.dirname(HERE), "figures", "bench_h200.png"), dpi=110, metadata={"Software": None})
     print(table(result))

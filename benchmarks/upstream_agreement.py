@@ -31,7 +31,8 @@ def fla_ops():
     from fla.ops.gsa import chunk_gsa
     from fla.ops.rwkv6 import chunk_rwkv6, fused_recurrent_rwkv6
     from fla.ops.rwkv7 import chunk_rwkv7
-    return locals()
+    return {"chunk_gla": chunk_gla, "fused_recurrent_gla": fused_recurrent_gla, "chunk_gsa": chunk_gsa,
+            "chunk_rwkv6": chunk_rwkv6, "fused_recurrent_rwkv6": fused_recurrent_rwkv6, "chunk_rwkv7": chunk_rwkv7}
 
 
 def gsa_pair(op):

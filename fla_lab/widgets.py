@@ -23,6 +23,19 @@ def int_slider(description: str, value: int, lo: int, hi: int, step: int = 1):
                        style={"description_width": "initial"})
 
 
+def dtype_choice(value=None, dtypes=None, description: str = "dtype"):
+    """A dropdown of dtypes by short name (fp32 / bf16 / fp16 unless `dtypes` says otherwise)."""
+    import torch
+
+    from fla_lab import viz
+
+    return choice(description, dtypes or viz.DTYPES, value or torch.float32)
+
+
+def chunk_size_choice(value: int = 64):
+    return choice("chunk size", [16, 32, 64], value)
+
+
 def explorer(draw, **controls):
     """`interactive(draw, **controls)`: `draw(**values)` must build and show one figure."""
     import matplotlib.pyplot as plt

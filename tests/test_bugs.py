@@ -3,7 +3,6 @@ reproduces exactly its symptom (other entries are reproduced beside their kernel
 import pathlib
 
 import pytest
-import torch
 
 from fla_lab import bugs, harness, reference
 from fla_lab.ops import fused_recurrent_rwkv6

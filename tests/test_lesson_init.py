@@ -5,7 +5,6 @@ import math
 import pytest
 import torch
 
-from fla_lab.layers import RWKV7Attention
 from fla_lab.layers import init as official
 from fla_lab.lessons import init as lesson
 

@@ -189,8 +189,8 @@ def plot_decay_error(channel: int = 0, T: int = 4096, dtype: torch.dtype = torch
 
 def decay_explorer():
     return widgets.explorer(
-        lambda dtype, T, channel: plot_decay_error(channel, T, dtype),
-        dtype=widgets.choice("sigmoid dtype", SIGMOID_DTYPES, torch.bfloat16),
+        plot_decay_error,
+        dtype=widgets.dtype_choice(torch.bfloat16, SIGMOID_DTYPES, "sigmoid dtype"),
         T=widgets.choice("T (steps)", [256, 1024, 4096, 16384, 65536], 4096),
         channel=widgets.int_slider("channel (x = w0[channel])", 0, 0, 767),
     )

@@ -402,7 +402,7 @@ def plot_growth(decay: float = 0.1, sign: float = -1.0, ab: float = 1.0, T: int 
 
 def growth_explorer():
     return widgets.explorer(
-        lambda decay, sign, ab: plot_growth(decay, sign, ab),
+        plot_growth,
         decay=widgets.log_slider("|w| per step", 0.1, -2, 1),
         sign=widgets.choice("sign of w", SIGNS, -1.0),
         ab=widgets.choice("b . a", [-2.5, -1.0, -0.5, 0.0, 0.5, 1.0, 4.0, 16.0], 0.5),

@@ -209,10 +209,10 @@ def trace_explorer():
     import ipywidgets as w
 
     return widgets.explorer(
-        lambda names, dtype: plot_trace(names, dtype),
+        plot_trace,
         names=w.SelectMultiple(options=vector_parameters(), value=vector_parameters(), rows=9,
                                description="uninitialised", style={"description_width": "initial"}),
-        dtype=widgets.choice("dtype", {"fp32": torch.float32, "bf16": torch.bfloat16}, torch.bfloat16),
+        dtype=widgets.dtype_choice(torch.bfloat16, {"fp32": torch.float32, "bf16": torch.bfloat16}),
     )
 
 

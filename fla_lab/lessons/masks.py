@@ -295,7 +295,7 @@ def plot_config(BK: int = 32, BV: int = 32, K: int = 32, V: int = 16):
 def explorer():
     """Tile shape and problem shape; each change runs both kernels' backward once."""
     return widgets.explorer(
-        lambda BK, BV, K, V: plot_config(BK, BV, K, V),
+        plot_config,
         BK=widgets.choice("BK (dq tile)", list(SIZES), 32),
         BV=widgets.choice("BV (dq tile)", list(SIZES), 32),
         K=widgets.choice("K", list(SIZES), 32),

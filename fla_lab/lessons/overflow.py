@@ -395,8 +395,8 @@ def plot_setting(decay: float = 100.0, dtype: torch.dtype = torch.float32, chunk
 
 def explorer():
     return widgets.explorer(
-        lambda decay, dtype, chunk_size: plot_setting(decay, dtype, chunk_size),
+        plot_setting,
         decay=widgets.log_slider("decay knob m (w = -m·U)", 100.0, -3, 4),
-        dtype=widgets.choice("dtype", viz.DTYPES, torch.float32),
-        chunk_size=widgets.choice("chunk size", [16, 32, 64], 64),
+        dtype=widgets.dtype_choice(),
+        chunk_size=widgets.chunk_size_choice(),
     )

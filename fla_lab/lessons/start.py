@@ -128,8 +128,8 @@ def plot_overflow_thresholds():
 
 def chunk_factor_explorer():
     return widgets.explorer(
-        lambda magnitude, dtype, chunk_size: plot_chunk_factors(magnitude, dtype, chunk_size),
+        plot_chunk_factors,
         magnitude=widgets.log_slider("|log-decay| per step", 2.0, -3, 4),
-        dtype=widgets.choice("dtype", viz.DTYPES, torch.float32),
-        chunk_size=widgets.choice("chunk size", [16, 32, 64], 64),
+        dtype=widgets.dtype_choice(),
+        chunk_size=widgets.chunk_size_choice(),
     )
