@@ -115,14 +115,16 @@ def plot_overflow_thresholds():
 
     fig, (ax,) = viz.figure(width=6.0, height=3.4)
     sizes = np.array([16, 32, 64, 128])
-    for dtype in (torch.float16, torch.bfloat16, torch.float32):
-        ax.plot(sizes, [overflow_threshold(int(c), dtype) for c in sizes], "o-", color=viz.DTYPE_COLORS[dtype],
-                label=f"naive split, {viz.DTYPE_NAMES[dtype]}")
+    for dtype, style in ((torch.float16, "o-"), (torch.bfloat16, "s-"), (torch.float32, "x--")):
+        same = " (fp32's exponent range)" if dtype == torch.bfloat16 else ""
+        ax.plot(sizes, [overflow_threshold(int(c), dtype) for c in sizes], style, color=viz.DTYPE_COLORS[dtype],
+                label=f"naive split, {viz.DTYPE_NAMES[dtype]}{same}")
     ax.axhline(90, color="k", ls=":", label="RWKV6 with w_raw = 4.5 (bug #77)")
     ax.set(xscale="log", yscale="log", xlabel="chunk size", ylabel="largest per-step |log-decay|",
            title="the naive split exp(G_t)*exp(-G_s) overflows above these")
+    ax.minorticks_off()
     ax.set_xticks(sizes, [str(s) for s in sizes])
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="center right")
     return fig
 
 
