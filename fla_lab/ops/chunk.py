@@ -35,8 +35,8 @@ import torch
 import triton.language as tl
 
 from fla_lab.ops import contract
-from fla_lab.ops.common import (DOT_PRECISION, as_contiguous, custom_bwd, custom_fwd, dot_dtype, grid_size,
-                                kernel, next_pow2)
+from fla_lab.ops.common import (DOT_PRECISION, as_contiguous, custom_bwd, custom_fwd, dot_dtype, grid_size, kernel,
+                                next_pow2, state_tile)
 
 BC = 16  # rows per sub-chunk: the smallest tile a GPU `tl.dot` takes
 PRECISION = tl.constexpr(DOT_PRECISION)
@@ -135,11 +135,7 @@ def chunk_fwd_h_kernel(k, v, gi, h, h0, ht, T, NT, H: tl.constexpr, K: tl.conste
     """The state before every chunk, `h [B, NT, H, K, V]` fp32: the only loop over chunks of the forward."""
     i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
-    o_k = i_k * BK + tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_k, m_v = o_k < K, o_v < V
-    m_kv = m_k[:, None] & m_v[None, :]
-    p_kv = o_k[:, None] * V + o_v[None, :]
+    o_k, o_v, m_k, m_v, m_kv, p_kv = state_tile(i_k, i_v, K, V, BK, BV)
     k, gi, v = k + (i_b * T * H + i_h) * K, gi + (i_b * T * H + i_h) * K, v + (i_b * T * H + i_h) * V
     b_h = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_H0:
@@ -263,11 +259,7 @@ def chunk_bwd_dh_kernel(q, do, gi, dh, dht, dh0, scale, T, NT, H: tl.constexpr, 
     i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     HK: tl.constexpr = H * K
-    o_k = i_k * BK + tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_k, m_v = o_k < K, o_v < V
-    m_kv = m_k[:, None] & m_v[None, :]
-    p_kv = o_k[:, None] * V + o_v[None, :]
+    o_k, o_v, m_k, m_v, m_kv, p_kv = state_tile(i_k, i_v, K, V, BK, BV)
     q, gi, do = q + (i_b * T * H + i_h) * K, gi + (i_b * T * H + i_h) * K, do + (i_b * T * H + i_h) * V
     b_dh = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_DHT:

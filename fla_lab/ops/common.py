@@ -23,6 +23,15 @@ def registered_kernels() -> dict[str, object]:
     return dict(_KERNELS)
 
 
+@kernel
+def state_tile(i_k, i_v, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """Offsets and masks of tile (i_k, i_v) of a key-major [K, V] state: o_k, o_v, m_k, m_v, m_kv, p_kv."""
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < K, o_v < V
+    return o_k, o_v, m_k, m_v, m_k[:, None] & m_v[None, :], o_k[:, None] * V + o_v[None, :]
+
+
 def next_pow2(n: int) -> int:
     return triton.next_power_of_2(n)
 

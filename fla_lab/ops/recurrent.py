@@ -15,7 +15,7 @@ import triton.language as tl
 
 from fla_lab.ops import contract
 from fla_lab.ops.common import (as_contiguous, custom_bwd, custom_fwd, grid_size, kernel, next_pow2,
-                                reverse_cumsum)
+                                reverse_cumsum, state_tile)
 
 MAX_K = 256  # the forward keeps a whole key dimension per program
 
@@ -27,13 +27,10 @@ def fused_recurrent_fwd_kernel(q, k, v, g, u, o, h0, ht, scale, T,
                                USE_H0: tl.constexpr, STORE_HT: tl.constexpr):
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_k, m_v = o_k < K, o_v < V
-    m_kv = m_k[:, None] & m_v[None, :]
+    o_k, o_v, m_k, m_v, m_kv, p_kv = state_tile(0, i_v, K, V, BK, BV)
     b_h = tl.zeros([BK, BV], dtype=tl.float32)  # key-major state tile, fp32
     if USE_H0:
-        b_h += tl.load(h0 + i_bh * K * V + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0).to(tl.float32)
+        b_h += tl.load(h0 + i_bh * K * V + p_kv, mask=m_kv, other=0).to(tl.float32)
     if RWKV6:
         b_u = tl.load(u + i_h * K + o_k, mask=m_k, other=0).to(tl.float32)
     for t in range(0, T):
@@ -51,7 +48,7 @@ def fused_recurrent_fwd_kernel(q, k, v, g, u, o, h0, ht, scale, T,
             b_o = tl.sum(b_h * b_q[:, None], axis=0)
         tl.store(o + row * V + o_v, b_o.to(o.dtype.element_ty), mask=m_v)
     if STORE_HT:
-        tl.store(ht + i_bh * K * V + o_k[:, None] * V + o_v[None, :], b_h, mask=m_kv)
+        tl.store(ht + i_bh * K * V + p_kv, b_h, mask=m_kv)
 
 
 @kernel
@@ -62,9 +59,7 @@ def fused_recurrent_bwd_dq_kernel(k, v, g, do, dq, h0, scale, B, T,
     """dq_t = scale * S S do_t (S_t for GLA, S_{t-1} for RWKV6), one partial sum per value block."""
     i_v, i_k, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
-    o_k = i_k * BK + tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_k, m_v = o_k < K, o_v < V
+    o_k, o_v, m_k, m_v, m_kv, p_kv = state_tile(i_k, i_v, K, V, BK, BV)
     b_h = tl.zeros([BV, BK], dtype=tl.float32)  # value-major state tile: rows are values, columns keys
     if USE_H0:
         p_h0 = h0 + i_bh * K * V + o_k[None, :] * V + o_v[:, None]  # [BV, BK] pointers
@@ -96,13 +91,10 @@ def fused_recurrent_bwd_dkv_kernel(q, k, v, g, do, dk, dv, dht, dh0, scale, B, T
     """The state adjoint dS runs backwards in time; dk_t = dS v_t and dv_t = dS^T k_t (partial sums per block)."""
     i_v, i_k, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
-    o_k = i_k * BK + tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_k, m_v = o_k < K, o_v < V
-    m_kv = m_k[:, None] & m_v[None, :]
+    o_k, o_v, m_k, m_v, m_kv, p_kv = state_tile(i_k, i_v, K, V, BK, BV)
     b_dh = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_DHT:
-        b_dh += tl.load(dht + i_bh * K * V + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0).to(tl.float32)
+        b_dh += tl.load(dht + i_bh * K * V + p_kv, mask=m_kv, other=0).to(tl.float32)
     for i in range(0, T):
         t = T - 1 - i
         row = (i_b * T + t) * H + i_h
@@ -121,7 +113,7 @@ def fused_recurrent_bwd_dkv_kernel(q, k, v, g, do, dk, dv, dht, dh0, scale, B, T
         if RWKV6:  # o_t reads S_{t-1}
             b_dh += b_q[:, None] * b_do[None, :]
     if STORE_DH0:
-        tl.store(dh0 + i_bh * K * V + o_k[:, None] * V + o_v[None, :], b_dh, mask=m_kv)
+        tl.store(dh0 + i_bh * K * V + p_kv, b_dh, mask=m_kv)
 
 
 def _forward(q, k, v, g, u, scale, h0, output_final_state):
