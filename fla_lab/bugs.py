@@ -44,12 +44,21 @@ CATALOGUE: tuple[Bug, ...] = (
         issue=77, fix="0c1c0b65 (reference row gi[start-1]); earlier cf63ac28, lost in de4235fd",
         trigger="per-step log-decay <= about -90 (w = -exp(w_raw), w_raw >= 4.5)",
         symptom="inf * 0 = NaN in the output and dq, starting at the first query row of a sub-chunk",
-        notebook="03_exclusive_decay_overflow", anchor=("ops/chunk.py", "BUG_EXCLUSIVE_REFERENCE:")),
+        notebook="03a_exclusive_decay_overflow",
+        anchor=("ops/common/chunk_stages.py", "if BUG_EXCLUSIVE_REFERENCE:")),
+    Bug(name="unmasked_padding", op="chunk_gsa",
+        component="GSA slot pass, backward intra-chunk dv kernel (chunk_bwd_dv_gate_v_kernel)",
+        issue=77, fix="737550ff (mask rows past T in the exponent)",
+        trigger="a partial last chunk (T not a multiple of chunk_size) and a cumulative slot log-decay over a "
+                "sub-chunk below about -88.7 (fp32)",
+        symptom="forward finite; NaN in the gradients of s and g (exp(0 - gn) = inf times a zero-padded do)",
+        notebook="03b_gsa_padded_rows", anchor=("ops/common/chunk_stages.py", "if BUG_UNMASKED_PADDING:")),
     Bug(name="transposed_h0_mask", op="fused_recurrent_rwkv6", component="fused_recurrent_bwd_dq_kernel",
         issue=18, fix="1547448b",
         trigger="backward with an initial_state and non-square dq tiles (BK=16, BV=64)",
         symptom="Triton refuses the initial-state load: mask [16, 64] against pointers [64, 16]",
-        notebook="04_initial_state_mask", anchor=("ops/recurrent.py", "if BUG_TRANSPOSED_H0_MASK:")),
+        notebook="04_initial_state_mask",
+        anchor=("ops/common/fused_recurrent.py", "if BUG_TRANSPOSED_H0_MASK:")),
     Bug(name="bf16_decay", op="RWKV7Attention", component="RWKV7Attention.forward (decay LoRA sigmoid)",
         issue=181, fix="965c3553 (fp32 sigmoid), reverted in d9e86d00 (v0.2.0); 0.6.0 computes it in bf16",
         trigger="bf16 under CUDA autocast: sigmoid stays bf16 while exp is autocast to fp32",
@@ -69,6 +78,16 @@ def get(name: str) -> Bug:
 
 def for_op(op: str) -> list[Bug]:
     return [b for b in CATALOGUE if b.op == op]
+
+
+def check_bug(bug: str | None, op: str) -> None:
+    """`bug=None` is the fixed code; anything else must be a catalogue entry for this op or layer."""
+    if bug is None:
+        return
+    names = [b.name for b in for_op(op)]
+    if bug not in names:
+        raise ValueError(f"{op}: unknown bug={bug!r}; this op has {names or 'no switchable bugs'} "
+                         "(see fla_lab.bugs.show()).")
 
 
 def locate(name: str) -> str:

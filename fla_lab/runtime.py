@@ -103,11 +103,11 @@ def problems() -> list[str]:
 
 def _kernels_decorated_in_wrong_mode() -> list[str]:
     """A kernel decorated before the interpreter switch is a JITFunction that fails at launch."""
-    if not interpreting() or "fla_lab.ops.common" not in sys.modules:
+    if not interpreting() or "fla_lab.ops.common.utils" not in sys.modules:
         return []
     from triton.runtime.interpreter import InterpretedFunction
 
-    from fla_lab.ops import common
+    from fla_lab.ops.common import utils as common
 
     stale = [name for name, fn in common.registered_kernels().items() if not isinstance(fn, InterpretedFunction)]
     if not stale:

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fla_lab.layers import init
-from fla_lab.ops.common import check_bug
+from fla_lab.bugs import check_bug
 
 FUSED_RECURRENT_MAX_T = 64  # like upstream: launching the chunk kernels for a few tokens is slower
 

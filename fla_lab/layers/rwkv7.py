@@ -30,7 +30,7 @@ from torch import nn
 
 from fla_lab.layers import init
 from fla_lab.layers.rwkv6 import LoRA, split_heads, token_shift
-from fla_lab.ops.common import check_bug
+from fla_lab.bugs import check_bug
 
 DECAY_SCALE = math.exp(-0.5)  # official w = -softplus(-w_raw) - 0.5 then exp: -exp(w) = -exp(-0.5) * sigmoid(w_raw)
 GARBAGE_SEED = 150

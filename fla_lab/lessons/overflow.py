@@ -19,7 +19,7 @@ from fla_lab import bugs, check, harness, reference, viz, widgets
 
 BUG = "exclusive_reference"
 NAMES = ("r", "k", "v", "w")
-BC = 16  # rows per sub-chunk, as in fla_lab.ops.chunk
+BC = 16  # rows per sub-chunk, as in fla_lab.ops.common.chunk_stages
 FP32_EXP_MAX = viz.EXP_OVERFLOW[torch.float32]  # log(float32 max) = 88.72: exp() of more is inf
 GRADS = ("r", "k", "v", "w", "u", "initial_state")
 # Measured on an NVIDIA H200 (torch 2.11, triton 3.6): the decay knob m at which the buggy forward first turns
@@ -76,13 +76,11 @@ def bad_rows(x: torch.Tensor) -> list[int]:
 def score_census(x: dict[str, torch.Tensor], bug: str | None, chunk_size: int = 64) -> dict[int, list[int]]:
     """Which intra-chunk scores A[t, s] the forward produces non-finite: {row t: [columns s within the chunk]}.
 
-    Runs the kernel's own forward launcher (`fla_lab.ops.chunk._forward`) to read the score matrix it builds.
+    Runs the kernel's own score stage (`fla_lab.ops.common.chunk_pass.key_side_scores`) to read the matrix it builds.
     """
-    from fla_lab.ops import chunk
+    from fla_lab.ops.common.chunk_pass import key_side_scores
 
-    r, k, v, w, u = (x[n] for n in ("r", "k", "v", "w", "u"))
-    *_, A = chunk._forward(r, k, v, w, u, r.shape[-1] ** -0.5, x.get("initial_state"), False, chunk_size,
-                           bug == BUG)
+    A = key_side_scores(x["r"], x["k"], x["w"], x["u"], chunk_size, bug_exclusive_reference=bug == BUG)
     bad = ~torch.isfinite(A[0, :, 0])  # [T, BT]
     return {int(t): torch.nonzero(bad[t]).flatten().tolist() for t in torch.nonzero(bad.any(-1)).flatten()}
 

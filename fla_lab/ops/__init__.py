@@ -1,8 +1,14 @@
-"""Triton kernels, flash-linear-attention 0.6.0 signatures, `[B, T, H, D]` layout, natural-log decays."""
+"""Triton kernels, flash-linear-attention 0.6.0 signatures, `[B, T, H, D]` layout, natural-log decays.
+
+One sub-package per family (`gla/`, `rwkv6/`, `rwkv7/`, `gsa/`: the public ops and their `bug=` switches), the
+stages they share in `common/`, the input contract in `contract.py`.
+"""
+from fla_lab.ops.common.launch import ChunkLaunch
 from fla_lab.ops.contract import LayoutWarning, set_value_checks
 from fla_lab.ops.gla import chunk_gla, fused_recurrent_gla
+from fla_lab.ops.gsa import chunk_gsa
 from fla_lab.ops.rwkv6 import chunk_rwkv6, fused_recurrent_rwkv6
 from fla_lab.ops.rwkv7 import fused_recurrent_rwkv7
 
-__all__ = ["chunk_gla", "chunk_rwkv6", "fused_recurrent_gla", "fused_recurrent_rwkv6", "fused_recurrent_rwkv7",
-           "LayoutWarning", "set_value_checks"]
+__all__ = ["chunk_gla", "chunk_gsa", "chunk_rwkv6", "fused_recurrent_gla", "fused_recurrent_rwkv6",
+           "fused_recurrent_rwkv7", "ChunkLaunch", "LayoutWarning", "set_value_checks"]

@@ -228,3 +228,32 @@ def check_rwkv7_inputs(op: str, r, w, k, v, a, b, initial_state=None, kwargs=Non
         check_finite(op, tensors)
         check_log_decay(op, "w", w)
         warn_if_transition_grows(op, w, a, b)
+
+
+def check_gsa_inputs(op: str, q, k, v, s, g, initial_state=None, kwargs=None) -> None:
+    """The contract of GSA: q, k `[B, T, H, K]`, v `[B, T, H, V]`, s, g `[B, T, H, M]` (g may be None: vanilla
+    ABC), `initial_state` the pair `(Hk0 [B, H, K, M], Hv0 [B, H, M, V])`. q, k, v, s share a dtype; g is a
+    natural-log forget gate (<= 0) in any supported dtype. Value checks follow `value_checks_enabled`."""
+    if initial_state is not None and not (isinstance(initial_state, (tuple, list)) and len(initial_state) == 2):
+        raise TypeError(f"{op}: `initial_state` is the pair (Hk0 [B, H, K, M], Hv0 [B, H, M, V]), "
+                        f"got {type(initial_state).__name__}")
+    hk0, hv0 = initial_state if initial_state is not None else (None, None)
+    tensors = {"q": q, "k": k, "v": v, "s": s, "g": g, "initial_state[0]": hk0, "initial_state[1]": hv0}
+    B, T, H, K = _check_metadata(op, tensors, "q", ("q", "k", "v", "s"), kwargs)
+    check_shape(op, "k", k, (B, T, H, K), "like `q`, [B, T, H, K]")
+    V = _check_value_shape(op, "v", v, B, T, H)
+    if s.dim() != 4 or tuple(s.shape[:3]) != (B, T, H):
+        raise ValueError(f"{op}: `s` should be [B, T, H, M] = ({B}, {T}, {H}, M), got {_describe(s)}")
+    M = s.shape[-1]
+    if g is not None:
+        check_shape(op, "g", g, (B, T, H, M), "like `s`, [B, T, H, M]")
+    if hk0 is not None or hv0 is not None:
+        if hk0 is None or hv0 is None:
+            raise ValueError(f"{op}: `initial_state` needs both Hk0 and Hv0 (pass zeros for the one you lack)")
+        check_shape(op, "initial_state[0]", hk0, (B, H, K, M), "Hk0 [B, H, K, M]")
+        check_shape(op, "initial_state[1]", hv0, (B, H, M, V), "Hv0 [B, H, M, V]")
+    warn_if_head_first(op, "q", q)
+    if value_checks_enabled(q):
+        check_finite(op, tensors)
+        if g is not None:
+            check_log_decay(op, "g", g)

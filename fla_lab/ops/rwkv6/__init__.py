@@ -5,10 +5,10 @@ Reference: `fla_lab.reference.recurrent_rwkv6`. Same signatures as flash-linear-
 """
 from __future__ import annotations
 
+from fla_lab.bugs import check_bug
 from fla_lab.ops import contract
-from fla_lab.ops.common import check_bug
-from fla_lab.ops.chunk import chunk
-from fla_lab.ops.recurrent import fused_recurrent
+from fla_lab.ops.common.chunk_pass import key_side_chunk
+from fla_lab.ops.common.fused_recurrent import fused_recurrent
 
 
 def fused_recurrent_rwkv6(r, k, v, w, u, scale=None, initial_state=None, output_final_state=False, bug=None,
@@ -28,16 +28,16 @@ def fused_recurrent_rwkv6(r, k, v, w, u, scale=None, initial_state=None, output_
 
 
 def chunk_rwkv6(r, k, v, w, u, scale=None, initial_state=None, output_final_state=False, chunk_size=64, bug=None,
-                **kwargs):
-    """Chunked RWKV6 (see `fla_lab.ops.chunk`), forward and backward in Triton.
+                launch=None, **kwargs):
+    """Chunked RWKV6 (see `fla_lab.ops.common.chunk_stages`), forward and backward in Triton.
 
     `w` is the `[B, T, H, K]` natural-log decay (<= 0), `u` the `[H, K]` bonus; `chunk_size` a power of two
-    >= 16. `bug="exclusive_reference"` restores upstream #77's reference row (fixed in 0c1c0b65): NaN in the
+    >= 16; `launch` a `fla_lab.ops.ChunkLaunch`. `bug="exclusive_reference"` restores upstream #77's reference row (fixed in 0c1c0b65): NaN in the
     output and dq once the per-step log-decay is about -89 or stronger.
     """
     check_bug(bug, "chunk_rwkv6")
     contract.check_gated_inputs("chunk_rwkv6", r, k, v, w, names=("r", "k", "v", "w"), u=u,
                                 initial_state=initial_state, kwargs=kwargs)
     scale = r.shape[-1] ** -0.5 if scale is None else scale
-    return chunk(r, k, v, w, u, scale, initial_state, output_final_state, chunk_size,
-                 bug == "exclusive_reference")
+    return key_side_chunk("chunk_rwkv6", r, k, v, w, u, scale, initial_state, output_final_state, chunk_size, launch,
+                          bug == "exclusive_reference")

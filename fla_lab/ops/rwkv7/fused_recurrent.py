@@ -21,7 +21,8 @@ import triton
 import triton.language as tl
 
 from fla_lab.ops import contract
-from fla_lab.ops.common import as_contiguous, custom_bwd, custom_fwd, grid_size, kernel, next_pow2, state_tile
+from fla_lab.ops.common.utils import (as_contiguous, batch_head, custom_bwd, custom_fwd, grid_size, kernel,
+                                      next_pow2, state_tile)
 
 MAX_K = 128  # a program keeps the whole key dimension of its state tile in registers
 CHECKPOINT_EVERY = 16  # steps per segment; the official RWKV-7 kernels' CHUNK_LEN
@@ -54,7 +55,7 @@ def fused_recurrent_rwkv7_fwd_kernel(r, w, k, v, a, b, o, h0, ht, hc, scale, T,
                                      USE_H0: tl.constexpr, STORE_HT: tl.constexpr, STORE_HC: tl.constexpr):
     """One step per iteration, segments of BT steps; `hc[b, h, s]` is the state entering segment s."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
+    i_bh, i_b, i_h = batch_head(i_bh, H)
     o_k, o_v, m_k, m_v, m_kv, p_kv = state_tile(0, i_v, K, V, BK, BV)
     NS = tl.cdiv(T, BT)
     b_h = tl.zeros([BK, BV], dtype=tl.float32)
@@ -84,7 +85,7 @@ def fused_recurrent_rwkv7_bwd_kernel(r, w, k, v, a, b, do, dht, hc, scratch, dr,
     `[NV, B, T, H, K]`; dv and dh0 belong to this program's columns alone.
     """
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
+    i_bh, i_b, i_h = batch_head(i_bh, H)
     NV = tl.num_programs(0)
     o_k, o_v, m_k, m_v, m_kv, p_kv = state_tile(0, i_v, K, V, BK, BV)
     p_scratch = scratch + (i_bh * NV + i_v).to(tl.int64) * BT * BK * BV + o_k[:, None] * BV + tl.arange(0, BV)[None, :]

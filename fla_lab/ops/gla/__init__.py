@@ -5,8 +5,8 @@ Reference: `fla_lab.reference.recurrent_gla`. Same signatures as flash-linear-at
 from __future__ import annotations
 
 from fla_lab.ops import contract
-from fla_lab.ops.chunk import chunk
-from fla_lab.ops.recurrent import fused_recurrent
+from fla_lab.ops.common.chunk_pass import key_side_chunk
+from fla_lab.ops.common.fused_recurrent import fused_recurrent
 
 
 def fused_recurrent_gla(q, k, v, gk, gv=None, scale=None, initial_state=None, output_final_state=False,
@@ -24,12 +24,15 @@ def fused_recurrent_gla(q, k, v, gk, gv=None, scale=None, initial_state=None, ou
     return fused_recurrent(q, k, v, gk, None, scale, initial_state, output_final_state, None, False)
 
 
-def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False, chunk_size=64, **kwargs):
-    """Chunked GLA (see `fla_lab.ops.chunk`): states between chunks, dense scores inside, all in Triton.
+def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False, chunk_size=64, launch=None,
+              **kwargs):
+    """Chunked GLA (see `fla_lab.ops.common.chunk_stages`): states between chunks, dense scores inside, in Triton.
 
-    `g` is the `[B, T, H, K]` natural-log decay (<= 0); `chunk_size` a power of two >= 16.
+    `g` is the `[B, T, H, K]` natural-log decay (<= 0); `chunk_size` a power of two >= 16; `launch` a
+    `fla_lab.ops.ChunkLaunch` (tile widths and warps, validated).
     Returns `(o [B, T, H, V], final_state [B, H, K, V] in fp32 or None)`.
     """
     contract.check_gated_inputs("chunk_gla", q, k, v, g, initial_state=initial_state, kwargs=kwargs)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    return chunk(q, k, v, g, None, scale, initial_state, output_final_state, chunk_size, False)
+    return key_side_chunk("chunk_gla", q, k, v, g, None, scale, initial_state, output_final_state, chunk_size, launch,
+                          False)

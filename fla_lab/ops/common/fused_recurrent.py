@@ -14,8 +14,8 @@ import torch
 import triton.language as tl
 
 from fla_lab.ops import contract
-from fla_lab.ops.common import (as_contiguous, custom_bwd, custom_fwd, grid_size, kernel, next_pow2,
-                                reverse_cumsum, state_tile)
+from fla_lab.ops.common.utils import (as_contiguous, batch_head, custom_bwd, custom_fwd, grid_size, kernel,
+                                      next_pow2, reverse_cumsum, state_tile)
 
 MAX_K = 256  # the forward keeps a whole key dimension per program
 
@@ -26,7 +26,7 @@ def fused_recurrent_fwd_kernel(q, k, v, g, u, o, h0, ht, scale, T,
                                BK: tl.constexpr, BV: tl.constexpr, RWKV6: tl.constexpr,
                                USE_H0: tl.constexpr, STORE_HT: tl.constexpr):
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
+    i_bh, i_b, i_h = batch_head(i_bh, H)
     o_k, o_v, m_k, m_v, m_kv, p_kv = state_tile(0, i_v, K, V, BK, BV)
     b_h = tl.zeros([BK, BV], dtype=tl.float32)  # key-major state tile, fp32
     if USE_H0:
@@ -58,7 +58,7 @@ def fused_recurrent_bwd_dq_kernel(k, v, g, do, dq, h0, scale, B, T,
                                   USE_H0: tl.constexpr, BUG_TRANSPOSED_H0_MASK: tl.constexpr):
     """dq_t = scale * S S do_t (S_t for GLA, S_{t-1} for RWKV6), one partial sum per value block."""
     i_v, i_k, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_b, i_h = i_bh // H, i_bh % H
+    i_bh, i_b, i_h = batch_head(i_bh, H)
     o_k, o_v, m_k, m_v, m_kv, p_kv = state_tile(i_k, i_v, K, V, BK, BV)
     b_h = tl.zeros([BV, BK], dtype=tl.float32)  # value-major state tile: rows are values, columns keys
     if USE_H0:
@@ -90,7 +90,7 @@ def fused_recurrent_bwd_dkv_kernel(q, k, v, g, do, dk, dv, dht, dh0, scale, B, T
                                    USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr):
     """The state adjoint dS runs backwards in time; dk_t = dS v_t and dv_t = dS^T k_t (partial sums per block)."""
     i_v, i_k, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_b, i_h = i_bh // H, i_bh % H
+    i_bh, i_b, i_h = batch_head(i_bh, H)
     o_k, o_v, m_k, m_v, m_kv, p_kv = state_tile(i_k, i_v, K, V, BK, BV)
     b_dh = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_DHT:

@@ -1,0 +1,223 @@
+"""Launchers of one gated chunk pass (forward and backward, the gate on either side), and the key-side op GLA
+and RWKV6 share. The kernels and the algorithm are in `chunk_stages`.
+
+All intermediates are fp32: `gi` (chunk-local cumulative decay), `h [B, NT, H, K, V]` (the state entering each
+chunk), `A [B, T, H, BT]` (scores of each row against its chunk).
+"""
+from __future__ import annotations
+
+import torch
+
+from fla_lab.ops import contract
+from fla_lab.ops.common import chunk_stages as st
+from fla_lab.ops.common.launch import ChunkLaunch, check_chunk_size, resolve
+from fla_lab.ops.common.utils import as_contiguous, custom_bwd, custom_fwd, dot_dtype, grid_size, next_pow2
+
+BC = 16  # rows per sub-chunk: the smallest tile a GPU `tl.dot` takes
+
+
+def _f32(x, *shape):
+    return torch.empty(*shape, dtype=torch.float32, device=x.device)
+
+
+def _tile(D: int) -> int:
+    return max(16, min(next_pow2(D), 64))
+
+
+def _dot(launch: ChunkLaunch, x: torch.Tensor):
+    return dot_dtype(launch.dot_dtype or x.dtype)
+
+
+def chunk_cumsum(g: torch.Tensor, BT: int) -> torch.Tensor:
+    """Chunk-local inclusive cumulative log-decay, fp32, same shape as g."""
+    B, T, H, D = g.shape
+    gi = _f32(g, B, T, H, D)
+    BD = _tile(D)
+    st.chunk_cumsum_kernel[(grid_size(D, BD), grid_size(T, BT), B * H)](g, gi, T, H=H, K=D, BT=BT, BK=BD)
+    return gi
+
+
+def forward_states(k, v, gi, h0, output_final_state, BT, launch, gate_v):
+    B, T, H, K = k.shape
+    V = v.shape[-1]
+    BK, BV, NT = _tile(K), _tile(V), grid_size(T, BT)
+    h = _f32(k, B, NT, H, K, V)
+    ht = _f32(k, B, H, K, V) if output_final_state else None
+    st.chunk_fwd_h_kernel[(grid_size(K, BK), grid_size(V, BV), B * H)](
+        k, v, gi, h, h0, ht, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, DOT=_dot(launch, k), GATE_V=gate_v,
+        USE_H0=h0 is not None, STORE_HT=output_final_state)
+    return h, ht
+
+
+def state_adjoints(q, do, gi, dht, need_dh0, scale, BT, launch, gate_v, rwkv6=False):
+    B, T, H, K = q.shape
+    V = do.shape[-1]
+    BK, BV, NT = _tile(K), _tile(V), grid_size(T, BT)
+    dh = _f32(q, B, NT, H, K, V)
+    dh0 = _f32(q, B, H, K, V) if need_dh0 else None
+    st.chunk_bwd_dh_kernel[(grid_size(K, BK), grid_size(V, BV), B * H)](
+        q, do, gi, dh, dht, dh0, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, DOT=_dot(launch, q),
+        GATE_V=gate_v, RWKV6=rwkv6, USE_DHT=dht is not None, STORE_DH0=need_dh0)
+    return dh, dh0
+
+
+def gated_scores(q, k, gi, u, scale, BT, launch, bug_exclusive_reference=False):
+    B, T, H, K = q.shape
+    A = _f32(q, B, T, H, BT)
+    st.gated_scores_kernel[(grid_size(T, BT) * (BT // BC), B * H)](
+        q, k, gi, u, A, scale, T, H=H, K=K, BT=BT, BC=BC, BK=min(_tile(K), launch.scores_BK), DOT=_dot(launch, q),
+        RWKV6=u is not None, BUG=bug_exclusive_reference, num_warps=launch.scores_warps)
+    return A
+
+
+def plain_scores(x, y, scale, BT, launch):
+    B, T, H, D = x.shape
+    A = _f32(x, B, T, H, BT)
+    st.plain_scores_kernel[(grid_size(T, BT), B * H)](x, y, A, scale, T, H=H, D=D, BT=BT, BD=_tile(D),
+                                                      DOT=_dot(launch, x))
+    return A
+
+
+def plain_rows(A, x, y, gi, h, alpha, beta, BT, launch, *, transpose_A, to_end, transpose_h):
+    """`alpha * op(A) @ x + beta * (y * exp(G)) @ op(h)` (see `plain_rows_kernel`), fp32 `[B, T, H, DX]`."""
+    B, T, H, DX = x.shape
+    DY = y.shape[-1]
+    out = _f32(x, B, T, H, DX)
+    BX = _tile(DX)
+    st.plain_rows_kernel[(grid_size(DX, BX), grid_size(T, BT), B * H)](
+        A, x, y, gi, h, out, alpha, beta, T, grid_size(T, BT), H=H, DX=DX, DY=DY, BT=BT, BX=BX, BY=_tile(DY),
+        DOT=_dot(launch, x), A_T=transpose_A, TO_END=to_end, H_T=transpose_h)
+    return out
+
+
+def decay_grad(readers, d_readers, writers, d_writers, c, BT, launch, dtype, u=None, dA=None):
+    """dg (and RWKV6's du) from the closed form in `chunk_bwd_dg_kernel`."""
+    B, T, H, D = readers.shape
+    dg = torch.empty(B, T, H, D, dtype=dtype, device=readers.device)
+    du = _f32(readers, B, H, D) if u is not None else None
+    st.chunk_bwd_dg_kernel[(grid_size(D, launch.dg_BK), B * H)](
+        readers, writers, d_readers, d_writers, u, dA, c, dg, du, T, grid_size(T, BT), H=H, K=D, BT=BT,
+        BK=launch.dg_BK, RWKV6=u is not None, USE_C=c is not None)
+    return dg, du
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Key side: GLA, RWKV6 (`u` its bonus), GSA's value pass
+
+
+def key_side_forward(q, k, v, gi, u, scale, h0, output_final_state, BT, launch, out_dtype,
+                     bug_exclusive_reference=False):
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    h, ht = forward_states(k, v, gi, h0, output_final_state, BT, launch, gate_v=False)
+    A = gated_scores(q, k, gi, u, 1.0, BT, launch, bug_exclusive_reference)
+    o = torch.empty(B, T, H, V, dtype=out_dtype, device=q.device)
+    BV = _tile(V)
+    st.chunk_fwd_o_kernel[(grid_size(V, BV), grid_size(T, BT), B * H)](
+        q, v, gi, h, A, o, scale, T, grid_size(T, BT), H=H, K=K, V=V, BT=BT, BK=_tile(K), BV=BV,
+        DOT=_dot(launch, q), RWKV6=u is not None)
+    return o, ht, h, A
+
+
+def key_side_backward(q, k, v, gi, u, scale, h0, ht, h, A, do, dht, BT, launch, dg_dtype,
+                      bug_exclusive_reference=False):
+    """Returns dq, dk, dv (fp32), dg (dg_dtype), du (RWKV6) and dh0."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    NT, rwkv6 = grid_size(T, BT), u is not None
+    dh, dh0 = state_adjoints(q, do, gi, dht, h0 is not None, scale, BT, launch, gate_v=False, rwkv6=rwkv6)
+    dA = plain_scores(do, v, scale, BT, launch)
+    dv = plain_rows(A, do, k, gi, dh, scale, 1.0, BT, launch, transpose_A=True, to_end=True, transpose_h=False)
+    dq, dk = _f32(q, B, T, H, K), _f32(q, B, T, H, K)
+    BKi = min(_tile(K), launch.dqk_BK)  # the diagonal block is a [BC, BC, BKi] tile: keep it in registers
+    st.chunk_bwd_dqk_kernel[(grid_size(K, BKi), NT * (BT // BC), B * H)](
+        q, k, v, gi, u, h, dh, dA, do, dq, dk, scale, T, NT, H=H, K=K, V=V, BT=BT, BC=BC, BK=BKi, BV=_tile(V),
+        DOT=_dot(launch, q), RWKV6=rwkv6, BUG=bug_exclusive_reference, num_warps=launch.dqk_warps)
+    c = (ht * dht).sum(-1) if dht is not None and ht is not None else None  # the final state's share
+    dg, du = decay_grad(q, dq, k, dk, c, BT, launch, dg_dtype, u=u, dA=dA)
+    return dq, dk, dv, dg, du, dh0
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Value side: GSA's slot pass (keys -> slots, the decay on the slot channel)
+
+
+def value_side_forward(q, k, v, gi, scale, h0, output_final_state, BT, launch):
+    """Returns o (fp32: it feeds a softmax and the decay gradient), ht, h, A."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    h, ht = forward_states(k, v, gi, h0, output_final_state, BT, launch, gate_v=True)
+    A = plain_scores(q, k, 1.0, BT, launch)
+    o = _f32(q, B, T, H, V)
+    BV = min(_tile(V), launch.slots_BV)
+    st.chunk_fwd_o_gate_v_kernel[(grid_size(V, BV), grid_size(T, BT) * (BT // BC), B * H)](
+        q, v, gi, h, A, o, scale, T, grid_size(T, BT), H=H, K=K, V=V, BT=BT, BC=BC, BK=_tile(K), BV=BV,
+        DOT=_dot(launch, q), num_warps=launch.slots_warps)
+    return o, ht, h, A
+
+
+def value_side_backward(q, k, v, gi, scale, h0, ht, h, A, o, do, dht, BT, launch, bug_unmasked_padding=False):
+    """Returns dq, dk, dv, dg (all fp32) and dh0; `o` is the pass's fp32 output, `do` its cotangent."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    NT = grid_size(T, BT)
+    dh, dh0 = state_adjoints(q, do, gi, dht, h0 is not None, scale, BT, launch, gate_v=True)
+    dA = gated_scores(do, v, gi, None, scale, BT, launch)
+    dv = _f32(q, B, T, H, V)
+    BV = min(_tile(V), launch.slots_BV)
+    st.chunk_bwd_dv_gate_v_kernel[(grid_size(V, BV), NT * (BT // BC), B * H)](
+        k, v, gi, dh, A, do, dv, scale, T, NT, H=H, K=K, V=V, BT=BT, BC=BC, BK=_tile(K), BV=BV,
+        DOT=_dot(launch, q), BUG_UNMASKED_PADDING=bug_unmasked_padding, num_warps=launch.slots_warps)
+    dq = plain_rows(dA, k, do, gi, h, 1.0, scale, BT, launch, transpose_A=False, to_end=False, transpose_h=True)
+    dk = plain_rows(dA, q, v, gi, dh, 1.0, 1.0, BT, launch, transpose_A=True, to_end=True, transpose_h=True)
+    c = (ht * dht).sum(-2) if dht is not None and ht is not None else None  # the final state's share, per slot
+    dg, _ = decay_grad(o, do, v, dv, c, BT, launch, torch.float32)
+    return dq, dk, dv, dg, dh0
+
+
+def key_side_scores(q, k, g, u=None, chunk_size=64, launch=None, bug_exclusive_reference=False):
+    """The intra-chunk scores `A [B, T, H, chunk_size]` (fp32) the key-side forward builds, for inspection: row t
+    holds t's scores against every row of its chunk (RWKV6's bonus on the diagonal, zeros right of it)."""
+    BT = check_chunk_size(chunk_size)
+    q, k, g, u = as_contiguous(q, k, g, u)
+    return gated_scores(q, k, chunk_cumsum(g, BT), u, 1.0, BT, resolve(launch), bug_exclusive_reference)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The key-side op of GLA and RWKV6
+
+
+class KeySideChunkFunction(torch.autograd.Function):
+    @staticmethod
+    @custom_fwd
+    def forward(ctx, q, k, v, g, u, scale, h0, output_final_state, chunk_size, launch, bug):
+        q, k, v, g, u, h0 = as_contiguous(q, k, v, g, u, h0)
+        gi = chunk_cumsum(g, chunk_size)
+        o, ht, h, A = key_side_forward(q, k, v, gi, u, scale, h0, output_final_state, chunk_size, launch, q.dtype,
+                                       bug)
+        ctx.save_for_backward(q, k, v, g, u, h0, ht, gi, h, A)
+        ctx.scale, ctx.chunk_size, ctx.launch, ctx.bug = scale, chunk_size, launch, bug
+        return o, ht
+
+    @staticmethod
+    @custom_bwd
+    def backward(ctx, do, dht):
+        q, k, v, g, u, h0, ht, gi, h, A = ctx.saved_tensors
+        do, dht = as_contiguous(do, dht)
+        dq, dk, dv, dg, du, dh0 = key_side_backward(q, k, v, gi, u, ctx.scale, h0, ht, h, A, do, dht,
+                                                    ctx.chunk_size, ctx.launch, g.dtype, ctx.bug)
+        return (cast(dq, q), cast(dk, k), cast(dv, v), dg, None if du is None else cast(du.sum(0), u), None,
+                cast(dh0, h0), None, None, None, None)
+
+
+def cast(grad, like):
+    return None if grad is None or like is None else grad.to(like.dtype)
+
+
+def key_side_chunk(op, q, k, v, g, u, scale, initial_state, output_final_state, chunk_size, launch,
+                   bug_exclusive_reference):
+    """Chunked GLA (`u=None`) or RWKV6 (`u` the bonus), forward and backward in Triton."""
+    contract.check_kernel_device(op, dict(q=q, k=k, v=v, g=g, u=u, initial_state=initial_state))
+    o, ht = KeySideChunkFunction.apply(q, k, v, g, u, scale, initial_state, output_final_state,
+                                       check_chunk_size(chunk_size), resolve(launch), bool(bug_exclusive_reference))
+    return o, (ht if output_final_state else None)

@@ -1,0 +1,599 @@
+"""The stages of a gated chunk pass, with the gate on either side of the state (FLA's chunk algorithm).
+
+A pass keeps a state `h [K, V]` per chunk and dense scores inside it. Its gate `g` (a natural-log decay <= 0) sits
+on one side of the state:
+- key side (GLA, RWKV6, GSA's value pass): `h_t = diag(exp g_t) h_{t-1} + k_t v_t^T`, `g` is `[B, T, H, K]`;
+- value side (GSA's slot pass): `h_t = h_{t-1} diag(exp g_t) + k_t v_t^T`, `g` is `[B, T, H, V]`;
+and `o_t = scale * h_t^T q_t` (RWKV6 reads h_{t-1} plus a bonus, see below).
+
+With `gi` the chunk-local inclusive cumulative log-decay (fp32) every pair (t, s <= t) in a chunk carries
+`exp(gi_t - gi_s)` on the gated channel. On the key side that factor is contracted away inside the scores
+`A[t, s] = sum_i q_t[i] k_s[i] exp(gi_t[i] - gi_s[i])`, so the output is the plain `A @ v`. On the value side the
+scores are plain (`A = q k^T`) and the factor stays on the output channel:
+`o_t[m] = sum_s A[t, s] v_s[m] exp(gi_t[m] - gi_s[m])`. The two sides are the same few stages:
+
+| stage | key side | value side |
+|---|---|---|
+| cumulative decay | `chunk_cumsum_kernel` | same |
+| state entering each chunk | `chunk_fwd_h_kernel(GATE_V=False)` | `GATE_V=True` |
+| intra-chunk scores | `gated_scores_kernel` (A) | `plain_scores_kernel` (A) |
+| output | `chunk_fwd_o_kernel` | `chunk_fwd_o_gate_v_kernel` |
+| state adjoint | `chunk_bwd_dh_kernel(GATE_V=False)` | `GATE_V=True` |
+| score gradient | `plain_scores_kernel` (dA) | `gated_scores_kernel` (dA) |
+| gradients through the scores and the state | `chunk_bwd_dqk_kernel` (dq, dk), `plain_rows_kernel` (dv) | `plain_rows_kernel` (dq, dk), `chunk_bwd_dv_gate_v_kernel` (dv) |
+| decay gradient | `chunk_bwd_dg_kernel` on (q, dq, k, dk) | on (o, do, v, dv) |
+
+The gated contraction `sum_s S[t, s] Y_s exp(gi_t - gi_s)` (dq on the key side, the output on the value side) and
+its transpose `sum_t S[t, s] W_t exp(gi_t - gi_s)` (dk on the key side, dv on the value side) are two helpers,
+`rows_from_earlier_subchunks` and `cols_from_later_subchunks`, plus a pairwise diagonal block.
+
+Sub-chunks. A chunk of BT rows is split into sub-chunks of BC = 16 rows. A block pairing sub-chunk i with an earlier
+sub-chunk j is one `tl.dot` after factorising the decay around a reference row `gn`:
+`exp(gq_t - gi_s) = exp(gq_t - gn) * exp(gn - gi_s)`. Both factors are <= 1 only if `gn` lies between them.
+- GLA, GSA: `gn = gi[first row of i]`. RWKV6 reads the state before its own decay, `gq = ge` (exclusive,
+  `ge[t] = gi[t-1]`, a bit-exact shift), so it needs `gn = gi[first row of i - 1]` (upstream 0c1c0b65, the fix of
+  #77); `bug="exclusive_reference"` restores the inclusive row, whose query factor `exp(|g[start]|)` overflows from a
+  per-step log-decay of about -89 while the key factor underflows: inf * 0 = NaN (`load_reference_decay`).
+- Transposed, from later sub-chunks j: `gn = gi[last valid row of i]`; rows of j past the end of the sequence load
+  as 0 and must be masked in the exponent, or `exp(0 - gn)` overflows and meets a zero-padded input: NaN
+  (upstream #77 for GSA, fixed in 737550ff; `bug="unmasked_padding"`, `cols_from_later_subchunks`).
+Diagonal blocks are evaluated pair by pair with the exponent masked *before* exp.
+
+RWKV6's bonus sits on A's diagonal (`A[t, t] = q_t . (u * k_t)`), so `A @ v`, `A^T @ do` and dA's diagonal carry it.
+
+Precision. On a GPU every product runs on the tensor cores in the input dtype with fp32 accumulation, except where a
+product feeds the decay gradient through an fp32 state (h, dh): there the state is split in two 16-bit halves
+(`mma_split`). Every offset is 64-bit (`batch_head`).
+"""
+from __future__ import annotations
+
+import triton.language as tl
+
+from fla_lab.ops.common.utils import batch_head, kernel, mma, mma_split, state_tile
+
+# ----------------------------------------------------------------------------------------------------------
+# Small shared pieces
+
+
+@kernel
+def load_reference_decay(gi, i_start, o_k, m_k, HK, RWKV6, BUG_EXCLUSIVE_REFERENCE):
+    """`gn`, the reference row that splits the decay between query sub-chunk `i_start..` and earlier keys."""
+    if RWKV6:
+        if BUG_EXCLUSIVE_REFERENCE:  # upstream #77 (de4235fd dropped the -1 of cf63ac28): inclusive gi[start]
+            p_gn = gi + i_start * HK + o_k  # ge[start] - gn = -g[start] = |g|: exp overflows, the key side is 0
+        else:
+            p_gn = gi + (i_start - 1) * HK + o_k  # 0c1c0b65: gn = gi[start - 1] = ge[start], both factors <= 1
+    else:
+        p_gn = gi + i_start * HK + o_k  # GLA's queries are inclusive: gi[start] already lies between
+    return tl.load(p_gn, mask=m_k, other=0)
+
+
+@kernel
+def load_query_decay(gi, rows, cols, mask, t_first, HK, RWKV6):
+    """`gq` at the given rows: gi (GLA), or ge[t] = gi[t-1] inside the chunk starting at t_first (RWKV6)."""
+    if RWKV6:
+        return tl.load(gi + (rows - 1) * HK + cols, mask=mask & (rows > t_first), other=0)
+    return tl.load(gi + rows * HK + cols, mask=mask, other=0)
+
+
+@kernel
+def diagonal_weight(b_gq, b_gk, b_u, diag, causal, RWKV6):
+    """Pair weights of a diagonal block: exp(gq - gk) on causal pairs, the exponent masked *before* exp (a
+    masked pair must not overflow: inf * 0 = NaN), 0 elsewhere; RWKV6's bonus `u` on the diagonal itself."""
+    if RWKV6:
+        below = causal & ~diag  # strictly earlier keys: the state path
+        return tl.where(diag, b_u, tl.where(below, tl.exp(tl.where(below, b_gq - b_gk, 0)), 0))
+    return tl.where(causal, tl.exp(tl.where(causal, b_gq - b_gk, 0)), 0)
+
+
+@kernel
+def diagonal_tile(b_gq, b_gk, b_u, o_c, m_i, RWKV6):
+    """[BC, BC, BD] weights of a diagonal sub-chunk block, (query row t, key row s, channel)."""
+    causal = ((o_c[:, None] >= o_c[None, :]) & m_i[:, None])[:, :, None]
+    diag = (o_c[:, None] == o_c[None, :])[:, :, None] & causal
+    return diagonal_weight(b_gq[:, None, :], b_gk[None, :, :], b_u[None, :, :], diag, causal, RWKV6)
+
+
+@kernel
+def load_bonus(u, i_h, o_k, m_k, K, BK, RWKV6):
+    """RWKV6's `u [H, K]` row of this head (zeros for GLA, which has none)."""
+    if RWKV6:
+        return tl.load(u + i_h * K + o_k, mask=m_k, other=0).to(tl.float32)
+    return tl.zeros([BK], dtype=tl.float32)
+
+
+@kernel
+def rows_from_earlier_subchunks(S, Y, gi, b_gq, i_start, t_first, i_i, o_c, o_d, m_d, m_i, HD: tl.constexpr,
+                                SROW: tl.constexpr, BC: tl.constexpr, BD: tl.constexpr, DOT: tl.constexpr,
+                                RWKV6: tl.constexpr, BUG_EXCLUSIVE_REFERENCE: tl.constexpr):
+    """`sum_{s in earlier sub-chunks} S[t, s] Y_s exp(gq_t - gi_s)` for the rows t of sub-chunk i: [BC, BD].
+
+    `S` is a `[T, SROW]` score row block (chunk-local columns), `Y` and `gi` rows of width HD, channels o_d.
+    """
+    b_acc = tl.zeros([BC, BD], dtype=tl.float32)
+    if i_i > 0:
+        b_gn = load_reference_decay(gi, i_start, o_d, m_d, HD, RWKV6, BUG_EXCLUSIVE_REFERENCE)
+        for i_j in range(0, i_i):
+            o_j = t_first + i_j * BC + o_c  # all rows < i_start < T
+            b_y = tl.load(Y + o_j[:, None] * HD + o_d[None, :], mask=m_d[None, :], other=0).to(tl.float32)
+            b_gj = tl.load(gi + o_j[:, None] * HD + o_d[None, :], mask=m_d[None, :], other=0)
+            b_s = tl.load(S + (i_start + o_c)[:, None] * SROW + (i_j * BC + o_c)[None, :], mask=m_i[:, None],
+                          other=0)
+            b_acc += mma(b_s, b_y * tl.exp(b_gn[None, :] - b_gj), DOT)
+        b_acc *= tl.exp(tl.where(m_i[:, None] & m_d[None, :], b_gq - b_gn[None, :], 0))
+    return b_acc
+
+
+@kernel
+def cols_from_later_subchunks(S, W, gi, b_gk, i_start, t_first, i_i, T, o_c, o_d, m_d, m_i, HD: tl.constexpr,
+                              SROW: tl.constexpr, BC: tl.constexpr, BD: tl.constexpr, NC: tl.constexpr,
+                              DOT: tl.constexpr, RWKV6: tl.constexpr, BUG_UNMASKED_PADDING: tl.constexpr):
+    """`sum_{t in later sub-chunks} S[t, s] W_t exp(gq_t - gi_s)` for the rows s of sub-chunk i: [BC, BD].
+
+    The reference is this sub-chunk's last valid row. The loop visits every later sub-chunk of the chunk, so in a
+    partial last chunk it meets rows past T, whose decay loads as 0.
+    """
+    b_acc = tl.zeros([BC, BD], dtype=tl.float32)
+    if i_i + 1 < NC:
+        b_gn = tl.load(gi + (tl.minimum(i_start + BC, T) - 1) * HD + o_d, mask=m_d, other=0)
+        for i_j in range(i_i + 1, NC):
+            o_j = t_first + i_j * BC + o_c
+            m_jd = (o_j < T)[:, None] & m_d[None, :]
+            b_w = tl.load(W + o_j[:, None] * HD + o_d[None, :], mask=m_jd, other=0).to(tl.float32)
+            b_gq = load_query_decay(gi, o_j[:, None], o_d[None, :], m_jd, t_first, HD, RWKV6)
+            b_st = tl.load(S + o_j[None, :] * SROW + (i_i * BC + o_c)[:, None], mask=(o_j < T)[None, :], other=0)
+            if BUG_UNMASKED_PADDING:  # upstream #77, GSA (before 737550ff): rows past T load 0, exp(0 - gn) = inf
+                b_e = b_gq - b_gn[None, :]
+            else:
+                b_e = tl.where(m_jd, b_gq - b_gn[None, :], 0)  # 737550ff: rows past T masked out of the exponent
+            b_acc += mma(b_st, b_w * tl.exp(b_e), DOT)
+        b_acc *= tl.exp(tl.where(m_i[:, None] & m_d[None, :], b_gn[None, :] - b_gk, 0))
+    return b_acc
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Forward
+
+
+@kernel
+def chunk_cumsum_kernel(g, gi, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
+    """Chunk-local inclusive cumulative sum of the log-decay, in fp32."""
+    i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_bh, i_b, i_h = batch_head(i_bh, H)
+    o_t = i_t * BT + tl.arange(0, BT)
+    o_k = i_k * BK + tl.arange(0, BK)
+    m = (o_t < T)[:, None] & (o_k < K)[None, :]
+    p = (i_b * T * H + i_h) * K + o_t[:, None] * H * K + o_k[None, :]
+    b_g = tl.load(g + p, mask=m, other=0).to(tl.float32)
+    tl.store(gi + p, tl.cumsum(b_g, axis=0), mask=m)
+
+
+@kernel
+def chunk_fwd_h_kernel(k, v, gi, h, h0, ht, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
+                       GATE_V: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr):
+    """The state before every chunk, `h [B, NT, H, K, V]` fp32: the only loop over chunks of the forward."""
+    i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_bh, i_b, i_h = batch_head(i_bh, H)
+    o_k, o_v, m_k, m_v, m_kv, p_kv = state_tile(i_k, i_v, K, V, BK, BV)
+    bos = i_b * T * H + i_h
+    k, v = k + bos * K, v + bos * V
+    b_h = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_H0:
+        b_h += tl.load(h0 + i_bh * K * V + p_kv, mask=m_kv, other=0).to(tl.float32)
+    for i_t in range(0, NT):
+        tl.store(h + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_h, mask=m_kv)
+        o_t = i_t * BT + tl.arange(0, BT)
+        m_t = o_t < T
+        t_last = tl.minimum(i_t * BT + BT, T) - 1
+        m_kt, m_tv = m_k[:, None] & m_t[None, :], m_t[:, None] & m_v[None, :]
+        b_kt = tl.load(k + o_t[None, :] * H * K + o_k[:, None], mask=m_kt, other=0).to(tl.float32)
+        b_v = tl.load(v + o_t[:, None] * H * V + o_v[None, :], mask=m_tv, other=0).to(tl.float32)
+        if GATE_V:  # decay each value channel from its step to the chunk end
+            b_glast = tl.load(gi + bos * V + t_last * H * V + o_v, mask=m_v, other=0)
+            b_g = tl.load(gi + bos * V + o_t[:, None] * H * V + o_v[None, :], mask=m_tv, other=0)
+            b_v *= tl.exp(tl.where(m_tv, b_glast[None, :] - b_g, 0))
+            b_h = b_h * tl.exp(b_glast)[None, :] + mma(b_kt, b_v, DOT)
+        else:  # decay each key channel from its step to the chunk end
+            b_glast = tl.load(gi + bos * K + t_last * H * K + o_k, mask=m_k, other=0)
+            b_gt = tl.load(gi + bos * K + o_t[None, :] * H * K + o_k[:, None], mask=m_kt, other=0)
+            b_kt *= tl.exp(tl.where(m_kt, b_glast[:, None] - b_gt, 0))
+            b_h = b_h * tl.exp(b_glast)[:, None] + mma(b_kt, b_v, DOT)
+    if STORE_HT:
+        tl.store(ht + i_bh * K * V + p_kv, b_h, mask=m_kv)
+
+
+@kernel
+def gated_scores_kernel(q, k, gi, u, A, scale, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+                        BC: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr, RWKV6: tl.constexpr,
+                        BUG: tl.constexpr):
+    """`A[t, s] = scale * sum_i q_t[i] k_s[i] exp(gq_t[i] - gi_s[i])` (s <= t) for one query sub-chunk: a row block
+    `A[rows, 0:BT]`, zeros right of it. The key side's scores; the value side's dA (q = do, k = v).
+
+    RWKV6's bonus sits on the diagonal, `A[t, t] = q_t . (u * k_t)`, so `A @ v` and `A^T @ do` include it.
+    """
+    i_tc, i_bh = tl.program_id(0), tl.program_id(1)
+    i_bh, i_b, i_h = batch_head(i_bh, H)
+    NC: tl.constexpr = BT // BC
+    i_t, i_i = i_tc // NC, i_tc % NC
+    t_first = i_t * BT
+    i_start = t_first + i_i * BC
+    if i_start >= T:
+        return
+    o_c = tl.arange(0, BC)
+    o_i = i_start + o_c
+    m_i = o_i < T
+    HK: tl.constexpr = H * K
+    bos = i_b * T * H + i_h
+    q, k, gi = q + bos * K, k + bos * K, gi + bos * K
+    p_A = A + bos * BT + o_i[:, None] * H * BT + o_c[None, :]
+    for i_j in range(0, i_i):  # earlier key sub-chunks: one dot each around the reference row
+        o_j = t_first + i_j * BC + o_c  # all rows < i_start < T
+        b_A = tl.zeros([BC, BC], dtype=tl.float32)
+        for i_k in range(0, tl.cdiv(K, BK)):
+            o_k = i_k * BK + tl.arange(0, BK)
+            m_k = o_k < K
+            m_ik = m_i[:, None] & m_k[None, :]
+            b_q = tl.load(q + o_i[:, None] * HK + o_k[None, :], mask=m_ik, other=0).to(tl.float32)
+            b_gq = load_query_decay(gi, o_i[:, None], o_k[None, :], m_ik, t_first, HK, RWKV6)
+            b_gn = load_reference_decay(gi, i_start, o_k, m_k, HK, RWKV6, BUG)
+            b_kt = tl.load(k + o_j[None, :] * HK + o_k[:, None], mask=m_k[:, None], other=0).to(tl.float32)
+            b_gkt = tl.load(gi + o_j[None, :] * HK + o_k[:, None], mask=m_k[:, None], other=0)
+            b_qg = b_q * tl.exp(tl.where(m_ik, b_gq - b_gn[None, :], 0))
+            b_A += mma(b_qg, b_kt * tl.exp(b_gn[:, None] - b_gkt), DOT)
+        tl.store(p_A + i_j * BC, scale * b_A, mask=m_i[:, None])
+    # the diagonal block, one key row at a time (measured faster here than one [BC, BC, BK] tile)
+    b_A = tl.zeros([BC, BC], dtype=tl.float32)
+    for i_k in range(0, tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        m_ik = m_i[:, None] & m_k[None, :]
+        b_q = tl.load(q + o_i[:, None] * HK + o_k[None, :], mask=m_ik, other=0).to(tl.float32)
+        b_gq = load_query_decay(gi, o_i[:, None], o_k[None, :], m_ik, t_first, HK, RWKV6)
+        b_u = load_bonus(u, i_h, o_k, m_k, K, BK, RWKV6)[None, :]
+        for j in range(0, BC):
+            m_j = m_k & (i_start + j + 0 * o_k < T)  # a vector test: triton 3.9 rejects vector & scalar masks
+            b_kj = tl.load(k + (i_start + j) * HK + o_k, mask=m_j, other=0).to(tl.float32)
+            b_gj = tl.load(gi + (i_start + j) * HK + o_k, mask=m_j, other=0)
+            causal = ((o_c >= j) & m_i)[:, None]
+            b_w = diagonal_weight(b_gq, b_gj[None, :], b_u, causal & (o_c == j)[:, None], causal, RWKV6)
+            b_A += tl.where(o_c[None, :] == j, tl.sum(b_q * b_kj[None, :] * b_w, axis=1)[:, None], 0)
+    tl.store(p_A + i_i * BC, scale * b_A, mask=m_i[:, None])
+    for i_j in range(i_i + 1, NC):
+        tl.store(p_A + i_j * BC, tl.zeros([BC, BC], dtype=tl.float32), mask=m_i[:, None])
+
+
+@kernel
+def plain_scores_kernel(x, y, A, scale, T, H: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+                        DOT: tl.constexpr):
+    """`A = scale * x @ y^T` on the causal part of each chunk, diagonal included: the value side's scores
+    (x = q, y = k) and the key side's dA (x = do, y = v; RWKV6's bonus reads its diagonal)."""
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_bh, i_b, i_h = batch_head(i_bh, H)
+    o_c = tl.arange(0, BT)
+    o_t = i_t * BT + o_c
+    m_t = o_t < T
+    bos = i_b * T * H + i_h
+    x, y = x + bos * D, y + bos * D
+    b_A = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_d in range(0, tl.cdiv(D, BD)):
+        o_d = i_d * BD + tl.arange(0, BD)
+        m_d = o_d < D
+        b_x = tl.load(x + o_t[:, None] * H * D + o_d[None, :], mask=m_t[:, None] & m_d[None, :], other=0)
+        b_yt = tl.load(y + o_t[None, :] * H * D + o_d[:, None], mask=m_d[:, None] & m_t[None, :], other=0)
+        b_A += mma(b_x.to(tl.float32), b_yt.to(tl.float32), DOT)
+    causal = o_c[:, None] >= o_c[None, :]
+    p_A = A + bos * BT + o_t[:, None] * H * BT + o_c[None, :]
+    tl.store(p_A, tl.where(causal, scale * b_A, 0), mask=m_t[:, None])
+
+
+@kernel
+def chunk_fwd_o_kernel(q, v, gi, h, A, o, scale, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
+                       RWKV6: tl.constexpr):
+    """Key side: o = scale * ((q * exp(gq)) @ h_n + A @ v), one [BT, BV] tile per program (A holds RWKV6's bonus)."""
+    i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_bh, i_b, i_h = batch_head(i_bh, H)
+    HK: tl.constexpr = H * K
+    t_first = i_t * BT
+    o_c = tl.arange(0, BT)
+    o_t = t_first + o_c
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_t, m_v = o_t < T, o_v < V
+    m_tv = m_t[:, None] & m_v[None, :]
+    bos = i_b * T * H + i_h
+    q, gi = q + bos * K, gi + bos * K
+    h += ((i_b * NT + i_t) * H + i_h) * K * V
+    b_o = tl.zeros([BT, BV], dtype=tl.float32)
+    for i_k in range(0, tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        m_tk = m_t[:, None] & m_k[None, :]
+        b_q = tl.load(q + o_t[:, None] * HK + o_k[None, :], mask=m_tk, other=0).to(tl.float32)
+        b_gq = load_query_decay(gi, o_t[:, None], o_k[None, :], m_tk, t_first, HK, RWKV6)
+        b_h = tl.load(h + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0)
+        b_o += mma(b_q * tl.exp(b_gq), b_h, DOT)  # gq <= 0 (and 0 on masked rows)
+    b_A = tl.load(A + bos * BT + o_t[:, None] * H * BT + o_c[None, :], mask=m_t[:, None], other=0)
+    b_v = tl.load(v + bos * V + o_t[:, None] * H * V + o_v[None, :], mask=m_tv, other=0).to(tl.float32)
+    b_o += mma(b_A, b_v, DOT)
+    tl.store(o + bos * V + o_t[:, None] * H * V + o_v[None, :], (scale * b_o).to(o.dtype.element_ty), mask=m_tv)
+
+
+@kernel
+def chunk_fwd_o_gate_v_kernel(q, v, gi, h, A, o, scale, T, NT, H: tl.constexpr, K: tl.constexpr,
+                              V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
+                              BV: tl.constexpr, DOT: tl.constexpr):
+    """Value side: `o_t = scale * ((q_t @ h_n) * exp(gi_t) + sum_s A[t, s] v_s exp(gi_t - gi_s))`, one sub-chunk
+    and value block per program (A = q k^T is plain; the decay stays on the value channel)."""
+    i_v, i_tc, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_bh, i_b, i_h = batch_head(i_bh, H)
+    NC: tl.constexpr = BT // BC
+    i_t, i_i = i_tc // NC, i_tc % NC
+    t_first = i_t * BT
+    i_start = t_first + i_i * BC
+    if i_start >= T:
+        return
+    o_c = tl.arange(0, BC)
+    o_i = i_start + o_c
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_i, m_v = o_i < T, o_v < V
+    m_iv = m_i[:, None] & m_v[None, :]
+    bos = i_b * T * H + i_h
+    q, v, gi, A = q + bos * K, v + bos * V, gi + bos * V, A + bos * BT
+    h += ((i_b * NT + i_t) * H + i_h) * K * V
+    p_iv = o_i[:, None] * H * V + o_v[None, :]
+    b_g = tl.load(gi + p_iv, mask=m_iv, other=0)
+    b_o = tl.zeros([BC, BV], dtype=tl.float32)
+    for i_k in range(0, tl.cdiv(K, BK)):  # the state entering the chunk (split: o feeds the decay gradient)
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        b_q = tl.load(q + o_i[:, None] * H * K + o_k[None, :], mask=m_i[:, None] & m_k[None, :], other=0)
+        b_h = tl.load(h + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0)
+        b_o += mma_split(b_q.to(tl.float32), b_h, DOT)
+    b_o *= tl.exp(b_g)  # g <= 0, and 0 on rows past T
+    b_o += rows_from_earlier_subchunks(A, v, gi, b_g, i_start, t_first, i_i, o_c, o_v, m_v, m_i, H * V, H * BT,
+                                       BC, BV, DOT, False, False)
+    b_vi = tl.load(v + p_iv, mask=m_iv, other=0).to(tl.float32)
+    b_Aii = tl.load(A + o_i[:, None] * H * BT + (i_i * BC + o_c)[None, :], mask=m_i[:, None], other=0)
+    b_w = diagonal_tile(b_g, b_g, b_g, o_c, m_i, False)
+    b_o += tl.sum(b_w * b_Aii[:, :, None] * b_vi[None, :, :], axis=1)
+    tl.store(o + bos * V + p_iv, (scale * b_o).to(o.dtype.element_ty), mask=m_iv)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Backward
+
+
+@kernel
+def chunk_bwd_dh_kernel(q, do, gi, dh, dht, dh0, scale, T, NT, H: tl.constexpr, K: tl.constexpr,
+                        V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                        DOT: tl.constexpr, GATE_V: tl.constexpr, RWKV6: tl.constexpr, USE_DHT: tl.constexpr,
+                        STORE_DH0: tl.constexpr):
+    """State adjoint in reverse: `dh[n]` = dL/dh_{n+1} (the state after chunk n); dh0 = dL/dh_0."""
+    i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_bh, i_b, i_h = batch_head(i_bh, H)
+    o_k, o_v, m_k, m_v, m_kv, p_kv = state_tile(i_k, i_v, K, V, BK, BV)
+    bos = i_b * T * H + i_h
+    q, do = q + bos * K, do + bos * V
+    b_dh = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_DHT:
+        b_dh += tl.load(dht + i_bh * K * V + p_kv, mask=m_kv, other=0).to(tl.float32)
+    for i_r in range(0, NT):
+        i_t = NT - 1 - i_r
+        tl.store(dh + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_dh, mask=m_kv)
+        t_first = i_t * BT
+        o_t = t_first + tl.arange(0, BT)
+        m_t = o_t < T
+        t_last = tl.minimum(t_first + BT, T) - 1
+        m_kt, m_tv = m_k[:, None] & m_t[None, :], m_t[:, None] & m_v[None, :]
+        b_qt = tl.load(q + o_t[None, :] * H * K + o_k[:, None], mask=m_kt, other=0).to(tl.float32)
+        b_do = tl.load(do + o_t[:, None] * H * V + o_v[None, :], mask=m_tv, other=0).to(tl.float32)
+        if GATE_V:
+            b_glast = tl.load(gi + bos * V + t_last * H * V + o_v, mask=m_v, other=0)
+            b_do *= tl.exp(tl.load(gi + bos * V + o_t[:, None] * H * V + o_v[None, :], mask=m_tv, other=0))
+            b_dh = b_dh * tl.exp(b_glast)[None, :] + scale * mma(b_qt, b_do, DOT)
+        else:
+            b_glast = tl.load(gi + bos * K + t_last * H * K + o_k, mask=m_k, other=0)
+            b_gqt = load_query_decay(gi + bos * K, o_t[None, :], o_k[:, None], m_kt, t_first, H * K, RWKV6)
+            b_dh = b_dh * tl.exp(b_glast)[:, None] + scale * mma(b_qt * tl.exp(b_gqt), b_do, DOT)
+    if STORE_DH0:
+        tl.store(dh0 + i_bh * K * V + p_kv, b_dh, mask=m_kv)
+
+
+@kernel
+def plain_rows_kernel(A, x, y, gi, h, out, alpha, beta, T, NT, H: tl.constexpr, DX: tl.constexpr,
+                      DY: tl.constexpr, BT: tl.constexpr, BX: tl.constexpr, BY: tl.constexpr, DOT: tl.constexpr,
+                      A_T: tl.constexpr, TO_END: tl.constexpr, H_T: tl.constexpr):
+    """`out = alpha * op(A) @ x + beta * (y * exp(G)) @ op(h_n)`, one [BT, BX] tile per program, where the decay
+    `G` is on y's channels: `gi_t` (from the chunk start) or `gi_last - gi_t` (to the chunk end, TO_END).
+
+    `op(A)` is A or A^T (A_T); the state h is `[DY, DX]`, or `[DX, DY]` read transposed (H_T). The key side's dv
+    (A^T @ do + k-to-end @ dh) and the value side's dq (dA @ k + do-from-start @ h^T) and dk (dA^T @ q + v-to-end
+    @ dh^T) are all this kernel.
+    """
+    i_x, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_bh, i_b, i_h = batch_head(i_bh, H)
+    o_c = tl.arange(0, BT)
+    o_t = i_t * BT + o_c
+    o_x = i_x * BX + tl.arange(0, BX)
+    m_t, m_x = o_t < T, o_x < DX
+    m_tx = m_t[:, None] & m_x[None, :]
+    bos = i_b * T * H + i_h
+    x, y, gi, A = x + bos * DX, y + bos * DY, gi + bos * DY, A + bos * BT
+    h += ((i_b * NT + i_t) * H + i_h) * DX * DY
+    if A_T:
+        b_A = tl.load(A + o_t[None, :] * H * BT + o_c[:, None], mask=m_t[None, :], other=0)  # [s, t]
+    else:
+        b_A = tl.load(A + o_t[:, None] * H * BT + o_c[None, :], mask=m_t[:, None], other=0)
+    b_x = tl.load(x + o_t[:, None] * H * DX + o_x[None, :], mask=m_tx, other=0).to(tl.float32)
+    b_out = alpha * mma(b_A, b_x, DOT)
+    t_last = tl.minimum(i_t * BT + BT, T) - 1
+    for i_y in range(0, tl.cdiv(DY, BY)):
+        o_y = i_y * BY + tl.arange(0, BY)
+        m_y = o_y < DY
+        m_ty = m_t[:, None] & m_y[None, :]
+        b_y = tl.load(y + o_t[:, None] * H * DY + o_y[None, :], mask=m_ty, other=0).to(tl.float32)
+        b_g = tl.load(gi + o_t[:, None] * H * DY + o_y[None, :], mask=m_ty, other=0)
+        if TO_END:
+            b_glast = tl.load(gi + t_last * H * DY + o_y, mask=m_y, other=0)
+            b_y *= tl.exp(tl.where(m_ty, b_glast[None, :] - b_g, 0))
+        else:
+            b_y *= tl.exp(b_g)  # g <= 0, and 0 on rows past T
+        if H_T:
+            b_h = tl.load(h + o_x[None, :] * DY + o_y[:, None], mask=m_y[:, None] & m_x[None, :], other=0)
+        else:
+            b_h = tl.load(h + o_y[:, None] * DX + o_x[None, :], mask=m_y[:, None] & m_x[None, :], other=0)
+        b_out += beta * mma(b_y, b_h, DOT)
+    tl.store(out + bos * DX + o_t[:, None] * H * DX + o_x[None, :], b_out, mask=m_tx)
+
+
+@kernel
+def chunk_bwd_dqk_kernel(q, k, v, gi, u, h, dh, dA, do, dq, dk, scale, T, NT, H: tl.constexpr, K: tl.constexpr,
+                         V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
+                         BV: tl.constexpr, DOT: tl.constexpr, RWKV6: tl.constexpr, BUG: tl.constexpr):
+    """Key side: dq and dk of one sub-chunk, intra-chunk terms from dA (RWKV6's bonus from its diagonal),
+    inter-chunk terms from h and dh."""
+    i_k, i_tc, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_bh, i_b, i_h = batch_head(i_bh, H)
+    NC: tl.constexpr = BT // BC
+    HK: tl.constexpr = H * K
+    i_t, i_i = i_tc // NC, i_tc % NC
+    t_first = i_t * BT
+    i_start = t_first + i_i * BC
+    if i_start >= T:
+        return
+    o_c = tl.arange(0, BC)
+    o_i = i_start + o_c
+    o_k = i_k * BK + tl.arange(0, BK)
+    m_i, m_k = o_i < T, o_k < K
+    m_ik = m_i[:, None] & m_k[None, :]
+    bos = i_b * T * H + i_h
+    q, k, gi, dA = q + bos * K, k + bos * K, gi + bos * K, dA + bos * BT
+    p_ik = o_i[:, None] * HK + o_k[None, :]
+    b_gq = load_query_decay(gi, o_i[:, None], o_k[None, :], m_ik, t_first, HK, RWKV6)
+    b_gk = tl.load(gi + p_ik, mask=m_ik, other=0)
+    b_u = load_bonus(u, i_h, o_k, m_k, K, BK, RWKV6)[None, :]
+    # dq_t = sum_s dA[t, s] k_s exp(gq_t - gi_s), dk_s = sum_t dA[t, s] q_t exp(gq_t - gi_s): other sub-chunks
+    b_dq = rows_from_earlier_subchunks(dA, k, gi, b_gq, i_start, t_first, i_i, o_c, o_k, m_k, m_i, HK, H * BT, BC,
+                                       BK, DOT, RWKV6, BUG)
+    b_dk = cols_from_later_subchunks(dA, q, gi, b_gk, i_start, t_first, i_i, T, o_c, o_k, m_k, m_i, HK, H * BT,
+                                     BC, BK, NC, DOT, RWKV6, False)
+    # the diagonal block: all (t, s) pairs at once, one [BC, BC, BK] weight tile serves dq and dk
+    b_qi = tl.load(q + p_ik, mask=m_ik, other=0).to(tl.float32)
+    b_ki = tl.load(k + p_ik, mask=m_ik, other=0).to(tl.float32)
+    b_dAii = tl.load(dA + o_i[:, None] * H * BT + (i_i * BC + o_c)[None, :], mask=m_i[:, None], other=0)
+    b_w = diagonal_tile(b_gq, b_gk, b_u, o_c, m_i, RWKV6) * b_dAii[:, :, None]
+    b_dq += tl.sum(b_w * b_ki[None, :, :], axis=1)
+    b_dk += tl.sum(b_w * b_qi[:, None, :], axis=0)
+
+    # inter-chunk: dq += scale * (do @ h_n^T) * exp(gq), dk += (v @ dh_{n+1}^T) * exp(g_last - gi), with the
+    # states split in two (see mma_split)
+    p_h = ((i_b * NT + i_t) * H + i_h) * K * V
+    b_dqh = tl.zeros([BC, BK], dtype=tl.float32)
+    b_dkh = tl.zeros([BC, BK], dtype=tl.float32)
+    for i_v in range(0, tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_v = o_v < V
+        m_iv = m_i[:, None] & m_v[None, :]
+        p_iv = bos * V + o_i[:, None] * H * V + o_v[None, :]
+        p_vk = p_h + o_k[None, :] * V + o_v[:, None]
+        m_vk = m_v[:, None] & m_k[None, :]
+        b_do = tl.load(do + p_iv, mask=m_iv, other=0).to(tl.float32)
+        b_v = tl.load(v + p_iv, mask=m_iv, other=0).to(tl.float32)
+        b_dqh += mma_split(b_do, tl.load(h + p_vk, mask=m_vk, other=0), DOT)
+        b_dkh += mma_split(b_v, tl.load(dh + p_vk, mask=m_vk, other=0), DOT)
+    t_last = tl.minimum(t_first + BT, T) - 1
+    b_glast = tl.load(gi + t_last * HK + o_k, mask=m_k, other=0)
+    b_dq += scale * b_dqh * tl.exp(b_gq)
+    b_dk += b_dkh * tl.exp(tl.where(m_ik, b_glast[None, :] - b_gk, 0))
+    p_out = bos * K + p_ik
+    tl.store(dq + p_out, b_dq, mask=m_ik)
+    tl.store(dk + p_out, b_dk, mask=m_ik)
+
+
+@kernel
+def chunk_bwd_dv_gate_v_kernel(k, v, gi, dh, A, do, dv, scale, T, NT, H: tl.constexpr, K: tl.constexpr,
+                               V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
+                               BV: tl.constexpr, DOT: tl.constexpr, BUG_UNMASKED_PADDING: tl.constexpr):
+    """Value side: `dv_s = scale * sum_t A[t, s] do_t exp(gi_t - gi_s) + (k_s @ dh_{n+1}) * exp(gi_last - gi_s)`,
+    one sub-chunk and value block per program (upstream's intra dv kernel: where the padded-row bug lived)."""
+    i_v, i_tc, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_bh, i_b, i_h = batch_head(i_bh, H)
+    NC: tl.constexpr = BT // BC
+    i_t, i_i = i_tc // NC, i_tc % NC
+    t_first = i_t * BT
+    i_start = t_first + i_i * BC
+    if i_start >= T:
+        return
+    o_c = tl.arange(0, BC)
+    o_i = i_start + o_c
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_i, m_v = o_i < T, o_v < V
+    m_iv = m_i[:, None] & m_v[None, :]
+    bos = i_b * T * H + i_h
+    k, gi, A, do = k + bos * K, gi + bos * V, A + bos * BT, do + bos * V
+    dh += ((i_b * NT + i_t) * H + i_h) * K * V
+    p_iv = o_i[:, None] * H * V + o_v[None, :]
+    b_g = tl.load(gi + p_iv, mask=m_iv, other=0)
+    b_dv = cols_from_later_subchunks(A, do, gi, b_g, i_start, t_first, i_i, T, o_c, o_v, m_v, m_i, H * V, H * BT,
+                                     BC, BV, NC, DOT, False, BUG_UNMASKED_PADDING)
+    b_doi = tl.load(do + p_iv, mask=m_iv, other=0).to(tl.float32)
+    b_Aii = tl.load(A + o_i[:, None] * H * BT + (i_i * BC + o_c)[None, :], mask=m_i[:, None], other=0)
+    b_w = diagonal_tile(b_g, b_g, b_g, o_c, m_i, False)
+    b_dv += tl.sum(b_w * b_Aii[:, :, None] * b_doi[:, None, :], axis=0)
+    b_dv *= scale
+    b_dkh = tl.zeros([BC, BV], dtype=tl.float32)  # the state path (split: dv feeds the decay gradient)
+    for i_k in range(0, tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        b_k = tl.load(k + o_i[:, None] * H * K + o_k[None, :], mask=m_i[:, None] & m_k[None, :], other=0)
+        b_dh = tl.load(dh + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0)
+        b_dkh += mma_split(b_k.to(tl.float32), b_dh, DOT)
+    b_glast = tl.load(gi + (tl.minimum(t_first + BT, T) - 1) * H * V + o_v, mask=m_v, other=0)
+    b_dv += b_dkh * tl.exp(tl.where(m_iv, b_glast[None, :] - b_g, 0))
+    tl.store(dv + bos * V + p_iv, b_dv, mask=m_iv)
+
+
+@kernel
+def chunk_bwd_dg_kernel(q, k, dq, dk, u, dA, c, dg, du, T, NT, H: tl.constexpr, K: tl.constexpr,
+                        BT: tl.constexpr, BK: tl.constexpr, RWKV6: tl.constexpr, USE_C: tl.constexpr):
+    """dg = reverse cumsum over the whole sequence of q * dq - k * dk, plus c = the final state's share; RWKV6's du.
+
+    The loss depends on the cumulative log-decay G through exp(G_reader - G_writer), so
+    dL/dG_t = reader_t * d(reader_t) - writer_t * d(writer_t) on the gated channel, and g_t moves every G from step
+    t on. Key side: readers q, writers k, c = rowsum(ht * dht). Value side: readers are the outputs o (every term of
+    o_t carries exp(G_t)), writers v, c = colsum(ht * dht). RWKV6's bonus terms cancel in q * dq - k * dk; its
+    queries read G_{t-1}, so a step's own query term (state path: dq minus the bonus u * k_t * dA[t, t]) leaves its
+    dg. One program per channel block walks the chunks backwards.
+    """
+    i_k, i_bh = tl.program_id(0), tl.program_id(1)
+    i_bh, i_b, i_h = batch_head(i_bh, H)
+    HK: tl.constexpr = H * K
+    o_k = i_k * BK + tl.arange(0, BK)
+    m_k = o_k < K
+    o_c = tl.arange(0, BT)
+    bos = i_b * T * H + i_h
+    b_acc = tl.zeros([BK], dtype=tl.float32)
+    if USE_C:
+        b_acc += tl.load(c + i_bh * K + o_k, mask=m_k, other=0)
+    b_u = load_bonus(u, i_h, o_k, m_k, K, BK, RWKV6)
+    b_du = tl.zeros([BK], dtype=tl.float32)
+    for i_r in range(0, NT):
+        o_t = (NT - 1 - i_r) * BT + o_c
+        m_t = o_t < T
+        m = m_t[:, None] & m_k[None, :]
+        p = bos * K + o_t[:, None] * HK + o_k[None, :]
+        b_q = tl.load(q + p, mask=m, other=0).to(tl.float32)
+        b_k = tl.load(k + p, mask=m, other=0).to(tl.float32)
+        b_qdq = b_q * tl.load(dq + p, mask=m, other=0).to(tl.float32)
+        b_x = b_qdq - b_k * tl.load(dk + p, mask=m, other=0).to(tl.float32)
+        b_dg = b_acc[None, :] + tl.cumsum(b_x, axis=0, reverse=True)
+        if RWKV6:
+            b_dAd = tl.load(dA + bos * BT + o_t * H * BT + o_c, mask=m_t, other=0)  # scale * do_t . v_t
+            b_qkd = b_q * b_k * b_dAd[:, None]
+            b_dg -= b_qdq - b_u[None, :] * b_qkd
+            b_du += tl.sum(b_qkd, axis=0)
+        b_acc += tl.sum(b_x, axis=0)
+        tl.store(dg + p, b_dg.to(dg.dtype.element_ty), mask=m)
+    if RWKV6:
+        tl.store(du + i_bh * K + o_k, b_du, mask=m_k)

@@ -1,0 +1,132 @@
+"""Gated Slot Attention (GSA): two gated chunk passes with a softmax over M slots between them.
+
+    pass 1, keys -> slots:   Hk_t = Hk_{t-1} diag(exp g_t) + k_t s_t^T     [K, M], gate on the slot (value) side
+                             p_t  = softmax(scale * Hk_t^T q_t)              over the M slots, fp32
+    pass 2, slots -> values: Hv_t = diag(exp g_t) Hv_{t-1} + s_t v_t^T     [M, V], gate on the slot (key) side
+                             o_t  = Hv_t^T p_t
+
+Pass 1 is `chunk_pass.value_side_*`, pass 2 the GLA pass `chunk_pass.key_side_*` with the slots as keys; both
+share one cumulative decay. Reference: `fla_lab.reference.recurrent_gsa`. flash-linear-attention 0.6.0's
+`chunk_gsa` signature, plus `bug=`; `bug="unmasked_padding"` turns on upstream #77's padded rows in pass 1's dv
+kernel (`chunk_stages.cols_from_later_subchunks`, fixed upstream in 737550ff).
+"""
+from __future__ import annotations
+
+import torch
+import triton.language as tl
+
+from fla_lab.ops import contract
+from fla_lab.ops.common import chunk_pass as cp
+from fla_lab.ops.common.launch import check_chunk_size, resolve
+from fla_lab.ops.common.utils import as_contiguous, custom_bwd, custom_fwd, grid_size, kernel, next_pow2
+
+ROWS = 16  # rows of [B * T * H, M] per softmax program
+
+
+@kernel
+def slot_softmax_fwd_kernel(x, p, N, M: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr):
+    """p = softmax(x) over the M slots of each row, computed in fp32, stored in p's dtype."""
+    o_r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+    o_m = tl.arange(0, BM)
+    m = (o_r < N)[:, None] & (o_m < M)[None, :]
+    b_x = tl.load(x + o_r[:, None] * M + o_m[None, :], mask=m, other=float("-inf")).to(tl.float32)
+    b_x = tl.where(m, b_x - tl.max(b_x, axis=1)[:, None], float("-inf"))  # max first: exp(x - max) <= 1
+    b_e = tl.where(m, tl.exp(b_x), 0)
+    b_p = b_e / tl.maximum(tl.sum(b_e, axis=1), 1e-30)[:, None]  # padded rows: 0 / 1e-30, not 0 / 0
+    tl.store(p + o_r[:, None] * M + o_m[None, :], b_p.to(p.dtype.element_ty), mask=m)
+
+
+@kernel
+def slot_softmax_bwd_kernel(x, dp, dx, N, M: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr):
+    """dx = p * (dp - sum(p * dp)), with p recomputed in fp32 from the saved scores x."""
+    o_r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+    o_m = tl.arange(0, BM)
+    m = (o_r < N)[:, None] & (o_m < M)[None, :]
+    p_rm = o_r[:, None] * M + o_m[None, :]
+    b_x = tl.load(x + p_rm, mask=m, other=float("-inf")).to(tl.float32)
+    b_x = tl.where(m, b_x - tl.max(b_x, axis=1)[:, None], float("-inf"))
+    b_e = tl.where(m, tl.exp(b_x), 0)
+    b_p = b_e / tl.maximum(tl.sum(b_e, axis=1), 1e-30)[:, None]
+    b_dp = tl.load(dp + p_rm, mask=m, other=0).to(tl.float32)
+    tl.store(dx + p_rm, b_p * (b_dp - tl.sum(b_p * b_dp, axis=1)[:, None]), mask=m)
+
+
+def _softmax_launch(x):
+    N, M = x.numel() // x.shape[-1], x.shape[-1]
+    return (grid_size(N, ROWS),), dict(N=N, M=M, BM=next_pow2(M), BR=ROWS)
+
+
+def slot_softmax(x, dtype):
+    p = torch.empty(x.shape, dtype=dtype, device=x.device)
+    grid, kw = _softmax_launch(x)
+    slot_softmax_fwd_kernel[grid](x, p, **kw)
+    return p
+
+
+def slot_softmax_backward(x, dp):
+    dx = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+    grid, kw = _softmax_launch(x)
+    slot_softmax_bwd_kernel[grid](x, dp, dx, **kw)
+    return dx
+
+
+class ChunkGSAFunction(torch.autograd.Function):
+    @staticmethod
+    @custom_fwd
+    def forward(ctx, q, k, v, s, g, scale, hk0, hv0, output_final_state, chunk_size, launch, bug):
+        q, k, v, s, g, hk0, hv0 = as_contiguous(q, k, v, s, g, hk0, hv0)
+        gi = cp.chunk_cumsum(g, chunk_size)
+        scores, hkt, h1, A1 = cp.value_side_forward(q, k, s, gi, scale, hk0, output_final_state, chunk_size, launch)
+        p = slot_softmax(scores, s.dtype)  # pass 2 reads the slot weights in the input dtype, like its keys
+        o, hvt, h2, A2 = cp.key_side_forward(p, s, v, gi, None, 1.0, hv0, output_final_state, chunk_size, launch,
+                                             v.dtype)
+        ctx.save_for_backward(q, k, v, s, g, gi, hk0, hv0, hkt, hvt, h1, A1, scores, p, h2, A2)
+        ctx.scale, ctx.chunk_size, ctx.launch, ctx.bug = scale, chunk_size, launch, bug
+        return o, hkt, hvt
+
+    @staticmethod
+    @custom_bwd
+    def backward(ctx, do, dhkt, dhvt):
+        q, k, v, s, g, gi, hk0, hv0, hkt, hvt, h1, A1, scores, p, h2, A2 = ctx.saved_tensors
+        do, dhkt, dhvt = as_contiguous(do, dhkt, dhvt)
+        BT, launch = ctx.chunk_size, ctx.launch
+        dp, ds2, dv, dg2, _, dhv0 = cp.key_side_backward(p, s, v, gi, None, 1.0, hv0, hvt, h2, A2, do, dhvt, BT,
+                                                         launch, torch.float32)
+        dscores = slot_softmax_backward(scores, dp)
+        dq, dk, ds1, dg1, dhk0 = cp.value_side_backward(q, k, s, gi, ctx.scale, hk0, hkt, h1, A1, scores, dscores,
+                                                        dhkt, BT, launch, ctx.bug)
+        cast = cp.cast
+        return (cast(dq, q), cast(dk, k), cast(dv, v), cast(ds1 + ds2, s), cast(dg1 + dg2, g), None,
+                cast(dhk0, hk0), cast(dhv0, hv0), None, None, None, None)
+
+
+def additive_gates(s):
+    """Without a forget gate GSA is vanilla ABC: slot writes normalised by a running logsumexp over time, and the
+    matching log-decay `z_{t-1} - z_t` (as upstream's `fused_additive_gate`; torch ops, differentiable)."""
+    z = s.float().logcumsumexp(1)
+    g = torch.cat((z[:, :1], z[:, :-1]), 1) - z
+    return (s.float() - z).exp().to(s.dtype), g
+
+
+def chunk_gsa(q, k, v, s, g=None, scale=None, initial_state=None, output_final_state=False, chunk_size=64,
+              bug=None, launch=None, **kwargs):
+    """Chunked Gated Slot Attention, forward and backward in Triton.
+
+    q, k `[B, T, H, K]`, v `[B, T, H, V]`, s (slot writes) and g (natural-log forget gate <= 0) `[B, T, H, M]`;
+    `g=None` is vanilla ABC. `initial_state` is the pair `(Hk0 [B, H, K, M], Hv0 [B, H, M, V])`. Returns
+    `(o [B, T, H, V], (HkT, HvT) in fp32 or None)`. `chunk_size` a power of two >= 16; `launch` a
+    `fla_lab.ops.ChunkLaunch`. `bug="unmasked_padding"`: upstream #77's NaN gradients of s and g when the last
+    chunk is partial and the slot decay is strong.
+    """
+    from fla_lab.bugs import check_bug
+
+    check_bug(bug, "chunk_gsa")
+    contract.check_gsa_inputs("chunk_gsa", q, k, v, s, g, initial_state=initial_state, kwargs=kwargs)
+    if g is None:
+        s, g = additive_gates(s)
+    hk0, hv0 = initial_state if initial_state is not None else (None, None)
+    contract.check_kernel_device("chunk_gsa", dict(q=q, k=k, v=v, s=s, g=g, hk0=hk0, hv0=hv0))
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    o, hkt, hvt = ChunkGSAFunction.apply(q, k, v, s, g, scale, hk0, hv0, output_final_state,
+                                         check_chunk_size(chunk_size), resolve(launch), bug == "unmasked_padding")
+    return o, ((hkt, hvt) if output_final_state else None)

@@ -1,0 +1,131 @@
+"""Every element of every output, final state and input gradient is written by the kernels.
+
+The kernels allocate their outputs (and scratch) with `torch.empty`, `torch.empty_like` or `Tensor.new_empty`,
+whose contents are whatever memory held: often zeros on the CPU, so a store that misses an element (a mask off by
+one row, a tile or batch element never launched) can go unseen. The `poisoned` fixture fills every floating-point
+tensor those allocators return with NaN; a missed store then leaves a NaN in the result, and NaN also spreads
+through any kernel that reads an unwritten element of an intermediate buffer.
+
+Shapes are ragged on purpose: odd T against chunk sizes 16 and 64 (partial last chunks and sub-chunks, a single
+step), K != V and neither a power of two (masked key and value lanes, two value blocks), two batch elements and two
+heads, an initial state, the final state returned, cotangents on both outputs.
+
+To cover a new op, add one line to OPS: a name, the op in `fla_lab.ops`' call form, and an input maker `T -> dict`.
+"""
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from fla_lab import check, device, harness
+from fla_lab.ops import chunk_gla, chunk_rwkv6, fused_recurrent_gla, fused_recurrent_rwkv6, fused_recurrent_rwkv7
+
+B, H, K, V = 2, 2, 24, 80  # K != V; V = 80 is two value blocks of 64 (the second one mostly masked)
+TS = (1, 17, 67)  # one step; a partial chunk/sub-chunk for both chunk sizes; several chunks with a 3-row tail
+
+
+def gla_inputs(T):
+    return harness.gated_inputs(B, T, H, K, V, initial_state=True, seed=T, names=("q", "k", "v", "g"))
+
+
+def gla_recurrent_inputs(T):
+    return harness.gated_inputs(B, T, H, K, V, initial_state=True, seed=T, names=("q", "k", "v", "gk"))
+
+
+def rwkv6_inputs(T):
+    return harness.gated_inputs(B, T, H, K, V, initial_state=True, bonus=True, seed=T, names=("r", "k", "v", "w"))
+
+
+def rwkv7_inputs(T):
+    return harness.rwkv7_inputs(B, T, H, K, V, initial_state=True, seed=T)
+
+
+OPS = [  # (name, op, input maker)
+    ("fused_recurrent_gla", fused_recurrent_gla, gla_recurrent_inputs),
+    ("fused_recurrent_rwkv6", fused_recurrent_rwkv6, rwkv6_inputs),
+    ("chunk_gla-c16", functools.partial(chunk_gla, chunk_size=16), gla_inputs),
+    ("chunk_gla-c64", functools.partial(chunk_gla, chunk_size=64), gla_inputs),
+    ("chunk_rwkv6-c16", functools.partial(chunk_rwkv6, chunk_size=16), rwkv6_inputs),
+    ("chunk_rwkv6-c64", functools.partial(chunk_rwkv6, chunk_size=64), rwkv6_inputs),
+    ("fused_recurrent_rwkv7", fused_recurrent_rwkv7, rwkv7_inputs),
+]
+
+
+@pytest.fixture
+def poisoned(monkeypatch):
+    """Make `torch.empty`, `torch.empty_like` and `Tensor.new_empty` return NaN-filled floating-point tensors
+    (integer and bool tensors untouched). Yields the list of tensors it poisoned (kept alive for the test, so
+    storage pointers cannot be reused)."""
+    tensors = []
+    real_empty, real_empty_like, real_new_empty = torch.empty, torch.empty_like, torch.Tensor.new_empty
+
+    def poison(t):
+        if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex()):
+            with torch.no_grad():
+                t.fill_(float("nan"))
+            tensors.append(t)
+        return t
+
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: poison(real_empty(*a, **kw)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **kw: poison(real_empty_like(*a, **kw)))
+    monkeypatch.setattr(torch.Tensor, "new_empty", lambda self, *a, **kw: poison(real_new_empty(self, *a, **kw)))
+    return tensors
+
+
+def assert_written(results: dict[str, torch.Tensor]) -> None:
+    """Every element finite: a NaN left by the poisoned allocators means an element was never stored."""
+    unwritten = {name: check.nonfinite_census(t.detach().cpu()) for name, t in results.items()}
+    unwritten = {name: str(c) for name, c in unwritten.items() if c.count}
+    assert not unwritten, f"elements never written (still NaN): {unwritten}"
+
+
+def same_storage(t: torch.Tensor, others: list[torch.Tensor]) -> bool:
+    return any(t.untyped_storage().data_ptr() == o.untyped_storage().data_ptr() for o in others)
+
+
+# ---------------------------------------------------------------------------------------- the fixture itself
+
+
+def test_fixture_poisons_floating_point_allocations_only(poisoned):
+    assert torch.isnan(torch.empty(3, 4)).all()
+    assert torch.isnan(torch.empty((2, 5), dtype=torch.bfloat16)).all()
+    assert torch.isnan(torch.empty_like(torch.zeros(6, dtype=torch.float16))).all()
+    assert torch.isnan(torch.zeros(2).new_empty(7, dtype=torch.float32)).all()
+    ints = torch.empty(4, dtype=torch.int64)
+    assert ints.dtype == torch.int64 and not same_storage(ints, poisoned)
+    assert len(poisoned) == 4
+
+
+def test_a_skipped_store_is_caught(poisoned):
+    """An op that writes all of its output but the last time step: the check must see the hole."""
+    x = torch.randn(B, 5, H, V)
+
+    def skips_last_step(x):
+        o = torch.empty_like(x)
+        o[:, :-1] = 2 * x[:, :-1]
+        return o
+
+    with pytest.raises(AssertionError, match=rf"'o': '{B * H * V}/{x.numel()} non-finite.*first at t=4"):
+        assert_written({"o": skips_last_step(x)})
+
+
+# ---------------------------------------------------------------------------------------- every op
+
+
+@pytest.mark.parametrize("T", TS)
+@pytest.mark.parametrize("name,op,make", OPS, ids=[name for name, *_ in OPS])
+def test_outputs_final_state_and_gradients_are_fully_written(poisoned, name, op, make, T):
+    x = {n: t.to(device()).requires_grad_() for n, t in make(T).items()}
+    assert "initial_state" in x
+    o, ht = op(**x, output_final_state=True)
+    # the outputs really come from the poisoned allocators (otherwise this test would check nothing)
+    assert same_storage(o, poisoned) and same_storage(ht, poisoned), f"{name}: outputs not allocated with empty"
+    gen = torch.Generator().manual_seed(T)
+    do = torch.randn(o.shape, generator=gen).to(o)
+    dht = torch.randn(ht.shape, generator=gen).to(ht)
+    torch.autograd.backward((o, ht), (do, dht))
+    missing = [n for n, t in x.items() if t.grad is None]
+    assert not missing, f"{name}: no gradient for {missing}"
+    assert_written({"o": o, "final_state": ht, **{f"d{n}": t.grad for n, t in x.items()}})
