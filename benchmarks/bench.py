@@ -17,7 +17,7 @@ import triton  # noqa: E402
 import fla_lab  # noqa: E402,F401
 from fla_lab import ops  # noqa: E402
 
-B, T, H, K, V = 8, 4096, 16, 64, 64
+B, T, H, K, V, M = 8, 4096, 16, 64, 64, 64
 DTYPE = torch.bfloat16
 
 
@@ -27,6 +27,11 @@ def gated(bonus):
     if bonus:
         x.append(torch.randn(H, K))
     return x
+
+
+def gsa():
+    return [torch.randn(B, T, H, K), torch.randn(B, T, H, K), torch.randn(B, T, H, V), torch.randn(B, T, H, M),
+            F.logsigmoid(torch.randn(B, T, H, M))]
 
 
 def rwkv7():
@@ -40,16 +45,20 @@ def cases():
         "chunk_gla": (ops.chunk_gla, gated(False), {}),
         "chunk_rwkv6": (ops.chunk_rwkv6, gated(True), {}),
         "chunk_rwkv6 bug=exclusive_reference": (ops.chunk_rwkv6, gated(True), {"bug": "exclusive_reference"}),
+        "chunk_gsa": (ops.chunk_gsa, gsa(), {}),
+        "chunk_gsa bug=unmasked_padding": (ops.chunk_gsa, gsa(), {"bug": "unmasked_padding"}),
         "fused_recurrent_rwkv6": (ops.fused_recurrent_rwkv6, gated(True), {}),
         "fused_recurrent_rwkv7": (ops.fused_recurrent_rwkv7, rwkv7(), {}),
     }
     theirs = {}
     try:
         from fla.ops.gla import chunk_gla
+        from fla.ops.gsa import chunk_gsa
         from fla.ops.rwkv6 import chunk_rwkv6, fused_recurrent_rwkv6
         from fla.ops.rwkv7 import chunk_rwkv7
         theirs = {"chunk_gla": (chunk_gla, ours["chunk_gla"][1], {}),
                   "chunk_rwkv6": (chunk_rwkv6, ours["chunk_rwkv6"][1], {}),
+                  "chunk_gsa": (chunk_gsa, ours["chunk_gsa"][1], {}),
                   "fused_recurrent_rwkv6": (fused_recurrent_rwkv6, ours["fused_recurrent_rwkv6"][1], {}),
                   "chunk_rwkv7": (chunk_rwkv7, ours["fused_recurrent_rwkv7"][1], {"scale": 1.0})}
     except ImportError as exc:
@@ -68,22 +77,33 @@ def timings(fn, inputs, kwargs):
     with torch.no_grad():
         fwd = triton.testing.do_bench(forward, warmup=50, rep=300, return_mode="median")
     fwd_bwd = triton.testing.do_bench(forward_backward, warmup=50, rep=300, grad_to_none=x, return_mode="median")
-    return fwd, fwd_bwd
+    for t in x:
+        t.grad = None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    forward_backward()
+    torch.cuda.synchronize()
+    return fwd, fwd_bwd, (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
 def main(argv):
-    """`--only a,b` keeps the ops whose name contains a or b (upstream's autotuning makes a full run long)."""
+    """`--only a,b` keeps the ops whose name contains a or b (upstream's autotuning makes a full run long);
+    `--ours` times fla_lab alone."""
     only = argv[argv.index("--only") + 1].split(",") if "--only" in argv else None
     torch.manual_seed(0)
     ours, theirs = cases()
+    if "--ours" in argv:
+        theirs = {}
     rows = []
     for lib, table in (("fla_lab", ours), ("fla 0.6.0", theirs)):
         for name, (fn, inputs, kwargs) in table.items():
             if only and not any(word in name for word in only):
                 continue
-            fwd, fwd_bwd = timings(fn, inputs, kwargs)
-            rows.append({"lib": lib, "op": name, "fwd_ms": fwd, "fwd_bwd_ms": fwd_bwd})
-            print(f"{lib:<10} {name:<38} fwd {fwd:7.3f} ms   fwd+bwd {fwd_bwd:7.3f} ms", flush=True)
+            fwd, fwd_bwd, peak = timings(fn, inputs, kwargs)
+            rows.append({"lib": lib, "op": name, "fwd_ms": fwd, "fwd_bwd_ms": fwd_bwd, "peak_MiB": peak})
+            print(f"{lib:<10} {name:<38} fwd {fwd:7.3f} ms   fwd+bwd {fwd_bwd:7.3f} ms   peak {peak:8.0f} MiB",
+                  flush=True)
     result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
               "shape": {"B": B, "T": T, "H": H, "K": K, "V": V}, "dtype": "bf16", "rows": rows}
     for folder in (os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"), os.environ.get("OUT")):
@@ -98,16 +118,17 @@ def main(argv):
 def print_ratios(rows):
     by = {(r["lib"], r["op"]): r for r in rows}
     print("\nratios (fla_lab / fla 0.6.0, medians; < 1 is faster):")
-    for op, upstream in (("chunk_gla", "chunk_gla"), ("chunk_rwkv6", "chunk_rwkv6"),
+    for op, upstream in (("chunk_gla", "chunk_gla"), ("chunk_rwkv6", "chunk_rwkv6"), ("chunk_gsa", "chunk_gsa"),
                          ("fused_recurrent_rwkv6", "fused_recurrent_rwkv6"), ("fused_recurrent_rwkv7", "chunk_rwkv7")):
         a, b = by.get(("fla_lab", op)), by.get(("fla 0.6.0", upstream))
         if a and b:
             print(f"  {op:<24} vs {upstream:<22} fwd {a['fwd_ms'] / b['fwd_ms']:5.2f}x   "
-                  f"fwd+bwd {a['fwd_bwd_ms'] / b['fwd_bwd_ms']:5.2f}x")
-    fixed, buggy = by.get(("fla_lab", "chunk_rwkv6")), by.get(("fla_lab", "chunk_rwkv6 bug=exclusive_reference"))
-    if fixed and buggy:
-        print(f"  chunk_rwkv6 fixed / buggy: fwd {fixed['fwd_ms'] / buggy['fwd_ms']:5.3f}x   "
-              f"fwd+bwd {fixed['fwd_bwd_ms'] / buggy['fwd_bwd_ms']:5.3f}x")
+                  f"fwd+bwd {a['fwd_bwd_ms'] / b['fwd_bwd_ms']:5.2f}x   peak memory {a['peak_MiB'] / b['peak_MiB']:5.2f}x")
+    for op, bug in (("chunk_rwkv6", "exclusive_reference"), ("chunk_gsa", "unmasked_padding")):
+        fixed, buggy = by.get(("fla_lab", op)), by.get(("fla_lab", f"{op} bug={bug}"))
+        if fixed and buggy:
+            print(f"  {op} fixed / buggy: fwd {fixed['fwd_ms'] / buggy['fwd_ms']:5.3f}x   "
+                  f"fwd+bwd {fixed['fwd_bwd_ms'] / buggy['fwd_bwd_ms']:5.3f}x")
 
 
 if __name__ == "__main__":

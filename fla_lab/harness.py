@@ -57,6 +57,25 @@ def rwkv7_inputs(B, T, H, K, V, *, decay=None, initial_state=True, seed=0) -> di
     return x
 
 
+def gsa_inputs(B, T, H, K, V, M, *, decay=1.0, initial_state=True, seed=0) -> dict:
+    """GSA inputs in float32 on the CPU: q, k, v, s (slot writes), g (slot log-forget gate, `log_decay`) and the
+    state pair `(Hk0 [B, H, K, M], Hv0 [B, H, M, V])`."""
+    gen = torch.Generator().manual_seed(seed)
+    x = {"q": torch.randn(B, T, H, K, generator=gen), "k": torch.randn(B, T, H, K, generator=gen),
+         "v": torch.randn(B, T, H, V, generator=gen), "s": torch.randn(B, T, H, M, generator=gen),
+         "g": log_decay((B, T, H, M), decay, gen)}
+    if initial_state:
+        x["initial_state"] = (torch.randn(B, H, K, M, generator=gen), torch.randn(B, H, M, V, generator=gen))
+    return x
+
+
+def _named(name: str, x) -> dict:
+    """A tensor, or a tuple of them (GSA's state pair) as `name[0]`, `name[1]`."""
+    if isinstance(x, (tuple, list)):
+        return {f"{name}[{i}]": t for i, t in enumerate(x)}
+    return {name: x}
+
+
 @dataclass
 class Comparison:
     errors: dict[str, float]
@@ -70,7 +89,7 @@ class Comparison:
     def failures(self) -> dict[str, float]:
         tol = self.tolerance
         return {n: e for n, e in self.errors.items()
-                if not e <= (tol.fwd if n in ("o", "ht") else tol.grad)}
+                if not e <= (tol.fwd if n == "o" or n.startswith("ht") else tol.grad)}
 
     @property
     def ok(self) -> bool:
@@ -88,19 +107,30 @@ def compare(op, reference, inputs: dict[str, torch.Tensor], *, dtype=torch.float
     float32 as upstream's kernels expect. Keyword `kwargs` go to both (e.g. `scale`).
     """
     dev = runtime.device()
-    # clone: `.to()` is a no-op for fp32 CPU tensors, and gradients must not accumulate in the caller's inputs
-    ours = {n: (x if n == "initial_state" else x.to(dtype)).to(dev).detach().clone().requires_grad_(grads)
+
+    def ours_of(n, x):  # initial states stay float32, as upstream's kernels expect
+        x = x if n.startswith("initial_state") else x.to(dtype)
+        # clone: `.to()` is a no-op for fp32 CPU tensors, and gradients must not accumulate in the caller's inputs
+        return x.to(dev).detach().clone().requires_grad_(grads)
+
+    ours = {n: (tuple(ours_of(n, t) for t in x) if isinstance(x, (tuple, list)) else ours_of(n, x))
             for n, x in inputs.items()}
-    theirs = {n: x.detach().to(torch.float64).cpu().requires_grad_(grads) for n, x in ours.items()}
+    as_ref = lambda x: x.detach().to(torch.float64).cpu().requires_grad_(grads)  # noqa: E731
+    theirs = {n: (tuple(map(as_ref, x)) if isinstance(x, tuple) else as_ref(x)) for n, x in ours.items()}
     o, ht = op(**ours, output_final_state=True, **kwargs)
     o_ref, ht_ref = reference(**theirs, output_final_state=True, **kwargs)
-    errors = {"o": check.rel_error(o, o_ref), "ht": check.rel_error(ht, ht_ref)}
+    states, states_ref = _named("ht", ht), _named("ht", ht_ref)
+    errors = {"o": check.rel_error(o, o_ref)}
+    errors.update({n: check.rel_error(states[n], r) for n, r in states_ref.items()})
     if grads:
         gen = torch.Generator().manual_seed(seed + 1)
         do = torch.randn(o_ref.shape, generator=gen, dtype=torch.float64)
-        dht = torch.randn(ht_ref.shape, generator=gen, dtype=torch.float64) * float(state_grad)
-        ((o * do.to(dev, o.dtype)).sum() + (ht * dht.to(dev, ht.dtype)).sum()).backward()
-        ((o_ref * do).sum() + (ht_ref * dht).sum()).backward()
-        errors.update(check.grad_errors({n: x.grad for n, x in theirs.items()},
-                                        {n: x.grad for n, x in ours.items()}))
-    return Comparison(errors, dtype, {"o": o.detach(), "ht": ht.detach(), "o_ref": o_ref.detach()})
+        dht = {n: torch.randn(r.shape, generator=gen, dtype=torch.float64) * float(state_grad)
+               for n, r in states_ref.items()}
+        ((o * do.to(dev, o.dtype)).sum() + sum((states[n] * d.to(dev, states[n].dtype)).sum()
+                                               for n, d in dht.items())).backward()
+        ((o_ref * do).sum() + sum((states_ref[n] * d).sum() for n, d in dht.items())).backward()
+        leaves = lambda xs: {m: t for n, x in xs.items() for m, t in _named(n, x).items()}  # noqa: E731
+        errors.update(check.grad_errors({n: x.grad for n, x in leaves(theirs).items()},
+                                        {n: x.grad for n, x in leaves(ours).items()}))
+    return Comparison(errors, dtype, {"o": o.detach(), "ht": ht, "o_ref": o_ref.detach()})

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from fla_lab import check, harness, reference, runtime
-from fla_lab.ops import rwkv7
+from fla_lab.ops.rwkv7 import fused_recurrent as rwkv7
 from fla_lab.ops.rwkv7 import fused_recurrent_rwkv7
 
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16

@@ -90,14 +90,14 @@ def plain_rows(A, x, y, gi, h, alpha, beta, BT, launch, *, transpose_A, to_end, 
     return out
 
 
-def decay_grad(readers, d_readers, writers, d_writers, c, BT, launch, dtype, u=None, dA=None):
-    """dg (and RWKV6's du) from the closed form in `chunk_bwd_dg_kernel`."""
+def decay_grad(readers, d_readers, writers, d_writers, c, BT, launch, dtype, u=None, dA=None, add=None):
+    """dg (and RWKV6's du) from the closed form in `chunk_bwd_dg_kernel`, plus `add` (another pass's dg)."""
     B, T, H, D = readers.shape
     dg = torch.empty(B, T, H, D, dtype=dtype, device=readers.device)
     du = _f32(readers, B, H, D) if u is not None else None
     st.chunk_bwd_dg_kernel[(grid_size(D, launch.dg_BK), B * H)](
-        readers, writers, d_readers, d_writers, u, dA, c, dg, du, T, grid_size(T, BT), H=H, K=D, BT=BT,
-        BK=launch.dg_BK, RWKV6=u is not None, USE_C=c is not None)
+        readers, writers, d_readers, d_writers, u, dA, c, add, dg, du, T, grid_size(T, BT), H=H, K=D, BT=BT,
+        BK=launch.dg_BK, RWKV6=u is not None, USE_C=c is not None, ADD=add is not None)
     return dg, du
 
 
@@ -156,8 +156,10 @@ def value_side_forward(q, k, v, gi, scale, h0, output_final_state, BT, launch):
     return o, ht, h, A
 
 
-def value_side_backward(q, k, v, gi, scale, h0, ht, h, A, o, do, dht, BT, launch, bug_unmasked_padding=False):
-    """Returns dq, dk, dv, dg (all fp32) and dh0; `o` is the pass's fp32 output, `do` its cotangent."""
+def value_side_backward(q, k, v, gi, scale, h0, ht, h, A, o, do, dht, BT, launch, bug_unmasked_padding=False,
+                        dg_add=None):
+    """Returns dq, dk, dv, dg (all fp32) and dh0; `o` is the pass's fp32 output, `do` its cotangent; `dg_add` is
+    added to dg (GSA's other pass)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     NT = grid_size(T, BT)
@@ -171,7 +173,7 @@ def value_side_backward(q, k, v, gi, scale, h0, ht, h, A, o, do, dht, BT, launch
     dq = plain_rows(dA, k, do, gi, h, 1.0, scale, BT, launch, transpose_A=False, to_end=False, transpose_h=True)
     dk = plain_rows(dA, q, v, gi, dh, 1.0, 1.0, BT, launch, transpose_A=True, to_end=True, transpose_h=True)
     c = (ht * dht).sum(-2) if dht is not None and ht is not None else None  # the final state's share, per slot
-    dg, _ = decay_grad(o, do, v, dv, c, BT, launch, torch.float32)
+    dg, _ = decay_grad(o, do, v, dv, c, BT, launch, torch.float32, add=dg_add)
     return dq, dk, dv, dg, dh0
 
 

@@ -555,8 +555,9 @@ def chunk_bwd_dv_gate_v_kernel(k, v, gi, dh, A, do, dv, scale, T, NT, H: tl.cons
 
 
 @kernel
-def chunk_bwd_dg_kernel(q, k, dq, dk, u, dA, c, dg, du, T, NT, H: tl.constexpr, K: tl.constexpr,
-                        BT: tl.constexpr, BK: tl.constexpr, RWKV6: tl.constexpr, USE_C: tl.constexpr):
+def chunk_bwd_dg_kernel(q, k, dq, dk, u, dA, c, dg_add, dg, du, T, NT, H: tl.constexpr, K: tl.constexpr,
+                        BT: tl.constexpr, BK: tl.constexpr, RWKV6: tl.constexpr, USE_C: tl.constexpr,
+                        ADD: tl.constexpr):
     """dg = reverse cumsum over the whole sequence of q * dq - k * dk, plus c = the final state's share; RWKV6's du.
 
     The loss depends on the cumulative log-decay G through exp(G_reader - G_writer), so
@@ -564,7 +565,7 @@ def chunk_bwd_dg_kernel(q, k, dq, dk, u, dA, c, dg, du, T, NT, H: tl.constexpr, 
     t on. Key side: readers q, writers k, c = rowsum(ht * dht). Value side: readers are the outputs o (every term of
     o_t carries exp(G_t)), writers v, c = colsum(ht * dht). RWKV6's bonus terms cancel in q * dq - k * dk; its
     queries read G_{t-1}, so a step's own query term (state path: dq minus the bonus u * k_t * dA[t, t]) leaves its
-    dg. One program per channel block walks the chunks backwards.
+    dg. One program per channel block walks the chunks backwards; `dg_add` (ADD) is another pass's dg to add.
     """
     i_k, i_bh = tl.program_id(0), tl.program_id(1)
     i_bh, i_b, i_h = batch_head(i_bh, H)
@@ -594,6 +595,8 @@ def chunk_bwd_dg_kernel(q, k, dq, dk, u, dA, c, dg, du, T, NT, H: tl.constexpr, 
             b_dg -= b_qdq - b_u[None, :] * b_qkd
             b_du += tl.sum(b_qkd, axis=0)
         b_acc += tl.sum(b_x, axis=0)
+        if ADD:
+            b_dg += tl.load(dg_add + p, mask=m, other=0).to(tl.float32)
         tl.store(dg + p, b_dg.to(dg.dtype.element_ty), mask=m)
     if RWKV6:
         tl.store(du + i_bh * K + o_k, b_du, mask=m_k)

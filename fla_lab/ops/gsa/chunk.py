@@ -71,33 +71,45 @@ def slot_softmax_backward(x, dp):
 
 
 class ChunkGSAFunction(torch.autograd.Function):
+    """Saves the inputs, the pre-softmax slot scores (fp32) and the slot weights; the cumulative decay, the states
+    and the score matrices of both passes are recomputed in the backward (as upstream's checkpoint_level=2), which
+    keeps the peak memory of a training step below upstream's."""
+
     @staticmethod
     @custom_fwd
     def forward(ctx, q, k, v, s, g, scale, hk0, hv0, output_final_state, chunk_size, launch, bug):
         q, k, v, s, g, hk0, hv0 = as_contiguous(q, k, v, s, g, hk0, hv0)
         gi = cp.chunk_cumsum(g, chunk_size)
-        scores, hkt, h1, A1 = cp.value_side_forward(q, k, s, gi, scale, hk0, output_final_state, chunk_size, launch)
+        scores, hkt, _, _ = cp.value_side_forward(q, k, s, gi, scale, hk0, output_final_state, chunk_size, launch)
         p = slot_softmax(scores, s.dtype)  # pass 2 reads the slot weights in the input dtype, like its keys
-        o, hvt, h2, A2 = cp.key_side_forward(p, s, v, gi, None, 1.0, hv0, output_final_state, chunk_size, launch,
-                                             v.dtype)
-        ctx.save_for_backward(q, k, v, s, g, gi, hk0, hv0, hkt, hvt, h1, A1, scores, p, h2, A2)
+        o, hvt, _, _ = cp.key_side_forward(p, s, v, gi, None, 1.0, hv0, output_final_state, chunk_size, launch,
+                                           v.dtype)
+        ctx.save_for_backward(q, k, v, s, g, hk0, hv0, hkt, hvt, scores, p)
         ctx.scale, ctx.chunk_size, ctx.launch, ctx.bug = scale, chunk_size, launch, bug
         return o, hkt, hvt
 
     @staticmethod
     @custom_bwd
     def backward(ctx, do, dhkt, dhvt):
-        q, k, v, s, g, gi, hk0, hv0, hkt, hvt, h1, A1, scores, p, h2, A2 = ctx.saved_tensors
+        q, k, v, s, g, hk0, hv0, hkt, hvt, scores, p = ctx.saved_tensors
         do, dhkt, dhvt = as_contiguous(do, dhkt, dhvt)
         BT, launch = ctx.chunk_size, ctx.launch
+        gi = cp.chunk_cumsum(g, BT)
+        h2, _ = cp.forward_states(s, v, gi, hv0, False, BT, launch, gate_v=False)
+        A2 = cp.gated_scores(p, s, gi, None, 1.0, BT, launch)
         dp, ds2, dv, dg2, _, dhv0 = cp.key_side_backward(p, s, v, gi, None, 1.0, hv0, hvt, h2, A2, do, dhvt, BT,
                                                          launch, torch.float32)
+        del h2, A2
         dscores = slot_softmax_backward(scores, dp)
-        dq, dk, ds1, dg1, dhk0 = cp.value_side_backward(q, k, s, gi, ctx.scale, hk0, hkt, h1, A1, scores, dscores,
-                                                        dhkt, BT, launch, ctx.bug)
+        del dp
+        h1, _ = cp.forward_states(k, s, gi, hk0, False, BT, launch, gate_v=True)
+        A1 = cp.plain_scores(q, k, 1.0, BT, launch)
+        dq, dk, ds1, dg, dhk0 = cp.value_side_backward(q, k, s, gi, ctx.scale, hk0, hkt, h1, A1, scores, dscores,
+                                                       dhkt, BT, launch, ctx.bug, dg_add=dg2)
+        ds1 += ds2
         cast = cp.cast
-        return (cast(dq, q), cast(dk, k), cast(dv, v), cast(ds1 + ds2, s), cast(dg1 + dg2, g), None,
-                cast(dhk0, hk0), cast(dhv0, hv0), None, None, None, None)
+        return (cast(dq, q), cast(dk, k), cast(dv, v), cast(ds1, s), cast(dg, g), None, cast(dhk0, hk0),
+                cast(dhv0, hv0), None, None, None, None)
 
 
 def additive_gates(s):
