@@ -1,13 +1,288 @@
-"""The catalogue is real: every entry points at its switch, has a reproduction test, and transposed_h0_mask
-reproduces exactly its symptom (other entries are reproduced beside their kernels and layers)."""
+"""The catalogue is real: every entry points at its switch and has a reproduction that runs.
+
+A reproduction is a pair of functions in REPRODUCTIONS, keyed by the catalogue name:
+- trigger(): runs the real op or layer with `bug=name` under the entry's trigger and asserts its symptom;
+- control(): runs the same call with `bug=None` (the fix) and asserts the fixed behaviour, and where meaningful
+  the buggy switch without the trigger, which must behave like the fix.
+A catalogue entry without a reproduction fails `test_entry_has_a_reproduction`.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import math
 import pathlib
 
 import pytest
+import torch
 
-from fla_lab import bugs, harness, reference
-from fla_lab.ops import fused_recurrent_rwkv6
+import fla_lab
+from fla_lab import bugs, check, harness, ops, reference
+from fla_lab.layers import RWKV6Attention, RWKV7Attention
+from fla_lab.ops import chunk_rwkv6, fused_recurrent_rwkv6
 
-TESTS = pathlib.Path(__file__).parent
+DEV = fla_lab.device()
+RWKV6_NAMES = ("r", "k", "v", "w")
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+@contextlib.contextmanager
+def spy_op(name: str):
+    """Wrap `fla_lab.ops.<name>` (the layers look their op up at call time) and record every call: the bound
+    arguments by parameter name, and what the op returned. The real op still runs."""
+    real = getattr(ops, name)
+    calls = []
+
+    def spy(*args, **kwargs):
+        out = real(*args, **kwargs)
+        calls.append((inspect.signature(real).bind(*args, **kwargs).arguments, out))
+        return out
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ops, name, spy)
+        yield calls
+
+
+@torch.no_grad()
+def open_output(layer: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """The official init zeroes the output projection; give it random weights (as training would), so that
+    whatever the attention computes reaches the layer's output."""
+    w = layer.o_proj.weight
+    w.copy_(torch.randn(w.shape, generator=gen(seed)) / math.sqrt(w.shape[1]))
+    return layer
+
+
+# ---------------------------------------------------------------------------------------------------------
+# uninitialized_params (RWKV7Attention, upstream #150): torch.empty parameters that the init never visits
+
+RWKV7_SMALL = dict(hidden_size=64, head_dim=32, layer_idx=0, num_hidden_layers=2)
+
+
+def _rwkv7_output(bug):
+    """#150's call at a CPU-friendly size (mode "chunk", layer 0) on the real kernel, output projection opened."""
+    layer = open_output(RWKV7Attention("chunk", bug=bug, **RWKV7_SMALL)).to(DEV)
+    with torch.no_grad():
+        return layer, layer(torch.randn(2, 16, 64, generator=gen(5)).to(DEV))[0]
+
+
+def uninitialized_params_trigger():
+    layer, out = _rwkv7_output("uninitialized_params")
+    garbage = torch.cat([getattr(layer, n).detach().flatten() for n in (*RWKV7Attention.MIX, "k_k", "k_a", "r_k")])
+    assert (~torch.isfinite(garbage)).any() or garbage.abs().max() > 1e30  # what the memory held, kept
+    assert (~torch.isfinite(out)).all(), f"expected an all-NaN output: {check.nonfinite_census(out)}"
+
+
+def uninitialized_params_control():
+    layer, out = _rwkv7_output(None)
+    assert all(torch.isfinite(p).all() for p in layer.parameters())
+    assert torch.isfinite(out).all() and out.abs().sum() > 0, check.nonfinite_census(out)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# sigmoid_decay (RWKV6Attention, upstream #11): a decay in (0, 1) passed where the kernel expects its log
+
+
+def _rwkv6_sigmoid_run(bug):
+    """RWKV6Attention at its official init on the real fused recurrent kernel, T = 360 (at init sigmoid(w_raw) is
+    at most ~0.27, so the state needs a few hundred steps to pass fp32's range). Returns the layer output, the
+    kernel's inputs and output, and the kernel's input gradients under a random cotangent on its output."""
+    T, C = 360, 16
+    torch.manual_seed(0)  # the official init draws a few matrices uniformly
+    layer = RWKV6Attention("fused_recurrent", hidden_size=C, num_heads=1, expand_k=1.0, layer_idx=0,
+                           num_hidden_layers=2, bug=bug).to(DEV)
+    with spy_op("fused_recurrent_rwkv6") as calls:
+        out = layer(torch.randn(1, T, C, generator=gen(10)).to(DEV))[0]
+    (args, (o, _)), = calls
+    do = torch.randn(o.shape, generator=gen(1)).to(o)
+    grads = dict(zip("rkvwu", torch.autograd.grad(o, [args[n] for n in ("r", "k", "v", "w", "u")], do)))
+    return out.detach(), args, o.detach(), grads
+
+
+def sigmoid_decay_trigger():
+    out, args, o, grads = _rwkv6_sigmoid_run("sigmoid_decay")
+    assert (args["w"] > 0).all()  # the kernel received a positive "log-decay": every step grows the state
+    assert not torch.isfinite(out).all() and not torch.isfinite(o).all()
+    for name in "rkvw":
+        assert not torch.isfinite(grads[name]).all(), f"d{name} stayed finite"
+    assert torch.isfinite(grads["u"]).all(), check.nonfinite_census(grads["u"])  # du: the bonus path only
+
+
+def sigmoid_decay_control():
+    out, args, o, grads = _rwkv6_sigmoid_run(None)
+    assert (args["w"] <= 0).all()
+    assert torch.isfinite(out).all() and torch.isfinite(o).all()
+    assert all(torch.isfinite(g).all() for g in grads.values())
+
+
+# ---------------------------------------------------------------------------------------------------------
+# exclusive_reference (chunk_rwkv6, upstream #77): the inclusive reference row of the sub-chunk factorisation
+
+
+def _chunk_rwkv6_run(decay, bug, T=80, chunk_size=32):
+    """harness.compare of chunk_rwkv6 against the float64 reference; also the kernel's output and dq."""
+    x = harness.gated_inputs(1, T, 2, 32, 16, decay=decay, initial_state=True, bonus=True, seed=7,
+                             names=RWKV6_NAMES)
+    op = functools.partial(chunk_rwkv6, chunk_size=chunk_size, bug=bug)
+    leaves = {}
+
+    def capture(**kw):  # keep the leaf r, whose .grad is dq once harness.compare has run backward
+        leaves["r"] = kw["r"]
+        return op(**kw)
+
+    result = harness.compare(capture, reference.recurrent_rwkv6, x)
+    return result, result.outputs["o"], leaves["r"].grad
+
+
+STRONG_DECAYS = (100.0, 1e4)  # per-step log-decay -m * U(0.05, 1): beyond -90 on some rows for both
+
+
+def exclusive_reference_trigger():
+    for decay in STRONG_DECAYS:
+        result, o, dq = _chunk_rwkv6_run(decay, "exclusive_reference")
+        o_census, dq_census = check.nonfinite_census(o), check.nonfinite_census(dq)
+        assert o_census.count > 0 and dq_census.count > 0, f"decay {decay}: o {o_census}, dq {dq_census}"
+        # the first NaN is on the first row of a query sub-chunk past the first of its chunk (16-row sub-chunks)
+        assert o_census.first["t"] % 16 == 0 and o_census.first["t"] % 32 != 0, o_census
+        # the state between chunks and the key path do not use the reference row
+        assert result.errors["ht"] <= result.tolerance.fwd and result.errors["k"] <= result.tolerance.grad, result
+
+
+def exclusive_reference_control():
+    for decay in STRONG_DECAYS:
+        result, o, dq = _chunk_rwkv6_run(decay, None)
+        assert check.nonfinite_census(o).count == 0 and check.nonfinite_census(dq).count == 0
+        assert result.ok, f"decay {decay}: {result.failures()} | {result}"
+    # the buggy switch without the trigger (weak decay): accurate, and the same as the fix
+    buggy, o_buggy, dq_buggy = _chunk_rwkv6_run(1.0, "exclusive_reference")
+    fixed, o_fixed, dq_fixed = _chunk_rwkv6_run(1.0, None)
+    assert buggy.ok and fixed.ok, f"{buggy.failures()} | {buggy}"
+    tol = check.tolerance(torch.float32)
+    check.assert_close("o", o_buggy, o_fixed, tol.fwd)
+    check.assert_close("dq", dq_buggy, dq_fixed, tol.grad)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# transposed_h0_mask (fused_recurrent_rwkv6, upstream #18): a [BK, BV] mask on [BV, BK] initial-state pointers
+
+
+def _rwkv6_backward(bug, tiles, h0=True, K=32, V=64):
+    x = harness.gated_inputs(1, 8, 1, K, V, initial_state=h0, bonus=True, names=RWKV6_NAMES)
+    return harness.compare(lambda **kw: fused_recurrent_rwkv6(**kw, bug=bug, dq_tiles=tiles),
+                           reference.recurrent_rwkv6, x)
+
+
+def transposed_h0_mask_trigger():
+    with pytest.raises(Exception, match=r"(64 and 16|16 and 64|\[16, 64\]|\[64, 16\])"):
+        _rwkv6_backward("transposed_h0_mask", (16, 64))
+
+
+def transposed_h0_mask_control():
+    fixed = _rwkv6_backward(None, (16, 64))
+    assert fixed.ok and fixed.errors["initial_state"] < 1e-6, fixed
+    # the buggy switch without the trigger: no initial state, or square tiles that K and V fill exactly
+    assert _rwkv6_backward("transposed_h0_mask", (16, 64), h0=False).ok
+    assert _rwkv6_backward("transposed_h0_mask", (32, 32), K=32, V=64).ok
+
+
+# ---------------------------------------------------------------------------------------------------------
+# bf16_decay (RWKV7Attention, upstream #181): the decay sigmoid rounded to bf16
+
+
+def _rwkv7_decay_layers(dtype):
+    """(fixed, buggy) RWKV7Attention in `dtype` with the same weights: the official init, output opened."""
+    fixed = open_output(RWKV7Attention("fused_recurrent", **RWKV7_SMALL))
+    buggy = RWKV7Attention("fused_recurrent", bug="bf16_decay", **RWKV7_SMALL)
+    buggy.load_state_dict(fixed.state_dict())
+    return fixed.to(DEV, dtype), buggy.to(DEV, dtype)
+
+
+def _rwkv7_decay_run(layer, T=16):
+    """The layer output and the log-decay `w` the real kernel receives, with the exact value of that decay:
+    -e^-0.5 * sigmoid(LoRA output) in float64. At the official init the decay LoRA's down-projection is zero, so
+    its output is the bias w0 (as the layer holds it, rounded to its dtype) at every token."""
+    x = torch.randn(1, T, layer.hidden_size, generator=gen(6)).to(DEV, layer.o_proj.weight.dtype)
+    with spy_op("fused_recurrent_rwkv7") as calls, torch.no_grad():
+        out = layer(x)[0]
+    (args, _), = calls
+    w0 = layer.w_lora.lora[2].bias.detach().double().view(layer.num_heads, layer.head_dim)
+    return out, args["w"], (-math.exp(-0.5) * torch.sigmoid(w0)).expand_as(args["w"])
+
+
+def bf16_decay_trigger():
+    # On the CPU there is no autocast: a bf16 layer gives the decay LoRA output in bf16, as CUDA autocast does
+    # for its Linear layers, and the buggy path keeps the sigmoid in that dtype.
+    fixed, buggy = _rwkv7_decay_layers(torch.bfloat16)
+    out, w, exact = _rwkv7_decay_run(buggy)
+    assert w.dtype == torch.bfloat16
+    err = w.double() - exact
+    # at most two bf16 roundings (the sigmoid, the product), unit roundoff 2^-8 each, and not zero
+    assert (err.abs() <= 2 * 2.0 ** -8 * exact.abs()).all()
+    assert err.abs().max() > 1e-4
+    # a bias, not noise: the same error at every step, so the log of the cumulative decay is off by T times it
+    assert torch.equal(err, err[:, :1].expand_as(err))
+    T = w.shape[1]
+    torch.testing.assert_close(err.sum(1), T * err[:, 0], rtol=1e-12, atol=0)
+    # and it reaches the layer output (same weights, same input, only the decay's rounding differs)
+    out_fixed, _, _ = _rwkv7_decay_run(fixed)
+    assert not torch.equal(out, out_fixed)
+
+
+def bf16_decay_control():
+    fixed, _ = _rwkv7_decay_layers(torch.bfloat16)
+    out, w, exact = _rwkv7_decay_run(fixed)
+    assert w.dtype == torch.float32 and torch.isfinite(out).all()
+    assert (w.double() - exact).abs().max() < 1e-7  # the fp32 sigmoid of the same bf16 LoRA output
+    assert ((w <= 0) & (w > -math.exp(-0.5))).all()  # RWKV-7's range
+    # the buggy switch without the trigger (an fp32 layer): the same decay and output as the fix
+    fixed32, buggy32 = _rwkv7_decay_layers(torch.float32)
+    (out_f, w_f, _), (out_b, w_b, _) = _rwkv7_decay_run(fixed32), _rwkv7_decay_run(buggy32)
+    assert w_b.dtype == torch.float32 and torch.equal(w_b, w_f) and torch.equal(out_b, out_f)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# One entry per catalogue name: (trigger, control).
+
+REPRODUCTIONS = {
+    "uninitialized_params": (uninitialized_params_trigger, uninitialized_params_control),
+    "sigmoid_decay": (sigmoid_decay_trigger, sigmoid_decay_control),
+    "exclusive_reference": (exclusive_reference_trigger, exclusive_reference_control),
+    "transposed_h0_mask": (transposed_h0_mask_trigger, transposed_h0_mask_control),
+    "bf16_decay": (bf16_decay_trigger, bf16_decay_control),
+    # "unmasked_padding" (chunk_gsa): its (trigger, control) goes here.
+}
+
+CATALOGUE_NAMES = [bug.name for bug in bugs.CATALOGUE]
+
+
+@pytest.mark.parametrize("name", CATALOGUE_NAMES)
+def test_entry_has_a_reproduction(name):
+    assert name in REPRODUCTIONS, f"catalogue entry {name!r} has no reproduction: add (trigger, control) to " \
+                                  "REPRODUCTIONS in tests/test_bugs.py"
+
+
+def test_every_reproduction_is_a_catalogue_entry():
+    assert set(REPRODUCTIONS) <= set(CATALOGUE_NAMES)
+
+
+@pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")  # the interpreter's numpy overflowing
+@pytest.mark.parametrize("name", REPRODUCTIONS)
+def test_trigger_shows_the_symptom(name):
+    trigger, _ = REPRODUCTIONS[name]
+    trigger()
+
+
+@pytest.mark.parametrize("name", REPRODUCTIONS)
+def test_control_is_fixed(name):
+    _, control = REPRODUCTIONS[name]
+    control()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The catalogue's other claims
 
 
 @pytest.mark.parametrize("bug", bugs.CATALOGUE, ids=lambda b: b.name)
@@ -15,38 +290,11 @@ def test_entry_points_at_its_switch(bug):
     where = bugs.locate(bug.name)
     path, line = where.rsplit(":", 1)
     text = (pathlib.Path(bugs.__file__).parent.parent / path).read_text().splitlines()[int(line) - 1]
-    assert bug.anchor[1] in text
+    assert bug.anchor[1] in text and not text.lstrip().startswith("#")  # the switch itself, not a comment
     assert bug.issue > 0 and bug.fix and bug.trigger and bug.symptom
 
 
-@pytest.mark.parametrize("bug", bugs.CATALOGUE, ids=lambda b: b.name)
-def test_entry_has_a_reproduction_test(bug):
-    test_files = [p for p in TESTS.rglob("test_*.py") if p.name != "test_bugs.py"]
-    assert any(f'"{bug.name}"' in p.read_text() for p in test_files) or bug.name == "transposed_h0_mask"
-
-
 def test_unknown_bug_name_is_rejected():
-    x = harness.gated_inputs(1, 4, 1, 16, 16, bonus=True, names=("r", "k", "v", "w"))
+    x = harness.gated_inputs(1, 4, 1, 16, 16, bonus=True, names=RWKV6_NAMES)
     with pytest.raises(ValueError, match="unknown bug='nope'.*transposed_h0_mask"):
         fused_recurrent_rwkv6(**x, bug="nope")
-
-
-def _backward(bug, tiles, h0=True, K=32, V=64):
-    x = harness.gated_inputs(1, 8, 1, K, V, initial_state=h0, bonus=True, names=("r", "k", "v", "w"))
-    return harness.compare(lambda **kw: fused_recurrent_rwkv6(**kw, bug=bug, dq_tiles=tiles),
-                           reference.recurrent_rwkv6, x)
-
-
-def test_transposed_h0_mask_breaks_non_square_tiles_with_an_initial_state():
-    with pytest.raises(Exception, match=r"(64 and 16|16 and 64|\[16, 64\]|\[64, 16\])"):
-        _backward("transposed_h0_mask", (16, 64))
-
-
-def test_transposed_h0_mask_is_silent_without_initial_state_or_with_full_square_tiles():
-    assert _backward("transposed_h0_mask", (16, 64), h0=False).ok
-    assert _backward("transposed_h0_mask", (32, 32), K=32, V=64).ok  # square tiles that K and V fill exactly
-
-
-def test_fixed_path_returns_the_right_dh0():
-    result = _backward(None, (16, 64))
-    assert result.ok and result.errors["initial_state"] < 1e-6

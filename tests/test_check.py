@@ -49,10 +49,15 @@ def test_census_locates_the_earliest_time_step():
 
 
 def test_tolerances_cover_the_kernel_dtypes_only():
-    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+    kernel_dtypes = (torch.float32, torch.float16, torch.bfloat16)
+    assert set(check.TOLERANCES) == set(kernel_dtypes)
+    for dtype in kernel_dtypes:
         tol = check.tolerance(dtype)
-        assert 0 < tol.fwd <= tol.grad or dtype != torch.float32
-    assert check.tolerance(torch.float32).grad < check.tolerance(torch.float16).grad < check.tolerance(torch.bfloat16).grad
+        assert 0 < tol.fwd <= tol.grad, (dtype, tol)
+        # every stored output is rounded to the dtype: a tolerance below its unit roundoff could never pass
+        assert tol.fwd >= torch.finfo(dtype).eps / 2, (dtype, tol)
+    f32, f16, bf16 = (check.tolerance(d) for d in kernel_dtypes)
+    assert f32.fwd < f16.fwd < bf16.fwd and f32.grad < f16.grad < bf16.grad
     with pytest.raises(ValueError):
         check.tolerance(torch.float64)
 

@@ -1,6 +1,6 @@
 """Chunked GLA and RWKV6 kernels against the float64 references: output, final state and every gradient.
 
-Also bug #77 (`bug="exclusive_reference"`): NaN at strong decay, no symptom at weak decay, GLA unaffected.
+Bug #77 (`bug="exclusive_reference"`) is reproduced in test_bugs.py; here only: GLA has no switch and no NaN.
 """
 import functools
 
@@ -87,50 +87,7 @@ def test_chunk_agrees_with_fused_recurrent():
         check.assert_close(f"{chunked.__name__} ht", h1, h2, tol)
 
 
-# ---- bug #77: the inclusive reference row of RWKV6's sub-chunk factorisation
-
-def _rwkv6_run(decay, bug, T=80, chunk_size=32):
-    """Output, dq and the errors of one RWKV6 call; inputs on the CPU, moved by harness.compare."""
-    x = harness.gated_inputs(1, T, 2, 32, 16, decay=decay, initial_state=True, bonus=True, seed=7,
-                             names=RWKV6_NAMES)
-    op = functools.partial(chunk_rwkv6, chunk_size=chunk_size, bug=bug)
-    grads = {}
-
-    def capture(**kw):  # keep the leaf r, whose .grad is dq once harness.compare has run backward
-        grads["r"] = kw["r"]
-        return op(**kw)
-
-    result = harness.compare(capture, reference.recurrent_rwkv6, x)
-    return result, result.outputs["o"], grads["r"].grad
-
-
-@pytest.mark.parametrize("decay", [100.0, 1e4])
-def test_exclusive_reference_bug_gives_nan_in_output_and_dq(decay):
-    result, o, dq = _rwkv6_run(decay, "exclusive_reference")
-    o_census, dq_census = check.nonfinite_census(o), check.nonfinite_census(dq)
-    assert o_census.count > 0, f"o: {o_census}"
-    assert dq_census.count > 0, f"dq: {dq_census}"
-    # the first NaN is on the first row of a query sub-chunk past the first one (16-row sub-chunks)
-    assert o_census.first["t"] % 16 == 0 and o_census.first["t"] % 32 != 0, o_census
-    # the key path and the state between chunks do not use the reference row
-    assert result.errors["ht"] <= result.tolerance.fwd and result.errors["k"] <= result.tolerance.grad, result
-
-
-@pytest.mark.parametrize("decay", [100.0, 1e4])
-def test_fixed_reference_is_finite_and_accurate_at_strong_decay(decay):
-    result, o, dq = _rwkv6_run(decay, None)
-    assert check.nonfinite_census(o).count == 0 and check.nonfinite_census(dq).count == 0
-    assert result.ok, f"{result.failures()} | {result}"
-
-
-def test_exclusive_reference_bug_has_no_symptom_at_weak_decay():
-    buggy, o_buggy, dq_buggy = _rwkv6_run(1.0, "exclusive_reference")
-    fixed, o_fixed, dq_fixed = _rwkv6_run(1.0, None)
-    assert buggy.ok, f"{buggy.failures()} | {buggy}"
-    tol = check.tolerance(FP32)
-    check.assert_close("o", o_buggy, o_fixed, tol.fwd)
-    check.assert_close("dq", dq_buggy, dq_fixed, tol.grad)
-
+# ---- bug #77 (`bug="exclusive_reference"`) is reproduced in test_bugs.py; GLA has no such switch
 
 def test_gla_has_no_bug_switch_and_no_nan_at_strong_decay():
     x = harness.gated_inputs(1, 80, 2, 32, 16, decay=1e4, initial_state=True, names=GLA_NAMES)

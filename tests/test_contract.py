@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import fla_lab
 from fla_lab import harness, ops
-from fla_lab.ops import contract
+from fla_lab.ops import chunk_gla, chunk_rwkv6, contract, fused_recurrent_rwkv7
 
 GATED_OPS = {
     "fused_recurrent_gla": (lambda: ops.fused_recurrent_gla, ("q", "k", "v", "gk"), False),
@@ -299,22 +299,10 @@ def test_valid_inputs_pass_through_the_ops():
         assert torch.isfinite(o).all() and ht.shape == (1, 2, 16, 16)
 
 
-# ------------------------------------------------------------------------------------------- every op present
+# ------------------------------------------------------------------------------------------- every op checks
 
-def op_or_skip(name):
-    if not hasattr(ops, name):
-        try:
-            import importlib
-            family = name.split("_")[-1]
-            return getattr(importlib.import_module(f"fla_lab.ops.{family}"), name)
-        except (ImportError, AttributeError):
-            pytest.skip(f"fla_lab.ops.{name} is not written yet")
-    return getattr(ops, name)
-
-
-@pytest.mark.parametrize("name", ["chunk_gla", "chunk_rwkv6"])
-def test_chunk_ops_check_before_running(name):
-    op = op_or_skip(name)
+@pytest.mark.parametrize("name,op", [("chunk_gla", chunk_gla), ("chunk_rwkv6", chunk_rwkv6)])
+def test_chunk_ops_check_before_running(name, op):
     base = name.replace("chunk", "fused_recurrent")
     _, args, names = gated(base)
     with pytest.raises(TypeError, match="head_first"):
@@ -325,7 +313,7 @@ def test_chunk_ops_check_before_running(name):
 
 
 def test_fused_recurrent_rwkv7_checks_its_inputs():
-    op = op_or_skip("fused_recurrent_rwkv7")
+    op = fused_recurrent_rwkv7
     x = dict(zip("rwkvab", on_kernel_device(rwkv7_inputs().values())))
     contract.set_value_checks(True)  # the value checks under test are off by default on a GPU
     with pytest.raises(TypeError, match="head_first"):

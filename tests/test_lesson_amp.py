@@ -28,22 +28,37 @@ def test_log_decays_follow_the_layer_switch(monkeypatch):
     assert calls == ["bf16_decay", None]
 
 
-def test_rounding_stats_match_the_dossier_and_vanish_in_fp32():
+def _log_decays_by_hand(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Independent of the package: -e^-0.5 * sigmoid in `dtype`, and the fp32 sigmoid of the same rounded input."""
+    xd = x.to(dtype)
+    return (-math.exp(-0.5) * torch.sigmoid(xd)).double(), (-math.exp(-0.5) * torch.sigmoid(xd.float())).double()
+
+
+def test_rounding_stats_are_recomputed_and_vanish_in_fp32():
     stats = amp.rounding_stats()
-    assert stats["max_abs"] == pytest.approx(2.98e-3, rel=0.01)  # dossier, bug 4
-    assert stats["mean_abs"] == pytest.approx(3.8e-4, rel=0.03)
-    assert stats["max_rel"] == pytest.approx(6.9e-3, rel=0.02)
-    # two roundings of at most half a bf16 ulp (2^-8 relative) each
-    assert stats["max_rel"] <= 2 * 2.0 ** -8 * 1.01
+    low, fixed = _log_decays_by_hand(amp.lora_grid(), torch.bfloat16)  # the same grid, computed here
+    err = (low - fixed).abs()
+    assert stats["max_abs"] == pytest.approx(float(err.max()), rel=1e-12)
+    assert stats["mean_abs"] == pytest.approx(float(err.mean()), rel=1e-12)
+    assert stats["max_rel"] == pytest.approx(float((err / fixed.abs()).max()), rel=1e-12)
+    # closed-form bounds: two roundings (the sigmoid, the product) of at most half a bf16 ulp, i.e. the unit
+    # roundoff 2^-8 relative, each; |w| < e^-0.5 bounds the absolute error
+    assert 0 < stats["max_rel"] <= 2 * 2.0 ** -8 * 1.01
+    assert 0 < stats["max_abs"] <= 2 * 2.0 ** -8 * math.exp(-0.5) * 1.01
     assert amp.rounding_stats(dtype=torch.float32)["max_abs"] == 0.0
     assert amp.rounding_stats(dtype=torch.float16)["max_abs"] < stats["max_abs"] / 4
 
 
-@pytest.mark.parametrize("x, T, expected", [(-8.0, 4096, 0.11e-2), (-6.0, 4096, -1.33e-2), (-4.0, 1024, 4.7e-2)])
-def test_cumulative_decay_error_matches_the_dossier(x, T, expected):
+@pytest.mark.parametrize("x, T", [(-8.0, 4096), (-6.0, 4096), (-4.0, 1024)])
+def test_cumulative_decay_error_is_the_compounded_per_step_bias(x, T):
     rel, decay = amp.cumulative_decay(x, T)
-    assert float(rel) == pytest.approx(expected, rel=0.03)
-    assert math.copysign(1, float(rel)) == math.copysign(1, amp.per_step_bias(x))
+    # closed form: the same per-step error b = w_bf16 - w_fp32 at every step, so exp(T w_bf16) / exp(T w_fp32) - 1
+    # = expm1(T b), with b computed here from torch's own bf16 and fp32 sigmoids
+    low, fixed = _log_decays_by_hand(torch.tensor([x]), torch.bfloat16)
+    bias = float(low - fixed)
+    assert bias != 0 and amp.per_step_bias(x) == pytest.approx(bias, rel=1e-12)
+    assert float(rel) == pytest.approx(math.expm1(T * bias), rel=1e-9)
+    assert math.copysign(1, float(rel)) == math.copysign(1, bias)
     # direct: the product of T equal bf16 and fp32 decays
     low, fixed = amp.log_decays(torch.tensor([x]))
     assert float(rel) == pytest.approx(math.exp(T * float(low)) / math.exp(T * float(fixed)) - 1, rel=1e-9)

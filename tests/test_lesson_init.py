@@ -8,7 +8,8 @@ import torch
 from fla_lab.layers import init as official
 from fla_lab.lessons import init as lesson
 
-# Dossier, bug 1: the tensors upstream created with torch.empty (x_x is [6, C]: x_r, x_w, x_k, x_v, x_a, x_g).
+# The tensors upstream created with torch.empty, as the catalogue entry "uninitialized_params" names them
+# (x_x, k_k, k_a, r_k; x_x is [6, C]: x_r, x_w, x_k, x_v, x_a, x_g).
 EMPTY_UPSTREAM = {"x_r", "x_w", "x_k", "x_v", "x_a", "x_g", "k_k", "k_a", "r_k"}
 
 
@@ -88,7 +89,11 @@ def test_half_life_and_decay():
     w0 = torch.tensor([-8.0, 0.0, 3.0])
     hl = lesson.half_life(w0)
     assert torch.allclose(lesson.decay_per_step(w0) ** hl, torch.full((3,), 0.5, dtype=torch.float64))
-    assert 3300 < hl[0] < 3500  # dossier: w0 starts at -8, the slowest channel
+    # closed form at w0 = -8: ln 2 / (e^-0.5 * sigmoid(-8)) = ln 2 * e^0.5 * (1 + e^8), about 3408 steps
+    assert float(hl[0]) == pytest.approx(math.log(2) * math.exp(0.5) * (1 + math.exp(8)), rel=1e-9)
+    # and -8 is where the official init starts: its slowest channel, w0[0] = -6 + 0.5 - 2.5 (zigzag = -1)
+    w0_official = official.rwkv7_vectors(64, 64, 0, lesson.DEPTH)["w0"]
+    assert float(w0_official[0]) == -8.0 and float(w0_official.min()) == -8.0
     assert (lesson.decay_per_step(w0) > math.exp(-math.exp(-0.5))).all()  # official range (0.545, 1)
 
 

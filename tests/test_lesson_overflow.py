@@ -6,9 +6,11 @@ import math
 import pytest
 import torch
 
+from fla_lab import harness
 from fla_lab.lessons import overflow
 
 BUG = overflow.BUG
+EXP_MAX = math.log(torch.finfo(torch.float32).max)  # 88.72: exp() of anything larger is inf in fp32
 
 
 @pytest.mark.parametrize("chunk_size", [32, 64])
@@ -59,7 +61,11 @@ def test_exponents_sign(g):
 @pytest.mark.parametrize("chunk_size", [32, 64])
 def test_threshold_is_88_72_over_the_largest_first_row_decay(chunk_size):
     m = overflow.predicted_threshold(chunk_size)
-    assert 88.72 < m < 88.72 / 0.05
+    # recomputed here: w = -m * U with U ~ U(0.05, 1) drawn by harness.gated_inputs (B = H = 1, T = 128, K = 16);
+    # the bug's query factor exp(|w|) on a sub-chunk's first row overflows once m * U > EXP_MAX there
+    U = -harness.gated_inputs(1, 128, 1, 16, 16, decay=1.0, bonus=True, names=("r", "k", "v", "w"))["w"][0, :, 0]
+    assert m == pytest.approx(EXP_MAX / float(U[overflow.sub_chunk_starts(128, chunk_size)].max()), rel=1e-6)
+    assert EXP_MAX < m < EXP_MAX / 0.05
     assert overflow.forward_finite(m * (1 - 1e-4), chunk_size)
     assert not overflow.forward_finite(m * (1 + 1e-4), chunk_size)
     assert overflow.forward_finite(1e4, chunk_size, bug=None)

@@ -8,9 +8,10 @@ through any kernel that reads an unwritten element of an intermediate buffer.
 
 Shapes are ragged on purpose: odd T against chunk sizes 16 and 64 (partial last chunks and sub-chunks, a single
 step), K != V and neither a power of two (masked key and value lanes, two value blocks), two batch elements and two
-heads, an initial state, the final state returned, cotangents on both outputs.
+heads at the short lengths, an initial state, the final state returned, cotangents on the output and final state.
 
-To cover a new op, add one line to OPS: a name, the op in `fla_lab.ops`' call form, and an input maker `(B, T, H) -> dict`.
+To cover a new op, add one line to OPS: a name, the op in `fla_lab.ops`' call form, and an input maker
+`(B, T, H) -> dict`.
 """
 from __future__ import annotations
 
@@ -20,9 +21,11 @@ import pytest
 import torch
 
 from fla_lab import check, device, harness
-from fla_lab.ops import chunk_gla, chunk_rwkv6, fused_recurrent_gla, fused_recurrent_rwkv6, fused_recurrent_rwkv7
+from fla_lab.ops import (chunk_gla, chunk_gsa, chunk_rwkv6, fused_recurrent_gla, fused_recurrent_rwkv6,
+                         fused_recurrent_rwkv7)
 
 K, V = 24, 80  # K != V, neither a power of two; V = 80 is two value blocks of 64, the second mostly masked
+M = 20  # GSA's slots: neither K, V nor a power of two
 SHAPES = [  # (B, T, H)
     (2, 1, 2),    # a single step: one partial sub-chunk; two batch elements and heads (their offsets)
     (2, 17, 2),   # one full sub-chunk and a 1-row tail: a partial chunk for chunk size 16 and for 64
@@ -46,6 +49,10 @@ def rwkv7_inputs(B, T, H):
     return harness.rwkv7_inputs(B, T, H, K, V, initial_state=True, seed=T)
 
 
+def gsa_inputs(B, T, H):
+    return harness.gsa_inputs(B, T, H, K, V, M, initial_state=True, seed=T)
+
+
 OPS = [  # (name, op in fla_lab.ops' call form, input maker (B, T, H) -> dict of float32 CPU tensors)
     ("fused_recurrent_gla", fused_recurrent_gla, gla_recurrent_inputs),
     ("fused_recurrent_rwkv6", fused_recurrent_rwkv6, rwkv6_inputs),
@@ -54,13 +61,15 @@ OPS = [  # (name, op in fla_lab.ops' call form, input maker (B, T, H) -> dict of
     ("chunk_rwkv6-c16", functools.partial(chunk_rwkv6, chunk_size=16), rwkv6_inputs),
     ("chunk_rwkv6-c64", functools.partial(chunk_rwkv6, chunk_size=64), rwkv6_inputs),
     ("fused_recurrent_rwkv7", fused_recurrent_rwkv7, rwkv7_inputs),
+    ("chunk_gsa-c16", functools.partial(chunk_gsa, chunk_size=16), gsa_inputs),
+    ("chunk_gsa-c64", functools.partial(chunk_gsa, chunk_size=64), gsa_inputs),
 ]
 
 
 @pytest.fixture
 def poisoned(monkeypatch):
     """Make `torch.empty`, `torch.empty_like` and `Tensor.new_empty` return NaN-filled floating-point tensors
-    (integer and bool tensors untouched). Yields the list of tensors it poisoned (kept alive for the test, so
+    (integer and bool tensors untouched). Returns the list of tensors it poisoned (kept alive for the test, so
     storage pointers cannot be reused)."""
     tensors = []
     real_empty, real_empty_like, real_new_empty = torch.empty, torch.empty_like, torch.Tensor.new_empty
@@ -83,6 +92,13 @@ def assert_written(results: dict[str, torch.Tensor]) -> None:
     unwritten = {name: check.nonfinite_census(t.detach().cpu()) for name, t in results.items()}
     unwritten = {name: str(c) for name, c in unwritten.items() if c.count}
     assert not unwritten, f"elements never written (still NaN): {unwritten}"
+
+
+def leaves(name: str, x) -> dict[str, torch.Tensor]:
+    """A tensor, or a tuple of them (GSA's state pair) as `name[0]`, `name[1]`."""
+    if isinstance(x, (tuple, list)):
+        return {f"{name}[{i}]": t for i, t in enumerate(x)}
+    return {name: x}
 
 
 def same_storage(t: torch.Tensor, others: list[torch.Tensor]) -> bool:
@@ -123,15 +139,18 @@ def test_a_skipped_store_is_caught(poisoned):
 @pytest.mark.parametrize("B,T,H", SHAPES, ids=[f"B{B}-T{T}-H{H}" for B, T, H in SHAPES])
 @pytest.mark.parametrize("name,op,make", OPS, ids=[name for name, *_ in OPS])
 def test_outputs_final_state_and_gradients_are_fully_written(poisoned, name, op, make, B, T, H):
-    x = {n: t.to(device()).requires_grad_() for n, t in make(B, T, H).items()}
-    assert "initial_state" in x
-    o, ht = op(**x, output_final_state=True)
+    on_device = lambda t: t.to(device()).requires_grad_()  # noqa: E731
+    args = {n: tuple(map(on_device, x)) if isinstance(x, tuple) else on_device(x) for n, x in make(B, T, H).items()}
+    assert "initial_state" in args
+    o, ht = op(**args, output_final_state=True)
+    outputs = {"o": o, **leaves("final_state", ht)}
+    inputs = {leaf: t for n, x in args.items() for leaf, t in leaves(n, x).items()}
     # the outputs really come from the poisoned allocators (otherwise this test would check nothing)
-    assert same_storage(o, poisoned) and same_storage(ht, poisoned), f"{name}: outputs not allocated with empty"
+    not_poisoned = [n for n, t in outputs.items() if not same_storage(t, poisoned)]
+    assert not not_poisoned, f"{name}: {not_poisoned} not allocated with torch.empty / empty_like / new_empty"
     gen = torch.Generator().manual_seed(T)
-    do = torch.randn(o.shape, generator=gen).to(o)
-    dht = torch.randn(ht.shape, generator=gen).to(ht)
-    torch.autograd.backward((o, ht), (do, dht))
-    missing = [n for n, t in x.items() if t.grad is None]
+    cotangents = [torch.randn(t.shape, generator=gen).to(t) for t in outputs.values()]
+    torch.autograd.backward(list(outputs.values()), cotangents)
+    missing = [n for n, t in inputs.items() if t.grad is None]
     assert not missing, f"{name}: no gradient for {missing}"
-    assert_written({"o": o, "final_state": ht, **{f"d{n}": t.grad for n, t in x.items()}})
+    assert_written({**outputs, **{f"d{n}": t.grad for n, t in inputs.items()}})

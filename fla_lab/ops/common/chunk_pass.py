@@ -91,13 +91,15 @@ def plain_rows(A, x, y, gi, h, alpha, beta, BT, launch, *, transpose_A, to_end, 
 
 
 def decay_grad(readers, d_readers, writers, d_writers, c, BT, launch, dtype, u=None, dA=None, add=None):
-    """dg (and RWKV6's du) from the closed form in `chunk_bwd_dg_kernel`, plus `add` (another pass's dg)."""
+    """dg (and RWKV6's du) from the closed form in `chunk_bwd_dg_kernel`, plus `add` (another pass's dg);
+    `d_writers=None` leaves the writer term out."""
     B, T, H, D = readers.shape
-    dg = torch.empty(B, T, H, D, dtype=dtype, device=readers.device)
+    # in place over `add` when it can hold the result: each element is read and written by the same program
+    dg = add if add is not None and add.dtype == dtype else torch.empty(B, T, H, D, dtype=dtype, device=readers.device)
     du = _f32(readers, B, H, D) if u is not None else None
     st.chunk_bwd_dg_kernel[(grid_size(D, launch.dg_BK), B * H)](
         readers, writers, d_readers, d_writers, u, dA, c, add, dg, du, T, grid_size(T, BT), H=H, K=D, BT=BT,
-        BK=launch.dg_BK, RWKV6=u is not None, USE_C=c is not None, ADD=add is not None)
+        BK=launch.dg_BK, RWKV6=u is not None, USE_C=c is not None, ADD=add is not None, WRITERS=d_writers is not None)
     return dg, du
 
 
@@ -120,21 +122,30 @@ def key_side_forward(q, k, v, gi, u, scale, h0, output_final_state, BT, launch, 
 
 
 def key_side_backward(q, k, v, gi, u, scale, h0, ht, h, A, do, dht, BT, launch, dg_dtype,
-                      bug_exclusive_reference=False):
-    """Returns dq, dk, dv (fp32), dg (dg_dtype), du (RWKV6) and dh0."""
+                      bug_exclusive_reference=False, key_term_in_dg=True):
+    """Returns dq, dk, dv (fp32), dg (dg_dtype), du (RWKV6) and dh0. `h=None`, `A=None`: recompute them here (each
+    intermediate is dropped after its last use, which bounds the peak memory of GSA's backward).
+    `key_term_in_dg=False` leaves `- k * dk` out of dg (GSA adds it once, for the summed slot gradient)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     NT, rwkv6 = grid_size(T, BT), u is not None
+    if h is None:
+        h, _ = forward_states(k, v, gi, h0, False, BT, launch, gate_v=False)
+    if A is None:
+        A = gated_scores(q, k, gi, u, 1.0, BT, launch)
     dh, dh0 = state_adjoints(q, do, gi, dht, h0 is not None, scale, BT, launch, gate_v=False, rwkv6=rwkv6)
     dA = plain_scores(do, v, scale, BT, launch)
     dv = plain_rows(A, do, k, gi, dh, scale, 1.0, BT, launch, transpose_A=True, to_end=True, transpose_h=False)
+    del A
     dq, dk = _f32(q, B, T, H, K), _f32(q, B, T, H, K)
     BKi = min(_tile(K), launch.dqk_BK)  # the diagonal block is a [BC, BC, BKi] tile: keep it in registers
     st.chunk_bwd_dqk_kernel[(grid_size(K, BKi), NT * (BT // BC), B * H)](
         q, k, v, gi, u, h, dh, dA, do, dq, dk, scale, T, NT, H=H, K=K, V=V, BT=BT, BC=BC, BK=BKi, BV=_tile(V),
         DOT=_dot(launch, q), RWKV6=rwkv6, BUG=bug_exclusive_reference, num_warps=launch.dqk_warps)
+    del h, dh
     c = (ht * dht).sum(-1) if dht is not None and ht is not None else None  # the final state's share
-    dg, du = decay_grad(q, dq, k, dk, c, BT, launch, dg_dtype, u=u, dA=dA)
+    dg, du = decay_grad(q, dq, k, dk if key_term_in_dg else None, c, BT, launch, dg_dtype, u=u,
+                        dA=dA if rwkv6 else None)
     return dq, dk, dv, dg, du, dh0
 
 
@@ -157,21 +168,29 @@ def value_side_forward(q, k, v, gi, scale, h0, output_final_state, BT, launch):
 
 
 def value_side_backward(q, k, v, gi, scale, h0, ht, h, A, o, do, dht, BT, launch, bug_unmasked_padding=False,
-                        dg_add=None):
-    """Returns dq, dk, dv, dg (all fp32) and dh0; `o` is the pass's fp32 output, `do` its cotangent; `dg_add` is
-    added to dg (GSA's other pass)."""
+                        dv_add=None, dg_add=None):
+    """Returns dq, dk, dv, dg (all fp32) and dh0; `o` is the pass's fp32 output, `do` its cotangent. `h=None`,
+    `A=None`: recompute them here. `dv_add`, `dg_add` (GSA's other pass) are added in place."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     NT = grid_size(T, BT)
+    if h is None:
+        h, _ = forward_states(k, v, gi, h0, False, BT, launch, gate_v=True)
+    if A is None:
+        A = plain_scores(q, k, 1.0, BT, launch)
     dh, dh0 = state_adjoints(q, do, gi, dht, h0 is not None, scale, BT, launch, gate_v=True)
     dA = gated_scores(do, v, gi, None, scale, BT, launch)
-    dv = _f32(q, B, T, H, V)
+    dv = dv_add if dv_add is not None else _f32(q, B, T, H, V)
     BV = min(_tile(V), launch.slots_BV)
     st.chunk_bwd_dv_gate_v_kernel[(grid_size(V, BV), NT * (BT // BC), B * H)](
         k, v, gi, dh, A, do, dv, scale, T, NT, H=H, K=K, V=V, BT=BT, BC=BC, BK=_tile(K), BV=BV,
-        DOT=_dot(launch, q), BUG_UNMASKED_PADDING=bug_unmasked_padding, num_warps=launch.slots_warps)
+        DOT=_dot(launch, q), BUG_UNMASKED_PADDING=bug_unmasked_padding, ACC=dv_add is not None,
+        num_warps=launch.slots_warps)
+    del A
     dq = plain_rows(dA, k, do, gi, h, 1.0, scale, BT, launch, transpose_A=False, to_end=False, transpose_h=True)
+    del h
     dk = plain_rows(dA, q, v, gi, dh, 1.0, 1.0, BT, launch, transpose_A=True, to_end=True, transpose_h=True)
+    del dA, dh
     c = (ht * dht).sum(-2) if dht is not None and ht is not None else None  # the final state's share, per slot
     dg, _ = decay_grad(o, do, v, dv, c, BT, launch, torch.float32, add=dg_add)
     return dq, dk, dv, dg, dh0

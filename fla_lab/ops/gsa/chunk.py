@@ -63,8 +63,9 @@ def slot_softmax(x, dtype):
     return p
 
 
-def slot_softmax_backward(x, dp):
-    dx = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+def slot_softmax_backward(x, dp, out=None):
+    """`out=dp` computes in place (each row is read and written by one program)."""
+    dx = torch.empty(x.shape, dtype=torch.float32, device=x.device) if out is None else out
     grid, kw = _softmax_launch(x)
     slot_softmax_bwd_kernel[grid](x, dp, dx, **kw)
     return dx
@@ -93,23 +94,17 @@ class ChunkGSAFunction(torch.autograd.Function):
     def backward(ctx, do, dhkt, dhvt):
         q, k, v, s, g, hk0, hv0, hkt, hvt, scores, p = ctx.saved_tensors
         do, dhkt, dhvt = as_contiguous(do, dhkt, dhvt)
-        BT, launch = ctx.chunk_size, ctx.launch
+        BT, launch, cast = ctx.chunk_size, ctx.launch, cp.cast
         gi = cp.chunk_cumsum(g, BT)
-        h2, _ = cp.forward_states(s, v, gi, hv0, False, BT, launch, gate_v=False)
-        A2 = cp.gated_scores(p, s, gi, None, 1.0, BT, launch)
-        dp, ds2, dv, dg2, _, dhv0 = cp.key_side_backward(p, s, v, gi, None, 1.0, hv0, hvt, h2, A2, do, dhvt, BT,
-                                                         launch, torch.float32)
-        del h2, A2
-        dscores = slot_softmax_backward(scores, dp)
-        del dp
-        h1, _ = cp.forward_states(k, s, gi, hk0, False, BT, launch, gate_v=True)
-        A1 = cp.plain_scores(q, k, 1.0, BT, launch)
-        dq, dk, ds1, dg, dhk0 = cp.value_side_backward(q, k, s, gi, ctx.scale, hk0, hkt, h1, A1, scores, dscores,
-                                                       dhkt, BT, launch, ctx.bug, dg_add=dg2)
-        ds1 += ds2
-        cast = cp.cast
-        return (cast(dq, q), cast(dk, k), cast(dv, v), cast(ds1, s), cast(dg, g), None, cast(dhk0, hk0),
-                cast(dhv0, hv0), None, None, None, None)
+        # pass 2's dg leaves out its slot term: s * (ds of both passes) enters once, in pass 1's dg
+        dp, ds, dv, dg, _, dhv0 = cp.key_side_backward(p, s, v, gi, None, 1.0, hv0, hvt, None, None, do, dhvt, BT,
+                                                       launch, torch.float32, key_term_in_dg=False)
+        dv, dhv0 = cast(dv, v), cast(dhv0, hv0)  # drop the fp32 copies before the second pass
+        dscores = slot_softmax_backward(scores, dp, out=dp)
+        dq, dk, ds, dg, dhk0 = cp.value_side_backward(q, k, s, gi, ctx.scale, hk0, hkt, None, None, scores, dscores,
+                                                      dhkt, BT, launch, ctx.bug, dv_add=ds, dg_add=dg)
+        return (cast(dq, q), cast(dk, k), dv, cast(ds, s), cast(dg, g), None, cast(dhk0, hk0), dhv0, None, None,
+                None, None)
 
 
 def additive_gates(s):
