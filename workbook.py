@@ -108,7 +108,7 @@ def ensure_chromium() -> str:
 
 
 def notebooks() -> list[Path]:
-    return sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    return sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
 
 
 def test_env() -> dict:

@@ -8,7 +8,8 @@ from fla_lab import runtime
 runtime.configure()
 
 from fla_lab import bugs, check, reference  # noqa: E402
-from fla_lab.runtime import device, doctor, interpreting  # noqa: E402
+from fla_lab.health import doctor  # noqa: E402
+from fla_lab.runtime import device, interpreting  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = ["bugs", "check", "reference", "device", "doctor", "interpreting", "ops"]

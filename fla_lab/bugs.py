@@ -100,7 +100,15 @@ def locate(name: str) -> str:
     raise LookupError(f"the switch of {name!r} ({bug.anchor[1]!r}) is not in fla_lab/{bug.anchor[0]}")
 
 
-def show(names: list[str] | None = None) -> None:
+def switch_lines(name: str, context: int = 4) -> list[str]:
+    """The switch line and the few after it: the buggy line and the fixed one side by side."""
+    where = locate(name)
+    number = int(where.rsplit(":", 1)[1])
+    lines = (_PACKAGE / get(name).anchor[0]).read_text().splitlines()
+    return [f"{n:5d}  {lines[n - 1]}" for n in range(number, min(number + context, len(lines)) + 1)]
+
+
+def show(names: list[str] | None = None, lines: bool = True) -> None:
     """Print the catalogue (or some entries): where to look, how to trigger it, what it does."""
     for bug in CATALOGUE:
         if names and bug.name not in names:
@@ -114,3 +122,5 @@ def show(names: list[str] | None = None) -> None:
         print(f"  trigger: {bug.trigger}")
         print(f"  symptom: {bug.symptom}")
         print(f"  taught : notebooks/{bug.notebook}.ipynb")
+        if lines and not where.endswith("(not built yet)"):
+            print("\n".join("    " + line for line in switch_lines(bug.name)))

@@ -23,8 +23,8 @@ def test_user_setting_is_respected():
 def test_kernels_decorated_before_the_switch_are_reported():
     # TRITON_INTERPRET=0 without CUDA: kernels get compiled-mode decorators, as when a kernel module is imported
     # before fla_lab; doctor must say so and say what to do, not crash.
-    code = ("import fla_lab, fla_lab.ops; from fla_lab import runtime; runtime._STATE['interpret'] = True; "
-            "print('\\n'.join(runtime.problems()))")
+    code = ("import fla_lab, fla_lab.ops; from fla_lab import health, runtime; runtime._STATE['interpret'] = True; "
+            "print('\\n'.join(health.problems()))")
     out = run_python(code, {"TRITON_INTERPRET": "0"})
     assert out.returncode == 0, out.stderr
     assert "decorated before the Triton interpreter was switched on" in out.stdout
@@ -45,12 +45,12 @@ def test_doctor_cli_passes():
 
 
 def test_unsupported_triton_is_reported(monkeypatch):
-    from fla_lab import runtime
+    from fla_lab import health, runtime
 
     monkeypatch.setattr(runtime, "triton_version", lambda: (2, 2))
-    assert any("outside the tested range" in p for p in runtime.problems())
+    assert any("outside the tested range" in p for p in health.problems())
     monkeypatch.setattr(runtime, "triton_version", lambda: None)
-    assert any("triton is not installed" in p for p in runtime.problems())
+    assert any("triton is not installed" in p for p in health.problems())
 
 
 @no_cuda
