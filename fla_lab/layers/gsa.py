@@ -87,8 +87,8 @@ class GatedSlotAttention(nn.Module):
         self.key_dim = self._width(name, "expand_k", hidden_size, expand_k, num_heads)
         self.value_dim = self._width(name, "expand_v", hidden_size, expand_v, num_heads)
         if self.value_dim != hidden_size:
-            raise ValueError(f"{name}: the output norm is hidden_size={hidden_size} wide, as upstream's, so "
-                             f"value_dim = hidden_size * expand_v must equal it; got {self.value_dim} (pass expand_v=1)")
+            raise ValueError(f"{name}: the output norm is hidden_size={hidden_size} wide, as upstream's, so value_dim "
+                             f"= hidden_size * expand_v must equal it; got {self.value_dim} (pass expand_v=1)")
         self.head_k_dim, self.head_v_dim = self.key_dim // num_heads, self.value_dim // num_heads
         self.num_slots = self.head_k_dim if num_slots is None else num_slots  # upstream's layer default
         self.use_short_conv, self.conv_size, self.conv_bias = use_short_conv, conv_size, conv_bias

@@ -103,6 +103,28 @@ def load_bonus(u, i_h, o_k, m_k, K, BK, RWKV6):
 
 
 @kernel
+def subchunk(i_tc, T, BT: tl.constexpr, BC: tl.constexpr):
+    """Where sub-chunk program `i_tc` sits: its chunk i_t, its index i_i in the chunk, the chunk's first row, its
+    own first row, its rows o_i (o_c inside the sub-chunk) and which of them lie before T."""
+    NC: tl.constexpr = BT // BC
+    i_t, i_i = i_tc // NC, i_tc % NC
+    t_first = i_t * BT
+    i_start = t_first + i_i * BC
+    o_c = tl.arange(0, BC)
+    o_i = i_start + o_c
+    return i_t, i_i, t_first, i_start, o_c, o_i, o_i < T
+
+
+@kernel
+def channel_block(i_d, o_i, m_i, H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr):
+    """Channel block i_d of rows o_i in a [T, H, D] tensor: channels, their mask, the [rows, channels] mask and
+    offsets (relative to the batch-head base)."""
+    o_d = i_d * BD + tl.arange(0, BD)
+    m_d = o_d < D
+    return o_d, m_d, m_i[:, None] & m_d[None, :], o_i[:, None] * H * D + o_d[None, :]
+
+
+@kernel
 def rows_from_earlier_subchunks(S, Y, gi, b_gq, i_start, t_first, i_i, o_c, o_d, m_d, m_i, HD: tl.constexpr,
                                 SROW: tl.constexpr, BC: tl.constexpr, BD: tl.constexpr, DOT: tl.constexpr,
                                 RWKV6: tl.constexpr, BUG_EXCLUSIVE_REFERENCE: tl.constexpr):
@@ -215,14 +237,9 @@ def gated_scores_kernel(q, k, gi, u, A, scale, T, H: tl.constexpr, K: tl.constex
     i_tc, i_bh = tl.program_id(0), tl.program_id(1)
     i_bh, i_b, i_h = batch_head(i_bh, H)
     NC: tl.constexpr = BT // BC
-    i_t, i_i = i_tc // NC, i_tc % NC
-    t_first = i_t * BT
-    i_start = t_first + i_i * BC
+    i_t, i_i, t_first, i_start, o_c, o_i, m_i = subchunk(i_tc, T, BT, BC)
     if i_start >= T:
         return
-    o_c = tl.arange(0, BC)
-    o_i = i_start + o_c
-    m_i = o_i < T
     HK: tl.constexpr = H * K
     bos = i_b * T * H + i_h
     q, k, gi = q + bos * K, k + bos * K, gi + bos * K
@@ -328,20 +345,13 @@ def chunk_fwd_o_gate_v_kernel(q, v, gi, h, A, o, scale, T, NT, H: tl.constexpr, 
     i_v, i_tc, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_bh, i_b, i_h = batch_head(i_bh, H)
     NC: tl.constexpr = BT // BC
-    i_t, i_i = i_tc // NC, i_tc % NC
-    t_first = i_t * BT
-    i_start = t_first + i_i * BC
+    i_t, i_i, t_first, i_start, o_c, o_i, m_i = subchunk(i_tc, T, BT, BC)
     if i_start >= T:
         return
-    o_c = tl.arange(0, BC)
-    o_i = i_start + o_c
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_i, m_v = o_i < T, o_v < V
-    m_iv = m_i[:, None] & m_v[None, :]
+    o_v, m_v, m_iv, p_iv = channel_block(i_v, o_i, m_i, H, V, BV)
     bos = i_b * T * H + i_h
     q, v, gi, A = q + bos * K, v + bos * V, gi + bos * V, A + bos * BT
     h += ((i_b * NT + i_t) * H + i_h) * K * V
-    p_iv = o_i[:, None] * H * V + o_v[None, :]
     b_g = tl.load(gi + p_iv, mask=m_iv, other=0)
     b_o = tl.zeros([BC, BV], dtype=tl.float32)
     for i_k in range(0, tl.cdiv(K, BK)):  # the state entering the chunk (split: o feeds the decay gradient)
@@ -460,19 +470,12 @@ def chunk_bwd_dqk_kernel(q, k, v, gi, u, h, dh, dA, do, dq, dk, scale, T, NT, H:
     i_bh, i_b, i_h = batch_head(i_bh, H)
     NC: tl.constexpr = BT // BC
     HK: tl.constexpr = H * K
-    i_t, i_i = i_tc // NC, i_tc % NC
-    t_first = i_t * BT
-    i_start = t_first + i_i * BC
+    i_t, i_i, t_first, i_start, o_c, o_i, m_i = subchunk(i_tc, T, BT, BC)
     if i_start >= T:
         return
-    o_c = tl.arange(0, BC)
-    o_i = i_start + o_c
-    o_k = i_k * BK + tl.arange(0, BK)
-    m_i, m_k = o_i < T, o_k < K
-    m_ik = m_i[:, None] & m_k[None, :]
+    o_k, m_k, m_ik, p_ik = channel_block(i_k, o_i, m_i, H, K, BK)
     bos = i_b * T * H + i_h
     q, k, gi, dA = q + bos * K, k + bos * K, gi + bos * K, dA + bos * BT
-    p_ik = o_i[:, None] * HK + o_k[None, :]
     b_gq = load_query_decay(gi, o_i[:, None], o_k[None, :], m_ik, t_first, HK, RWKV6)
     b_gk = tl.load(gi + p_ik, mask=m_ik, other=0)
     b_u = load_bonus(u, i_h, o_k, m_k, K, BK, RWKV6)[None, :]
@@ -525,20 +528,13 @@ def chunk_bwd_dv_gate_v_kernel(k, v, gi, dh, A, do, dv, scale, T, NT, H: tl.cons
     i_v, i_tc, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_bh, i_b, i_h = batch_head(i_bh, H)
     NC: tl.constexpr = BT // BC
-    i_t, i_i = i_tc // NC, i_tc % NC
-    t_first = i_t * BT
-    i_start = t_first + i_i * BC
+    i_t, i_i, t_first, i_start, o_c, o_i, m_i = subchunk(i_tc, T, BT, BC)
     if i_start >= T:
         return
-    o_c = tl.arange(0, BC)
-    o_i = i_start + o_c
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_i, m_v = o_i < T, o_v < V
-    m_iv = m_i[:, None] & m_v[None, :]
+    o_v, m_v, m_iv, p_iv = channel_block(i_v, o_i, m_i, H, V, BV)
     bos = i_b * T * H + i_h
     k, gi, A, do = k + bos * K, gi + bos * V, A + bos * BT, do + bos * V
     dh += ((i_b * NT + i_t) * H + i_h) * K * V
-    p_iv = o_i[:, None] * H * V + o_v[None, :]
     b_g = tl.load(gi + p_iv, mask=m_iv, other=0)
     b_dv = cols_from_later_subchunks(A, do, gi, b_g, i_start, t_first, i_i, T, o_c, o_v, m_v, m_i, H * V, H * BT,
                                      BC, BV, NC, DOT, False, BUG_UNMASKED_PADDING)
