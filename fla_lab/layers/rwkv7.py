@@ -206,8 +206,12 @@ class RWKV7Attention(nn.Module):
         raise NotImplementedError(f"RWKV7Attention: fla_lab.ops has none of {names} yet")
 
     def _attend(self, r, w, k, v, a, b):
+        """Run the op. Under autocast the projections come out in the autocast dtype while the vector parameters
+        (k_a, k_k) promote k, a, b to fp32: the kernel gets r, k, v, a, b in the projections' dtype (the autocast
+        dtype, else the module's) and w as computed (fp32: the fix of #181)."""
         from fla_lab.ops import contract
 
+        k, v, a, b = (t.to(r.dtype) for t in (k, v, a, b))
         op = self._op()
         with contract.value_checks(False) if self.bug in BYPASS_VALUE_CHECKS else contextlib.nullcontext():
             o, _ = op(r, w, k, v, a, b, scale=1.0, initial_state=None, output_final_state=False)
