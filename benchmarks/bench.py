@@ -89,12 +89,15 @@ def timings(fn, inputs, kwargs):
 
 def main(argv):
     """`--only a,b` keeps the ops whose name contains a or b (upstream's autotuning makes a full run long);
-    `--ours` times fla_lab alone."""
+    `--ours` times fla_lab alone; `--upstream a,b` times only upstream ops whose name contains a or b."""
     only = argv[argv.index("--only") + 1].split(",") if "--only" in argv else None
     torch.manual_seed(0)
     ours, theirs = cases()
     if "--ours" in argv:
         theirs = {}
+    if "--upstream" in argv:
+        keep = argv[argv.index("--upstream") + 1].split(",")
+        theirs = {n: c for n, c in theirs.items() if any(word in n for word in keep)}
     rows = []
     for lib, table in (("fla_lab", ours), ("fla 0.6.0", theirs)):
         for name, (fn, inputs, kwargs) in table.items():

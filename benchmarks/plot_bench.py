@@ -8,6 +8,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 PAIRS = [("chunk_gla", "chunk_gla"), ("chunk_rwkv6", "chunk_rwkv6"),
          ("chunk_rwkv6 bug=exclusive_reference", "chunk_rwkv6"),
+         ("chunk_gsa", "chunk_gsa"), ("chunk_gsa bug=unmasked_padding", "chunk_gsa"),
          ("fused_recurrent_rwkv6", "fused_recurrent_rwkv6"), ("fused_recurrent_rwkv7", "chunk_rwkv7")]
 
 
@@ -30,10 +31,17 @@ def table(result) -> str:
                          f"{b['fwd_bwd_ms']:.3f} | {a['fwd_ms'] / b['fwd_ms']:.2f}x | {a['fwd_bwd_ms'] / b['fwd_bwd_ms']:.2f}x | {run} |")
         else:
             lines.append(f"| {ours} | {a['fwd_ms']:.3f} | {a['fwd_bwd_ms']:.3f} | {theirs} (not measured) | | | | | {run} |")
-    fixed, buggy = by.get(("fla_lab", "chunk_rwkv6")), by.get(("fla_lab", "chunk_rwkv6 bug=exclusive_reference"))
-    if fixed and buggy:
-        lines += ["", f"Fixed over buggy chunk_rwkv6: fwd {fixed['fwd_ms'] / buggy['fwd_ms']:.3f}x, "
-                      f"fwd+bwd {fixed['fwd_bwd_ms'] / buggy['fwd_bwd_ms']:.3f}x."]
+    for op, bug in (("chunk_rwkv6", "exclusive_reference"), ("chunk_gsa", "unmasked_padding")):
+        fixed, buggy = by.get(("fla_lab", op)), by.get(("fla_lab", f"{op} bug={bug}"))
+        if fixed and buggy:
+            lines += ["", f"Fixed over buggy {op}: fwd {fixed['fwd_ms'] / buggy['fwd_ms']:.3f}x, "
+                          f"fwd+bwd {fixed['fwd_bwd_ms'] / buggy['fwd_bwd_ms']:.3f}x."]
+    peaks = [(ours, theirs) for ours, theirs in PAIRS if by.get(("fla_lab", ours), {}).get("peak_MiB")
+             and by.get(("fla 0.6.0", theirs), {}).get("peak_MiB") and "bug=" not in ours]
+    for ours, theirs in peaks:
+        a, b = by[("fla_lab", ours)], by[("fla 0.6.0", theirs)]
+        lines.append(f"Peak memory of one forward+backward, {ours}: {a['peak_MiB']:.0f} MiB vs {b['peak_MiB']:.0f} MiB "
+                     f"({a['peak_MiB'] / b['peak_MiB']:.2f}x).")
     return "\n".join(lines) + "\n"
 
 

@@ -21,9 +21,11 @@ def test_log_decays_are_the_layers_two_paths():
 
 
 def test_log_decays_follow_the_layer_switch(monkeypatch):
+    from fla_lab.layers import rwkv7
+
     calls = []
-    real = RWKV7Attention.log_decay
-    monkeypatch.setattr(RWKV7Attention, "log_decay", lambda self, x: calls.append(self.bug) or real(self, x))
+    real = rwkv7.log_decay_from_lora
+    monkeypatch.setattr(amp, "log_decay_from_lora", lambda x, bug: calls.append(bug) or real(x, bug))
     amp.log_decays(torch.zeros(3))
     assert calls == ["bf16_decay", None]
 

@@ -56,7 +56,7 @@ def test_trace_is_the_real_forward_and_leaves_the_layer_untouched():
     stages = lesson.trace(layer, x)
     assert list(stages)[0] == "input x" and list(stages)[-1] == "output"
     assert torch.equal(stages["output"], layer(x)[0].detach())
-    assert "log_decay" not in vars(layer) and "_attend" not in vars(layer)
+    assert "log_decay" not in vars(layer) and layer.attention_op is None
     assert not any(m._forward_hooks for m in layer.modules())
     # the decay really is the layer's: -e^-0.5 * sigmoid(w0) at init (the LoRA's down-projection is 0)
     w0 = layer.w_lora.lora[2].bias.detach()

@@ -55,6 +55,14 @@ def real_torch_empty(shape=(6, 768)) -> torch.Tensor:
     return torch.empty(shape)
 
 
+def log_decay_from_lora(w_raw: torch.Tensor, bug: str | None = None) -> torch.Tensor:
+    """RWKV-7's log-decay from its decay-LoRA output: `-exp(-0.5) * sigmoid(w_raw)`, in fp32 (the fix of #181),
+    or in the LoRA output's dtype (bf16 under autocast) with `bug="bf16_decay"`."""
+    if bug == "bf16_decay":  # upstream #181 (and 0.6.0 again): sigmoid rounded to bf16
+        return -DECAY_SCALE * w_raw.sigmoid()
+    return -DECAY_SCALE * w_raw.float().sigmoid()
+
+
 class RWKV7Attention(nn.Module):
     """RWKV-7 attention with upstream's constructor and return convention `(o, None, past_key_values, v_first)`.
 
@@ -76,6 +84,9 @@ class RWKV7Attention(nn.Module):
         if mode not in ("chunk", "fused_recurrent"):
             raise ValueError(f"RWKV7Attention: mode must be 'chunk' or 'fused_recurrent', got {mode!r}")
         self.mode, self.bug, self.layer_idx = mode, bug, layer_idx
+        # the op `attend` runs, with fla_lab's op signature; None: `default_op()`. Set it to run something else in
+        # the layer's place (the float64 reference, a wrapper that records the kernel's inputs).
+        self.attention_op = None
         self.hidden_size = C = hidden_size
         self.head_dim, self.num_heads = self._heads(hidden_size, head_dim, num_heads)
         self.value_dim = hidden_size if value_dim is None else value_dim
@@ -159,11 +170,8 @@ class RWKV7Attention(nn.Module):
             self.g_norm.bias.zero_()
 
     def log_decay(self, xw: torch.Tensor) -> torch.Tensor:
-        """`-exp(-0.5) * sigmoid(w_lora(xw))`: fp32 (the fix of #181), or in the input dtype under the bug."""
-        w_raw = self.w_lora(xw)
-        if self.bug == "bf16_decay":  # upstream #181 (and 0.6.0 again): sigmoid rounded to bf16
-            return -DECAY_SCALE * w_raw.sigmoid()
-        return -DECAY_SCALE * w_raw.float().sigmoid()
+        """`-exp(-0.5) * sigmoid(w_lora(xw))` (see `log_decay_from_lora`)."""
+        return log_decay_from_lora(self.w_lora(xw), self.bug)
 
     def forward(self, hidden_states: torch.Tensor, attention_mask=None, past_key_values=None, use_cache=False,
                 output_attentions=False, v_first: torch.Tensor | None = None, **kwargs):
@@ -186,13 +194,13 @@ class RWKV7Attention(nn.Module):
         k = k.addcmul(k * (a - 1), self.k_a)
         r, w, k, a = (split_heads(t, self.head_dim) for t in (r, w, k, a))
         v = split_heads(v, self.head_v_dim)
-        o = self._attend(r, w, k, v, -kk, kk * a)
+        o = self.attend(r, w, k, v, -kk, kk * a)
         o = self.g_norm(o.reshape(B * T, self.value_dim)).view(B, T, self.value_dim)
         bonus = (r * k * self.r_k).sum(-1, keepdim=True) * v  # the current token's own contribution
         o = (o + bonus.view(B, T, self.value_dim)) * g
         return self.o_proj(o), None, past_key_values, v_first
 
-    def _op(self):
+    def default_op(self):
         """`chunk_rwkv7` for mode="chunk" when fla_lab has it, else `fused_recurrent_rwkv7` (looked up late)."""
         import importlib
 
@@ -205,14 +213,14 @@ class RWKV7Attention(nn.Module):
                 return op
         raise NotImplementedError(f"RWKV7Attention: fla_lab.ops has none of {names} yet")
 
-    def _attend(self, r, w, k, v, a, b):
+    def attend(self, r, w, k, v, a, b):
         """Run the op. Under autocast the projections come out in the autocast dtype while the vector parameters
         (k_a, k_k) promote k, a, b to fp32: the kernel gets r, k, v, a, b in the projections' dtype (the autocast
         dtype, else the module's) and w as computed (fp32: the fix of #181)."""
         from fla_lab.ops import contract
 
         k, v, a, b = (t.to(r.dtype) for t in (k, v, a, b))
-        op = self._op()
+        op = self.attention_op or self.default_op()
         with contract.value_checks(False) if self.bug in BYPASS_VALUE_CHECKS else contextlib.nullcontext():
             o, _ = op(r, w, k, v, a, b, scale=1.0, initial_state=None, output_final_state=False)
         return o

@@ -1,6 +1,6 @@
 """Notebook 05: RWKV-7's decay sigmoid in bf16 under AMP (upstream #181), a per-step bias that compounds.
 
-Every decay here comes from the layer's own code, `RWKV7Attention.log_decay`: `bug="bf16_decay"` computes
+Every decay here comes from the layer's own code, `RWKV7Attention.log_decay` (`log_decay_from_lora`): `bug="bf16_decay"` computes
 `-e^-0.5 * sigmoid(x)` in the dtype of the LoRA output `x` (upstream before 965c3553, and again from d9e86d00 /
 v0.2.0 to 0.6.0), the fixed path upcasts `x` to fp32 first. Both start from the same rounded LoRA output, as in a
 bf16 model: what differs is only the rounding of the sigmoid (and of the product), which is what #181 is about.
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import math
-import types
 
 import matplotlib
 import torch
@@ -17,6 +16,7 @@ from torch import nn
 
 from fla_lab import reference, viz, widgets
 from fla_lab.layers import RWKV7Attention
+from fla_lab.layers.rwkv7 import log_decay_from_lora
 
 DEPTH = 12
 SIGMOID_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -27,19 +27,14 @@ CUDA_AUTOCAST_BF16 = {"linear": "bf16", "exp": "fp32", "softplus": "fp32", "log"
                       "tanh": "bf16", "mul by a constant": "bf16"}
 
 
-def _decay_path(bug: str | None):
-    """The layer's `log_decay` with an identity LoRA: feeds it a LoRA output directly."""
-    return types.SimpleNamespace(w_lora=nn.Identity(), bug=bug)
-
-
 def log_decays(lora_output: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, torch.Tensor]:
-    """(buggy, fixed) log-decays in float64 for LoRA outputs rounded to `dtype`, through `RWKV7Attention.log_decay`.
+    """(buggy, fixed) log-decays in float64 for LoRA outputs rounded to `dtype`, through the layer's `log_decay_from_lora`.
 
     The buggy path computes the sigmoid in `dtype` (`bug="bf16_decay"`); the fixed one in fp32 (965c3553).
     """
     x = lora_output.to(dtype)
-    low = RWKV7Attention.log_decay(_decay_path("bf16_decay"), x)
-    fixed = RWKV7Attention.log_decay(_decay_path(None), x)
+    low = log_decay_from_lora(x, "bf16_decay")
+    fixed = log_decay_from_lora(x, None)
     return low.double(), fixed.double()
 
 
@@ -205,11 +200,11 @@ def long_context_layer(dtype: torch.dtype, bug: str | None, hidden_size: int = 6
     layer = decay_layer(hidden_size, 0, bug, seed, dtype=torch.float32)
     layer = open_output(layer, seed).to(dtype)
 
-    def attend(r, w, k, v, a, b):
-        o, _ = reference.recurrent_rwkv7(r, w, k, v, a, b, scale=1.0)
-        return o.to(r.dtype)
+    def float64_recurrence(r, w, k, v, a, b, **kwargs):
+        o, state = reference.recurrent_rwkv7(r, w, k, v, a, b, **kwargs)
+        return o.to(r.dtype), state
 
-    layer._attend = attend
+    layer.attention_op = float64_recurrence
     return layer
 
 

@@ -111,7 +111,8 @@ def trace(layer: RWKV7Attention, x: torch.Tensor) -> dict[str, torch.Tensor]:
     """Every intermediate of one real forward pass, in the order it is computed.
 
     Forward hooks read the inputs/outputs of the submodules; the decay and the kernel's arguments are read by
-    wrapping `layer.log_decay` and `layer._attend` for the duration of the call (nothing is recomputed here).
+    wrapping `layer.log_decay` and setting `layer.attention_op` to a recording wrapper of the layer's own kernel for
+    the duration of the call (nothing is recomputed here).
     """
     seen: dict[str, torch.Tensor] = {"input x": x}
 
@@ -127,20 +128,24 @@ def trace(layer: RWKV7Attention, x: torch.Tensor) -> dict[str, torch.Tensor]:
         seen["log-decay w"] = w = RWKV7Attention.log_decay(layer, xw).detach()
         return w
 
-    def attend(r, w, k, v, a, b):
+    kernel = layer.default_op()
+
+    def record_kernel(r, w, k, v, a, b, **kwargs):
         seen.update({"k after k_a": k, "a = -kk": a, "b = kk * sigmoid": b})
-        seen["kernel output"] = o = RWKV7Attention._attend(layer, r, w, k, v, a, b).detach()
-        return o
+        o, state = kernel(r, w, k, v, a, b, **kwargs)
+        seen["kernel output"] = o.detach()
+        return o, state
 
     handles = [getattr(layer, name).register_forward_hook(hook(name)) for name in _MODULE_STAGES]
-    layer.log_decay, layer._attend = log_decay, attend
+    layer.log_decay, layer.attention_op = log_decay, record_kernel
     try:
         with torch.no_grad():
             layer(x)
     finally:
         for h in handles:
             h.remove()
-        del layer.log_decay, layer._attend
+        del layer.log_decay
+        layer.attention_op = None
     return seen
 
 

@@ -1,0 +1,533 @@
+"""Notebook 03b: GSA's padded rows and the NaN gradients of the slot writes (upstream #77, the GSA half).
+
+GSA's slot pass (pass 1 of `chunk_gsa`) puts its forget gate on the slot side of the state. The gradient of the slot
+writes `s` gathers from *later* rows: `ds_s = sum_{t >= s} A[t, s] do_t exp(gi_t - gi_s)`. The chunked kernel splits
+each block of later rows around a reference `gn`, the chunk-local cumulative decay at the last valid row of the
+sub-chunk being differentiated: `exp(gi_t - gn) * exp(gn - gi_s)`. For a valid later row `gi_t <= gn`; a row past the
+end of the sequence (a partial last chunk) loads its decay as 0, so the factor is `exp(0 - gn) = exp(|gn|)`: inf once
+`|gn| > 88.72` in fp32, times the zero-padded `do`: NaN, which the `tl.dot` spreads over the sub-chunk's rows and the
+decay gradient's reverse cumulative sum over every earlier row. The fix 737550ff masks rows past T in the exponent.
+Everything here runs the real kernel `chunk_gsa` (and the layer `GatedSlotAttention`) with and without
+`bug="unmasked_padding"`, against the float64 spec `reference.recurrent_gsa`.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from fla_lab import bugs, check, harness, runtime, viz, widgets
+from fla_lab.lessons.overflow import decade, spans, summary
+
+__all__ = ["BUG", "BC", "CHUNK", "FP32_EXP_MAX", "KERNEL_GRADS", "NODE", "Step", "anomaly_report", "batch",
+           "chunk_cumsum", "clamp_levels", "constant_gate_inputs", "decade", "explorer", "exponent_ranges",
+           "fixed_comparison", "gate_report", "grown_layer", "inputs", "kernel_census", "kernel_run",
+           "nonfinite_slots", "param_census", "plot_accuracy", "plot_padded_rows", "plot_setting",
+           "plot_thresholds", "predicted_nonfinite", "reinitialise_gate", "show_catalogue", "show_switch", "spans",
+           "summary", "sweep", "threshold_per_step", "training_step"]
+
+BUG = "unmasked_padding"
+NODE = "ChunkGSAFunctionBackward"  # the autograd node of fla_lab's (and upstream's) ChunkGSAFunction
+KERNEL_GRADS = ("dq", "dk", "dv", "ds", "dg")  # what its backward returns first, in this order (index 3 is ds)
+BC = 16  # rows per sub-chunk (fla_lab.ops.common.chunk_stages)
+CHUNK = 64  # chunk_gsa's default chunk size
+FP32_EXP_MAX = viz.EXP_OVERFLOW[torch.float32]  # log(float32 max) = 88.72: exp() of more is inf
+HIDDEN, HEADS, SLOTS = 32, 2, 16  # the layer of this notebook: 2 heads of 16 key/value channels, 16 slots
+GROWTH = 60.0  # f_proj's weights, scaled from their init: a gate that training has pushed to forget fast
+USERS_CLAMP = 20.0  # the workaround of #77 / PR #78: |f| < 20
+# Upstream flash-linear-attention 0.6.0, measured on an NVIDIA H200 (docs: upstream-baseline.md): chunk_gsa's bf16
+# decay gradient, relative error against a float64 recurrence at decay knob m (per-step log-decay -m * U(0.05, 1)),
+# B=1, T=128..512, H=1..2, K=V=64, M=32. Upstream's measurement, not recomputed here.
+UPSTREAM_BF16_DG = {30.0: 0.28, 100.0: 16.5}
+SWEEP_DECAYS = (1e-3, 1e-1, 1.0, 10.0, 30.0, 100.0, 1e3, 1e4)
+
+
+# ---------------------------------------------------------------------------------------------------- the layer
+
+
+def grown_layer(bug: str | None = BUG, gate_clamp: float | None = None, growth: float = GROWTH, seed: int = 0):
+    """`GatedSlotAttention(hidden_size=32, num_heads=2, num_slots=16)` with upstream's defaults (normalizer 8,
+    swish, scale 1), PyTorch's init from `seed`, then `f_proj`'s weights scaled by `growth`: some slots' gate
+    logits sit far below 0, as after training has taught them to forget fast. Same seed, same weights."""
+    from fla_lab.layers import GatedSlotAttention
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        layer = GatedSlotAttention(hidden_size=HIDDEN, num_heads=HEADS, num_slots=SLOTS, bug=bug,
+                                   gate_clamp=gate_clamp)
+    with torch.no_grad():
+        layer.f_proj.weight.mul_(growth)
+    return layer.to(runtime.device())
+
+
+def reinitialise_gate(layer, seed: int = 1):
+    """What users did instead of the clamp: re-draw `f_proj` from PyTorch's default init (in place)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        layer.f_proj.reset_parameters()
+    return layer
+
+
+def batch(T: int = 80, seed: int = 100) -> torch.Tensor:
+    """Hidden states `[1, T, 32]`: `1 + N(0, 1)`, i.e. with a shared direction (as normalised hidden states of a
+    trained model have), so a slot whose f_proj row points against it forgets fast on every token."""
+    x = 1 + torch.randn(1, T, HIDDEN, generator=torch.Generator().manual_seed(seed))
+    return x.to(runtime.device())
+
+
+def autograd_node(tensor: torch.Tensor, name: str = NODE):
+    """The first node called `name` in the autograd graph that produced `tensor` (None when there is none)."""
+    seen, stack = set(), [tensor.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if node.name() == name:
+            return node
+        stack.extend(n for n, _ in node.next_functions)
+    return None
+
+
+@dataclass
+class Step:
+    """One training step of the layer: its loss, output, parameter gradients, the gradients that the GSA kernel's
+    backward returned (`dq, dk, dv, ds, dg` of the kernel's inputs, `[B, T, H, *]`) and the gate `f` it received."""
+    loss: float
+    output: torch.Tensor
+    grads: dict[str, torch.Tensor]
+    kernel_grads: dict[str, torch.Tensor]
+    gate: torch.Tensor
+
+
+def training_step(layer, x: torch.Tensor) -> Step:
+    """`loss = mean(o^2)`, `loss.backward()`; a hook on the `ChunkGSAFunctionBackward` node records what the
+    kernel's backward returned (the same tensors `torch.autograd.detect_anomaly` inspects)."""
+    layer.zero_grad(set_to_none=True)
+    o, _, _ = layer(x)
+    captured = {}
+
+    def record(grad_inputs, grad_outputs):
+        captured.update({n: g.detach().clone() for n, g in zip(KERNEL_GRADS, grad_inputs) if g is not None})
+
+    handle = autograd_node(o).register_hook(record)
+    loss = o.float().square().mean()
+    loss.backward()
+    handle.remove()
+    grads = {n: p.grad.detach().clone() for n, p in layer.named_parameters()}
+    layer.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        gate, _ = layer.gates(x)
+    return Step(float(loss), o.detach(), grads, captured, gate)
+
+
+def anomaly_report(layer, x: torch.Tensor) -> list[str]:
+    """The same step under `torch.autograd.detect_anomaly()`: the first line of PyTorch's 'Error detected in ...'
+    warning and the error it raises (an empty list when the backward is finite)."""
+    layer.zero_grad(set_to_none=True)
+    lines = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            with torch.autograd.detect_anomaly():
+                o, _, _ = layer(x)
+                o.float().square().mean().backward()
+        except RuntimeError as error:
+            lines.append(f"RuntimeError: {error}")
+    layer.zero_grad(set_to_none=True)
+    found = [str(w.message).splitlines()[0] for w in caught if str(w.message).startswith("Error detected in")]
+    return found + lines
+
+
+def param_census(step: Step) -> dict[str, str]:
+    """Per parameter: 'finite' or how many entries are NaN/inf, and for f_proj-shaped ones (one row per head and
+    slot) which (head, slot) rows."""
+    out = {}
+    for name, g in step.grads.items():
+        bad = ~torch.isfinite(g)
+        if not bad.any():
+            out[name] = "finite"
+            continue
+        text = f"{int(bad.sum())}/{g.numel()} non-finite"
+        if g.dim() == 2 and g.shape[0] == HEADS * SLOTS:
+            rows = torch.nonzero(bad.any(1)).flatten().tolist()
+            text += f", rows of (head, slot) {[(r // SLOTS, r % SLOTS) for r in rows]}"
+        out[name] = text
+    return out
+
+
+def kernel_census(grads: dict[str, torch.Tensor]) -> dict[str, check.Census]:
+    """`check.nonfinite_census` of each `[B, T, H, D]` gradient (the first time step, then batch, head, channel)."""
+    return {n: check.nonfinite_census(g, ("b", "t", "h", "d")) for n, g in grads.items()}
+
+
+def nonfinite_slots(x: torch.Tensor) -> dict[tuple[int, int], str]:
+    """{(head, slot): time steps holding a non-finite value, as spans} of a `[1, T, H, M]` tensor."""
+    bad = ~torch.isfinite(x[0])
+    return {(h, m): spans(torch.nonzero(bad[:, h, m]).flatten().tolist())
+            for h in range(bad.shape[1]) for m in range(bad.shape[2]) if bad[:, h, m].any()}
+
+
+# ---------------------------------------------------------------------------------------------------- prediction
+
+
+def chunk_cumsum(g: torch.Tensor, chunk_size: int = CHUNK) -> torch.Tensor:
+    """The chunk-local inclusive cumulative log-decay `gi` in fp32, `[B, T, H, M]`: the sum restarts every chunk."""
+    g = g.float()
+    return torch.cat([c.cumsum(1) for c in g.split(chunk_size, dim=1)], dim=1)
+
+
+def _sub_chunks_meeting_padding(T: int, chunk_size: int):
+    """(first row, last valid row) of each sub-chunk of the partial last chunk that has a later sub-chunk."""
+    r = T % chunk_size
+    if r == 0:
+        return []
+    start = T - r
+    return [(a, min(a + BC, T) - 1) for a in range(start, min(T, start + chunk_size - BC), BC)]
+
+
+def predicted_nonfinite(g: torch.Tensor, chunk_size: int = CHUNK) -> dict[str, torch.Tensor]:
+    """Where the bug makes ds and dg non-finite, from the gate `g [B, T, H, M]` alone (boolean masks).
+
+    ds: the rows of a sub-chunk of the partial last chunk that has a later sub-chunk (whose rows past T load a
+    decay of 0), in the slots where `exp(0 - gn)` overflows, i.e. `gn = gi[last valid row] < -88.72`.
+    dg: the decay gradient is a reverse cumulative sum over time, so every row up to a slot's last bad ds row.
+    """
+    gi = chunk_cumsum(g, chunk_size)
+    ds = torch.zeros(g.shape, dtype=torch.bool, device=g.device)
+    for first, last in _sub_chunks_meeting_padding(g.shape[1], chunk_size):
+        ds[:, first:last + 1] = (-gi[:, last] > FP32_EXP_MAX)[:, None]
+    rows = torch.arange(g.shape[1], device=g.device)[None, :, None, None]
+    last_bad = torch.where(ds, rows, -1).amax(1, keepdim=True)
+    return {"ds": ds, "dg": rows <= last_bad}
+
+
+def threshold_per_step(remainder: int, chunk_size: int = CHUNK) -> float:
+    """The constant per-step forgetting |g| above which the bug fires, for T = remainder (mod chunk_size):
+    88.72 over the rows from the chunk's start to the last valid row of a sub-chunk that has a later one."""
+    r = remainder % chunk_size
+    if r == 0 or chunk_size <= BC:
+        return math.inf
+    return FP32_EXP_MAX / min(r, chunk_size - BC)
+
+
+def exponent_ranges(g: torch.Tensor, chunk_size: int = CHUNK) -> dict[str, float]:
+    """The largest exponent each factor of the sub-chunk split exponentiates (float64, over every chunk, sub-chunk
+    pair, batch, head and slot of the gate `g [B, T, H, M]`):
+
+    - forward, `rows_from_earlier_subchunks` (rows t of sub-chunk i from earlier sub-chunks j, `gn = gi[first row
+      of i]`): query factor `gi_t - gn` and key factor `gn - gi_s`;
+    - transposed, `cols_from_later_subchunks` (rows s of sub-chunk i from later sub-chunks j, `gn = gi[last valid
+      row of i]`): `gi_t - gn` over valid later rows, and over rows past T, where the decay loads as 0 (the bug)
+      or the exponent is masked to 0 (the fix).
+    """
+    gi = chunk_cumsum(g.double(), chunk_size)
+    T = g.shape[1]
+    out = {"forward: query factor": -math.inf, "forward: key factor": -math.inf,
+           "transposed: valid later rows": -math.inf, "transposed: rows past T, bug": -math.inf,
+           "transposed: rows past T, fixed": -math.inf}
+
+    def bump(key, values):
+        if values.numel():
+            out[key] = max(out[key], float(values.max()))
+
+    for c in range(0, T, chunk_size):
+        for i in range(c, min(T, c + chunk_size), BC):
+            last = min(i + BC, T) - 1
+            if i > c:
+                gn = gi[:, i]
+                bump("forward: query factor", gi[:, i:last + 1] - gn[:, None])
+                bump("forward: key factor", gn[:, None] - gi[:, c:i])
+            later = range(i + BC, c + chunk_size)
+            if len(later):
+                gn = gi[:, last]
+                bump("transposed: valid later rows", gi[:, i + BC:min(T, c + chunk_size)] - gn[:, None])
+                if c + chunk_size > T:
+                    bump("transposed: rows past T, bug", 0 - gn)
+                    out["transposed: rows past T, fixed"] = max(out["transposed: rows past T, fixed"], 0.0)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- the kernel
+
+
+def inputs(T: int, decay: float, seed: int = 0) -> dict:
+    """GSA inputs (B = H = 1, K = V = M = 16) with per-step log-decay `-decay * U(0.05, 1)` and both initial
+    states (`harness.gsa_inputs`)."""
+    return harness.gsa_inputs(1, T, 1, 16, 16, 16, decay=decay, seed=seed)
+
+
+def constant_gate_inputs(T: int, log_decay: float, seed: int = 0) -> dict:
+    """`inputs(T, 1)` with every slot forgetting the same `log_decay` per step."""
+    x = inputs(T, 1.0, seed)
+    return {**x, "g": torch.full_like(x["g"], log_decay)}
+
+
+def _run(x: dict, bug: str | None, dtype: torch.dtype, seed: int = 0) -> dict[str, torch.Tensor]:
+    from fla_lab.ops import chunk_gsa
+
+    dev = runtime.device()
+
+    def leaf(n, t):
+        t = t if n == "initial_state" else t.to(dtype)
+        return t.to(dev).detach().clone().requires_grad_(True)
+
+    ours = {n: (tuple(leaf(n, t) for t in x_) if isinstance(x_, tuple) else leaf(n, x_)) for n, x_ in x.items()}
+    o, _ = chunk_gsa(**ours, bug=bug)
+    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(seed + 1)).to(dev, o.dtype)
+    (o * do).sum().backward()
+    grads = {f"d{n}": ours[n].grad.detach().float().cpu() for n in ("q", "k", "v", "s", "g")}
+    return {"o": o.detach().float().cpu(), **grads, "g": x["g"]}
+
+
+@functools.lru_cache(maxsize=16)
+def kernel_run(T: int, decay: float, dtype: str = "fp32", bug: str | None = BUG,
+               constant_gate: float | None = None) -> dict[str, torch.Tensor]:
+    """`chunk_gsa` forward and backward on `inputs(T, decay)` (or `constant_gate_inputs(T, constant_gate)`): `o`,
+    `dq, dk, dv, ds, dg` in fp32 on the CPU, and the gate `g` it ran on. Cached: treat the result as read-only."""
+    x = inputs(T, decay) if constant_gate is None else constant_gate_inputs(T, constant_gate)
+    return _run(x, bug, viz.DTYPES[dtype])
+
+
+@functools.lru_cache(maxsize=32)
+def fixed_comparison(T: int, decay: float, dtype: str = "fp32", bug: str | None = None) -> harness.Comparison:
+    """`harness.compare` of `chunk_gsa` against `reference.recurrent_gsa` on `inputs(T, decay)`: the output, both
+    final states and every gradient, initial states included. Cached."""
+    from fla_lab import reference
+    from fla_lab.ops import chunk_gsa
+
+    op = functools.partial(chunk_gsa, bug=bug)
+    return harness.compare(op, reference.recurrent_gsa, inputs(T, decay), dtype=viz.DTYPES[dtype])
+
+
+# ---------------------------------------------------------------------------------------------------- the catalogue
+
+
+def show_catalogue() -> None:
+    """The catalogue entry: op, kernel, cause, trigger, symptom and the file of the switch (no line numbers: they
+    move with every edit of the kernel file)."""
+    bug = bugs.get(BUG)
+    path = bugs.locate(BUG).rsplit(":", 1)[0]
+    print(f"{bug.name}  [{bug.op}]  upstream #{bug.issue}, fix {bug.fix}")
+    print(f"  kernel : {bug.component}")
+    print(f"  switch : {path}, `{bug.anchor[1]}`")
+    print(f"  trigger: {bug.trigger}")
+    print(f"  symptom: {bug.symptom}")
+    print(f"  taught : notebooks/{bug.notebook}.ipynb")
+
+
+def show_switch() -> None:
+    """The switch in `cols_from_later_subchunks`, from the catalogue, and the one-line difference."""
+    lines = [line.split("  ", 1)[1] if "  " in line else line for line in bugs.switch_lines(BUG, 3)]
+    assert lines[2].strip() == "else:", "the switch block changed shape: update show_switch"
+    path = bugs.locate(BUG).rsplit(":", 1)[0]
+    print(f"{path}, cols_from_later_subchunks:")
+    print("\n".join(lines))
+    code = lambda s: s.split("#")[0].strip()  # noqa: E731
+    print(f"\n- {code(lines[1])}    # rows past T: 0 - gn")
+    print(f"+ {code(lines[3])}    # rows past T: exponent 0, times do = 0")
+
+
+# ---------------------------------------------------------------------------------------------------- the clamp
+
+
+def clamp_levels(remainder: int) -> dict[str, float]:
+    """Per-step bounds |f| < level: the users' 20, the largest that keeps this T's partial chunk finite, and the
+    largest that keeps every T finite (88.72 / 48)."""
+    return {"users' clamp": USERS_CLAMP, f"enough for T mod 64 = {remainder}": threshold_per_step(remainder),
+            "enough for every T": threshold_per_step(CHUNK - BC)}
+
+
+def gate_report(layer, x: torch.Tensor) -> dict[str, float]:
+    """What the layer's gate looks like on `x`: the logits `z = f_proj(x)` and `f = logsigmoid(z) / 8` (after the
+    layer's clamp, if any); how many reach |f| >= 20; the most negative chunk-local cumulative decay of a sub-chunk
+    that meets padded rows; how many slots the bug is predicted to turn NaN."""
+    with torch.no_grad():
+        z = layer.f_proj(x).float()
+        f, _ = layer.gates(x)
+    f_cut = -USERS_CLAMP * layer.gate_logit_normalizer  # logsigmoid(z) <= -160 <=> z <= about -160
+    gi = chunk_cumsum(f)
+    ends = [last for _, last in _sub_chunks_meeting_padding(x.shape[1], CHUNK)]
+    worst = float(gi[:, ends].min()) if ends else 0.0
+    bad = predicted_nonfinite(f)["ds"].any(1)
+    return {"logits": z.numel(), "logit min": float(z.min()), "f min": float(f.min()),
+            "f mean": float(f.mean()), "|f| >= 20": int((f <= -USERS_CLAMP).sum()),
+            "logit cut": f_cut, "logits below cut": int((z <= f_cut).sum()),
+            "worst cumulative decay": worst, "slots predicted NaN": int(bad.sum())}
+
+
+# ---------------------------------------------------------------------------------------------------- figures
+
+
+def plot_padded_rows(remainder: int = 45, log_decay: float = -4.0):
+    """One slot, a constant per-step log-decay, the partial last chunk of `remainder` valid rows. Left: the
+    chunk-local cumulative decay the kernel loads (0 past T). Right: the exponent `gi_t - gn` that
+    `cols_from_later_subchunks` forms for each sub-chunk i against the rows of its later sub-chunks."""
+    import numpy as np
+
+    rows = np.arange(CHUNK)
+    valid = rows < remainder
+    gi = np.where(valid, log_decay * (rows + 1), 0.0)  # the bug's load: other=0 past T
+    subs = _sub_chunks_meeting_padding(remainder, CHUNK)
+    colors = ["#1f77b4", "#ff7f0e", "#2ca02c"]
+    fig, (left, right) = viz.figure(ncols=2, width=4.9, height=3.7)
+    for ax in (left, right):
+        ax.axvspan(remainder - 0.5, CHUNK - 0.5, color="grey", alpha=0.18, lw=0)
+        for b in range(BC, CHUNK, BC):
+            ax.axvline(b - 0.5, color="k", lw=0.6, ls=":")
+    left.plot(rows[valid], gi[valid], ".", ms=4, color="k", label=f"gi, valid rows ({log_decay:g} per step)")
+    left.plot(rows[~valid], gi[~valid], "x", ms=4, color="#d62728", label="rows past T: the load gives 0")
+    for (first, last), color in zip(subs, colors):
+        left.hlines(gi[last], first - 0.5, last + 0.5, color=color, lw=2.5,
+                    label=f"gn of sub-chunk {first // BC} = {gi[last]:.0f}")
+    left.axhline(-FP32_EXP_MAX, color="#d62728", lw=0.8, ls="--")
+    left.text(1, -FP32_EXP_MAX + 6, "-88.7", fontsize=7, color="#d62728")
+    left.text(remainder + 0.5, -0.32 * abs(gi.min()), f"past T\n(T = {remainder})", fontsize=7, color="0.3")
+    left.set(xlabel="row of the partial last chunk (lines: sub-chunks of 16)",
+             ylabel="cumulative log-decay gi", title="what the kernel loads")
+    left.legend(fontsize=6.5, loc="lower left")
+    for (first, last), color in zip(subs, colors):
+        later = rows[(first // BC + 1) * BC:]
+        e = gi[later] - gi[last]
+        ok = later < remainder
+        right.plot(later[ok], e[ok], "o", ms=3, color=color, label=f"sub-chunk {first // BC}: valid rows, <= 0")
+        right.plot(later[~ok], e[~ok], "x", ms=4, color=color,
+                   label=f"sub-chunk {first // BC}: rows past T, 0 - gn = {e[~ok][0]:+.0f}")
+    right.axhspan(FP32_EXP_MAX, 1e4, color="#d62728", alpha=0.12)
+    right.axhline(FP32_EXP_MAX, color="#d62728", lw=0.8)
+    right.text(BC + 0.5, FP32_EXP_MAX + 6, "exp() = inf in fp32 (> 88.7); do = 0 there: inf * 0 = NaN",
+               fontsize=7, color="#d62728")
+    right.axhline(0, color="k", lw=0.6)
+    top = max(FP32_EXP_MAX, abs(gi.min())) + 45
+    right.set(xlim=(-0.5, CHUNK - 0.5), ylim=(-top, top), xlabel="later row t of the chunk",
+              ylabel="exponent gi_t - gn (bug)", title="the transposed factor exp(gi_t - gn), per sub-chunk i")
+    right.legend(fontsize=6.5, loc="lower left")
+    for ax in (left, right):
+        ax.title.set_fontsize(9)
+    fig.suptitle(f"a partial last chunk of {remainder} rows, one slot forgetting {-log_decay:g} per step "
+                 "(grey: rows past T)", fontsize=10)
+    return fig
+
+
+def plot_thresholds(measured: dict[tuple[int, float], bool] | None = None, init_f: float | None = None):
+    """The constant per-step forgetting |g| above which the bug fires, against T mod 64 (88.72 / min(r, 48)); the
+    users' clamp; optionally the layer's gate at init and measured kernel runs {(T mod 64, |g|): NaN?}."""
+    import numpy as np
+
+    r = np.arange(1, CHUNK)
+    th = np.array([threshold_per_step(int(x)) for x in r])
+    fig, (ax,) = viz.figure(width=6.4, height=3.7)
+    ax.fill_between(r, th, 1e3, color="#d62728", alpha=0.12, step="mid", label="ds, dg non-finite under the bug")
+    ax.step(r, th, where="mid", color="#d62728", lw=1.2, label="88.72 / min(T mod 64, 48)")
+    ax.axhline(USERS_CLAMP, color="k", ls="--", lw=0.9, label="users' clamp |f| < 20")
+    if init_f is not None:
+        ax.axhline(init_f, color="#1f77b4", ls="-.", lw=0.9, label=f"the layer's |f| at f_proj = 0 ({init_f:.3f})")
+    for (rem, g), nan in (measured or {}).items():
+        ax.plot(rem, g, "x" if nan else "o", ms=7, color="#d62728" if nan else "#2ca02c", mfc="none",
+                label=f"kernel, T = {rem}, |g| = {g:g}: " + ("NaN" if nan else "finite"))
+    ax.set(yscale="log", ylim=(0.05, 200), xlim=(0, CHUNK), xlabel="T mod 64 (rows in the partial last chunk)",
+           ylabel="constant per-step forgetting |g|", title="where the bug fires: the cumulative decay, not the step")
+    ax.legend(fontsize=7, loc="upper right")
+    return fig
+
+
+@functools.lru_cache(maxsize=4)
+def sweep(decays: tuple[float, ...] = SWEEP_DECAYS, dtype: str = "bf16", T: int = 45,
+          progress: bool = True) -> dict[float, dict[str, float]]:
+    """{decay knob: errors of o, the final states and every gradient} of the fixed `chunk_gsa` (cached)."""
+    from tqdm.auto import tqdm
+
+    return {m: fixed_comparison(T, m, dtype).errors
+            for m in tqdm(decays, desc="sweep", leave=False, disable=not progress)}
+
+
+def plot_accuracy(results: dict[float, dict[str, float]], dtype: str = "bf16", T: int = 45):
+    import numpy as np
+
+    decays = np.array(sorted(results))
+    fig, (ax,) = viz.figure(width=6.4, height=3.7)
+    others = [n for n in next(iter(results.values())) if n not in ("o", "s", "g") and not n.startswith("ht")]
+    lines = (("g", "dg", "#d62728", 2.2, "o"), ("s", "ds", "#ff7f0e", 1.2, "s"), ("o", "output o", "#1f77b4", 1.0, "."))
+    for name, label, color, lw, marker in lines:
+        ax.plot(decays, [results[m][name] for m in decays], marker=marker, ms=4, lw=lw, color=color,
+                label=f"fla_lab, fixed: {label}")
+    ax.plot(decays, [max(results[m][n] for n in others) for m in decays], ":", marker=".", color="0.4",
+            label="fla_lab, fixed: worst of dq, dk, dv, dh0")
+    ax.plot(list(UPSTREAM_BF16_DG), list(UPSTREAM_BF16_DG.values()), "*", ms=11, color="k",
+            label="upstream 0.6.0 dg (H200, T = 128..512, K = V = 64)")
+    ax.axhline(check.tolerance(viz.DTYPES[dtype]).grad, color="grey", ls="--", lw=0.8,
+               label=f"{dtype} gradient tolerance")
+    ax.set(xscale="log", yscale="log", ylim=(1e-7, 100), xlabel="decay knob m: g = -m·U(0.05, 1)",
+           ylabel="rel. error vs float64 reference",
+           title=f"{dtype}, chunk 64, T = {T} (CPU interpreter) beside upstream's GPU measurement")
+    ax.title.set_fontsize(9)
+    ax.legend(fontsize=7, loc="upper left")
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------------- explorer
+
+
+def plot_setting(dtype: torch.dtype = torch.float32, decay: float = 5.0, remainder: int = 45):
+    """One setting, T = remainder (one partial chunk; 64 when 0). Left, middle: which rows and slots of ds and dg
+    the buggy kernel makes non-finite (outlined: the prediction from the gate alone). Right: the fixed kernel's
+    errors against the float64 reference."""
+    import matplotlib.colors as mcolors
+    import numpy as np
+    from matplotlib.patches import Rectangle
+
+    name = viz.DTYPE_NAMES[dtype]
+    T = remainder % CHUNK or CHUNK
+    got = kernel_run(T, float(decay), name, BUG)
+    pred = predicted_nonfinite(got["g"])
+    fixed = fixed_comparison(T, float(decay), name)
+    fig, axes = viz.figure(ncols=3, width=3.5, height=3.9)
+    cmap = mcolors.ListedColormap(["#eeeeee", "#d62728", "#bbbbbb"])
+    for ax, key in zip(axes[:2], ("ds", "dg")):
+        img = np.full((CHUNK, got[key].shape[-1]), 2)
+        img[:T] = (~torch.isfinite(got[key][0, :, 0])).numpy().astype(int)
+        ax.imshow(img, aspect="auto", interpolation="nearest", cmap=cmap, vmin=0, vmax=2)
+        p = pred[key][0, :, 0].numpy()
+        for m in range(p.shape[1]):
+            bad = np.flatnonzero(p[:, m])
+            if bad.size:  # the predicted rows of a slot are one run: outline it
+                ax.add_patch(Rectangle((m - 0.5, bad[0] - 0.5), 1, bad[-1] - bad[0] + 1, fill=False, ec="k", lw=0.9))
+        for b in range(BC, CHUNK, BC):
+            ax.axhline(b - 0.5, color="k", lw=0.5, ls=":")
+        ax.set(xlabel="slot m", ylabel="time step t (dotted: sub-chunks)",
+               title=f"bug: {key} (red NaN/inf, grey past T)")
+        ax.title.set_fontsize(9)
+    names = list(fixed.errors)
+    vals = np.array([fixed.errors[n] for n in names])
+    ok = np.isfinite(vals)
+    pos = np.arange(len(names))
+    right = axes[2]
+    right.bar(pos[ok], np.maximum(vals[ok], 1e-12), color="#1f77b4", log=True, label="fixed kernel")
+    right.plot(pos[~ok], np.full((~ok).sum(), 3.0), "x", color="#d62728", ms=8)
+    right.axhline(check.tolerance(dtype).grad, color="grey", ls=":", lw=0.8, label="gradient tolerance")
+    right.set_xticks(pos, [n.replace("initial_state", "h0") for n in names], fontsize=7, rotation=60)
+    right.set(ylim=(1e-9, 10), ylabel="rel. error vs reference",
+              title=f"fixed: {'all within tolerance' if fixed.ok else 'FAILING'}")
+    right.title.set_fontsize(9)
+    right.legend(fontsize=7, loc="upper left")
+    fig.suptitle(f"{name}, T = {T} (T mod 64 = {remainder % CHUNK}), decay knob m = {decay:g}; "
+                 "black outline: predicted from the gate", fontsize=10)
+    return fig
+
+
+def explorer():
+    """dtype x decay knob x T mod 64, run on demand (each click runs the kernel twice under the interpreter)."""
+    import ipywidgets as w
+    import matplotlib.pyplot as plt
+
+    def draw(dtype, decay, remainder):
+        plot_setting(dtype, decay, remainder)
+        plt.show()
+
+    return w.interactive(draw, {"manual": True, "manual_name": "Run the kernels"},
+                         dtype=widgets.dtype_choice(),
+                         decay=widgets.log_slider("decay knob m (g = -m·U)", 5.0, -3, 4),
+                         remainder=widgets.int_slider("T mod 64", 45, 0, 63))
