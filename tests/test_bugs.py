@@ -246,12 +246,50 @@ def bf16_decay_control():
 # ---------------------------------------------------------------------------------------------------------
 # One entry per catalogue name: (trigger, control).
 
+# ---------------------------------------------------------------------------------------------------------
+# unmasked_padding (chunk_gsa, upstream #77 GSA half): rows past T of a partial last chunk stay live in backward
+
+
+def _chunk_gsa_run(T, decay, bug):
+    """harness.compare of chunk_gsa (chunk size 64, initial states, both final-state cotangents) and its output."""
+    x = harness.gsa_inputs(1, T, 1, 16, 16, 16, decay=decay, initial_state=True, seed=11)
+    grads = {}
+
+    def capture(**kw):  # keep the leaves s and g, whose .grad harness.compare fills
+        grads.update(s=kw["s"], g=kw["g"])
+        return ops.chunk_gsa(**kw, chunk_size=64, bug=bug)
+
+    result = harness.compare(capture, reference.recurrent_gsa, x)
+    return result, {n: t.grad for n, t in grads.items()}
+
+
+def unmasked_padding_trigger():
+    for T in (45, 80):  # a partial last chunk: partial sub-chunk (45) or whole padded sub-chunks (80)
+        result, grads = _chunk_gsa_run(T, 30.0, "unmasked_padding")
+        for name in ("s", "g"):
+            assert torch.isnan(grads[name]).any(), f"T={T}: d{name} {check.nonfinite_census(grads[name])}"
+        # forward, final states and the other gradients never touch the padded rows' exponent
+        fine = ("o", "ht[0]", "ht[1]", "q", "k", "v", "initial_state[0]", "initial_state[1]")
+        assert all(result.errors[n] <= result.tolerance.grad for n in fine), result
+
+
+def unmasked_padding_control():
+    for T in (45, 80):
+        result, _ = _chunk_gsa_run(T, 30.0, None)
+        assert result.ok, f"T={T}: {result.failures()} | {result}"
+    # the buggy switch without the trigger: no partial chunk (T = 64), or a weak decay
+    for T, decay in ((64, 30.0), (45, 1.0)):
+        result, _ = _chunk_gsa_run(T, decay, "unmasked_padding")
+        assert result.ok, f"T={T}, decay {decay}: {result.failures()} | {result}"
+
+
 REPRODUCTIONS = {
     "uninitialized_params": (uninitialized_params_trigger, uninitialized_params_control),
     "sigmoid_decay": (sigmoid_decay_trigger, sigmoid_decay_control),
     "exclusive_reference": (exclusive_reference_trigger, exclusive_reference_control),
     "transposed_h0_mask": (transposed_h0_mask_trigger, transposed_h0_mask_control),
     "bf16_decay": (bf16_decay_trigger, bf16_decay_control),
+    "unmasked_padding": (unmasked_padding_trigger, unmasked_padding_control),
     # "unmasked_padding" (chunk_gsa): its (trigger, control) goes here.
 }
 
