@@ -290,7 +290,6 @@ REPRODUCTIONS = {
     "transposed_h0_mask": (transposed_h0_mask_trigger, transposed_h0_mask_control),
     "bf16_decay": (bf16_decay_trigger, bf16_decay_control),
     "unmasked_padding": (unmasked_padding_trigger, unmasked_padding_control),
-    # "unmasked_padding" (chunk_gsa): its (trigger, control) goes here.
 }
 
 CATALOGUE_NAMES = [bug.name for bug in bugs.CATALOGUE]
