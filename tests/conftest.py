@@ -8,6 +8,10 @@ import fla_lab  # noqa: F401  (switches the interpreter on before any kernel mod
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # one pytest worker per core already: torch's own threads would only contend with the other workers
+    torch.set_num_threads(1)
+
 
 @pytest.fixture(autouse=True)
 def _seed():
