@@ -49,8 +49,8 @@ CATALOGUE: tuple[Bug, ...] = (
     Bug(name="unmasked_padding", op="chunk_gsa",
         component="GSA slot pass, backward intra-chunk dv kernel (chunk_bwd_dv_gate_v_kernel)",
         issue=77, fix="737550ff (mask rows past T in the exponent)",
-        trigger="a partial last chunk (T not a multiple of chunk_size) and a cumulative slot log-decay over a "
-                "sub-chunk below about -88.7 (fp32)",
+        trigger="a partial last chunk (T not a multiple of chunk_size) and a slot log-decay summed from the chunk's "
+                "first row to a sub-chunk's last valid row below about -88.7 (fp32)",
         symptom="forward finite; NaN in the gradients of s and g (exp(0 - gn) = inf times a zero-padded do)",
         notebook="03b_gsa_padded_rows", anchor=("ops/common/chunk_stages.py", "if BUG_UNMASKED_PADDING:")),
     Bug(name="transposed_h0_mask", op="fused_recurrent_rwkv6", component="fused_recurrent_bwd_dq_kernel",
