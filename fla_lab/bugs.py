@@ -47,7 +47,7 @@ CATALOGUE: tuple[Bug, ...] = (
         notebook="03a_exclusive_decay_overflow",
         anchor=("ops/common/chunk_stages.py", "if BUG_EXCLUSIVE_REFERENCE:")),
     Bug(name="unmasked_padding", op="chunk_gsa",
-        component="GSA slot pass, backward intra-chunk dv kernel (chunk_bwd_dv_gate_v_kernel)",
+        component="GSA slot pass, backward intra-chunk dv kernel (slot_rows_kernel, BACKWARD)",
         issue=77, fix="737550ff (mask rows past T in the exponent)",
         trigger="a partial last chunk (T not a multiple of chunk_size) and a slot log-decay summed from the chunk's "
                 "first row to a sub-chunk's last valid row below about -88.7 (fp32)",

@@ -161,9 +161,9 @@ def value_side_forward(q, k, v, gi, scale, h0, output_final_state, BT, launch):
     A = plain_scores(q, k, 1.0, BT, launch)
     o = _f32(q, B, T, H, V)
     BV = min(_tile(V), launch.slots_BV)
-    st.chunk_fwd_o_gate_v_kernel[(grid_size(V, BV), grid_size(T, BT) * (BT // BC), B * H)](
+    st.slot_rows_kernel[(grid_size(V, BV), grid_size(T, BT) * (BT // BC), B * H)](
         q, v, gi, h, A, o, scale, T, grid_size(T, BT), H=H, K=K, V=V, BT=BT, BC=BC, BK=_tile(K), BV=BV,
-        DOT=_dot(launch, q), num_warps=launch.slots_warps)
+        DOT=_dot(launch, q), BACKWARD=False, BUG_UNMASKED_PADDING=False, ACC=False, num_warps=launch.slots_warps)
     return o, ht, h, A
 
 
@@ -182,9 +182,9 @@ def value_side_backward(q, k, v, gi, scale, h0, ht, h, A, o, do, dht, BT, launch
     dA = gated_scores(do, v, gi, None, scale, BT, launch)
     dv = dv_add if dv_add is not None else _f32(q, B, T, H, V)
     BV = min(_tile(V), launch.slots_BV)
-    st.chunk_bwd_dv_gate_v_kernel[(grid_size(V, BV), NT * (BT // BC), B * H)](
-        k, v, gi, dh, A, do, dv, scale, T, NT, H=H, K=K, V=V, BT=BT, BC=BC, BK=_tile(K), BV=BV,
-        DOT=_dot(launch, q), BUG_UNMASKED_PADDING=bug_unmasked_padding, ACC=dv_add is not None,
+    st.slot_rows_kernel[(grid_size(V, BV), NT * (BT // BC), B * H)](
+        k, do, gi, dh, A, dv, scale, T, NT, H=H, K=K, V=V, BT=BT, BC=BC, BK=_tile(K), BV=BV, DOT=_dot(launch, q),
+        BACKWARD=True, BUG_UNMASKED_PADDING=bug_unmasked_padding, ACC=dv_add is not None,
         num_warps=launch.slots_warps)
     del A
     dq = plain_rows(dA, k, do, gi, h, 1.0, scale, BT, launch, transpose_A=False, to_end=False, transpose_h=True)

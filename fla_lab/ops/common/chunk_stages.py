@@ -17,10 +17,10 @@ scores are plain (`A = q k^T`) and the factor stays on the output channel:
 | cumulative decay | `chunk_cumsum_kernel` | same |
 | state entering each chunk | `chunk_fwd_h_kernel(GATE_V=False)` | `GATE_V=True` |
 | intra-chunk scores | `gated_scores_kernel` (A) | `plain_scores_kernel` (A) |
-| output | `chunk_fwd_o_kernel` | `chunk_fwd_o_gate_v_kernel` |
+| output | `chunk_fwd_o_kernel` | `slot_rows_kernel` |
 | state adjoint | `chunk_bwd_dh_kernel(GATE_V=False)` | `GATE_V=True` |
 | score gradient | `plain_scores_kernel` (dA) | `gated_scores_kernel` (dA) |
-| gradients through the scores and the state | `chunk_bwd_dqk_kernel` (dq, dk), `plain_rows_kernel` (dv) | `plain_rows_kernel` (dq, dk), `chunk_bwd_dv_gate_v_kernel` (dv) |
+| gradients through the scores and the state | `chunk_bwd_dqk_kernel` (dq, dk), `plain_rows_kernel` (dv) | `plain_rows_kernel` (dq, dk), `slot_rows_kernel(BACKWARD)` (dv) |
 | decay gradient | `chunk_bwd_dg_kernel` on (q, dq, k, dk) | on (o, do, v, dv) |
 
 The gated contraction `sum_s S[t, s] Y_s exp(gi_t - gi_s)` (dq on the key side, the output on the value side) and
@@ -337,11 +337,17 @@ def chunk_fwd_o_kernel(q, v, gi, h, A, o, scale, T, NT, H: tl.constexpr, K: tl.c
 
 
 @kernel
-def chunk_fwd_o_gate_v_kernel(q, v, gi, h, A, o, scale, T, NT, H: tl.constexpr, K: tl.constexpr,
-                              V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
-                              BV: tl.constexpr, DOT: tl.constexpr):
-    """Value side: `o_t = scale * ((q_t @ h_n) * exp(gi_t) + sum_s A[t, s] v_s exp(gi_t - gi_s))`, one sub-chunk
-    and value block per program (A = q k^T is plain; the decay stays on the value channel)."""
+def slot_rows_kernel(x, y, gi, h, A, out, scale, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
+                     BACKWARD: tl.constexpr, BUG_UNMASKED_PADDING: tl.constexpr, ACC: tl.constexpr):
+    """Value side, one sub-chunk and value block per program; the decay stays on the value channel.
+
+    - forward, the pass output (x = q, y = v, h = h_n):
+      `out_t = scale * ((x_t @ h) * exp(gi_t) + sum_{s <= t} A[t, s] y_s exp(gi_t - gi_s))`;
+    - BACKWARD, dv (x = k, y = do, h = dh_{n+1}; upstream's intra dv kernel, where the padded-row bug lived):
+      `out_s = scale * sum_{t >= s} A[t, s] y_t exp(gi_t - gi_s) + (x_s @ h) * exp(gi_last - gi_s)`.
+    ACC adds the result to what `out` holds (GSA's slots get gradients from both passes).
+    """
     i_v, i_tc, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_bh, i_b, i_h = batch_head(i_bh, H)
     NC: tl.constexpr = BT // BC
@@ -350,27 +356,42 @@ def chunk_fwd_o_gate_v_kernel(q, v, gi, h, A, o, scale, T, NT, H: tl.constexpr, 
         return
     o_v, m_v, m_iv, p_iv = channel_block(i_v, o_i, m_i, H, V, BV)
     bos = i_b * T * H + i_h
-    q, v, gi, A = q + bos * K, v + bos * V, gi + bos * V, A + bos * BT
+    x, y, gi, A = x + bos * K, y + bos * V, gi + bos * V, A + bos * BT
     h += ((i_b * NT + i_t) * H + i_h) * K * V
     b_g = tl.load(gi + p_iv, mask=m_iv, other=0)
-    b_o = tl.zeros([BC, BV], dtype=tl.float32)
-    for i_k in range(0, tl.cdiv(K, BK)):  # the state entering the chunk (split: o feeds the decay gradient)
+    b_xh = tl.zeros([BC, BV], dtype=tl.float32)  # the state path (split: both results feed the decay gradient)
+    for i_k in range(0, tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
-        b_q = tl.load(q + o_i[:, None] * H * K + o_k[None, :], mask=m_i[:, None] & m_k[None, :], other=0)
+        b_x = tl.load(x + o_i[:, None] * H * K + o_k[None, :], mask=m_i[:, None] & m_k[None, :], other=0)
         b_h = tl.load(h + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0)
-        b_o += mma_split(b_q.to(tl.float32), b_h, DOT)
-    b_o *= tl.exp(b_g)  # g <= 0, and 0 on rows past T
-    b_o += rows_from_earlier_subchunks(A, v, gi, b_g, i_start, t_first, i_i, o_c, o_v, m_v, m_i, H * V, H * BT,
-                                       BC, BV, DOT, False, False)
-    for j in range(0, BC):  # the diagonal block, one key row at a time (a [BC, BC, BV] tile reduced over its
-        m_j = m_v & (i_start + j + 0 * o_v < T)  # middle axis took 2.3x as long on an H200)
-        b_vj = tl.load(v + (i_start + j) * H * V + o_v, mask=m_j, other=0).to(tl.float32)
-        b_gj = tl.load(gi + (i_start + j) * H * V + o_v, mask=m_j, other=0)
-        b_aj = tl.load(A + o_i * H * BT + i_i * BC + j, mask=m_i, other=0)  # column j of the block
-        causal = ((o_c >= j) & m_i)[:, None]
-        b_o += tl.where(causal, b_aj[:, None] * b_vj[None, :] * tl.exp(tl.where(causal, b_g - b_gj[None, :], 0)), 0)
-    tl.store(o + bos * V + p_iv, (scale * b_o).to(o.dtype.element_ty), mask=m_iv)
+        b_xh += mma_split(b_x.to(tl.float32), b_h, DOT)
+    if BACKWARD:
+        b_glast = tl.load(gi + (tl.minimum(t_first + BT, T) - 1) * H * V + o_v, mask=m_v, other=0)
+        b_out = b_xh * tl.exp(tl.where(m_iv, b_glast[None, :] - b_g, 0))
+        b_in = cols_from_later_subchunks(A, y, gi, b_g, i_start, t_first, i_i, T, o_c, o_v, m_v, m_i, H * V,
+                                         H * BT, BC, BV, NC, DOT, False, BUG_UNMASKED_PADDING)
+        b_yi = tl.load(y + p_iv, mask=m_iv, other=0).to(tl.float32)
+        b_Aii = tl.load(A + o_i[:, None] * H * BT + (i_i * BC + o_c)[None, :], mask=m_i[:, None], other=0)
+        b_w = diagonal_tile(b_g, b_g, b_g, o_c, m_i, False)
+        b_in += tl.sum(b_w * b_Aii[:, :, None] * b_yi[:, None, :], axis=0)
+        b_out += scale * b_in
+    else:
+        b_out = b_xh * tl.exp(b_g)  # g <= 0, and 0 on rows past T
+        b_out += rows_from_earlier_subchunks(A, y, gi, b_g, i_start, t_first, i_i, o_c, o_v, m_v, m_i, H * V,
+                                             H * BT, BC, BV, DOT, False, False)
+        for j in range(0, BC):  # the diagonal block, one key row at a time (a [BC, BC, BV] tile reduced over its
+            m_j = m_v & (i_start + j + 0 * o_v < T)  # middle axis took 2.3x as long on an H200)
+            b_yj = tl.load(y + (i_start + j) * H * V + o_v, mask=m_j, other=0).to(tl.float32)
+            b_gj = tl.load(gi + (i_start + j) * H * V + o_v, mask=m_j, other=0)
+            b_aj = tl.load(A + o_i * H * BT + i_i * BC + j, mask=m_i, other=0)  # column j of the block
+            causal = ((o_c >= j) & m_i)[:, None]
+            b_e = tl.exp(tl.where(causal, b_g - b_gj[None, :], 0))
+            b_out += tl.where(causal, b_aj[:, None] * b_yj[None, :] * b_e, 0)
+        b_out *= scale
+    if ACC:
+        b_out += tl.load(out + bos * V + p_iv, mask=m_iv, other=0).to(tl.float32)
+    tl.store(out + bos * V + p_iv, b_out.to(out.dtype.element_ty), mask=m_iv)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -515,46 +536,6 @@ def chunk_bwd_dqk_kernel(q, k, v, gi, u, h, dh, dA, do, dq, dk, scale, T, NT, H:
     p_out = bos * K + p_ik
     tl.store(dq + p_out, b_dq, mask=m_ik)
     tl.store(dk + p_out, b_dk, mask=m_ik)
-
-
-@kernel
-def chunk_bwd_dv_gate_v_kernel(k, v, gi, dh, A, do, dv, scale, T, NT, H: tl.constexpr, K: tl.constexpr,
-                               V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
-                               BV: tl.constexpr, DOT: tl.constexpr, BUG_UNMASKED_PADDING: tl.constexpr,
-                               ACC: tl.constexpr):
-    """Value side: `dv_s = scale * sum_t A[t, s] do_t exp(gi_t - gi_s) + (k_s @ dh_{n+1}) * exp(gi_last - gi_s)`,
-    one sub-chunk and value block per program (upstream's intra dv kernel: where the padded-row bug lived).
-    ACC adds the result to what `dv` holds (GSA's slots get gradients from both passes)."""
-    i_v, i_tc, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_bh, i_b, i_h = batch_head(i_bh, H)
-    NC: tl.constexpr = BT // BC
-    i_t, i_i, t_first, i_start, o_c, o_i, m_i = subchunk(i_tc, T, BT, BC)
-    if i_start >= T:
-        return
-    o_v, m_v, m_iv, p_iv = channel_block(i_v, o_i, m_i, H, V, BV)
-    bos = i_b * T * H + i_h
-    k, gi, A, do = k + bos * K, gi + bos * V, A + bos * BT, do + bos * V
-    dh += ((i_b * NT + i_t) * H + i_h) * K * V
-    b_g = tl.load(gi + p_iv, mask=m_iv, other=0)
-    b_dv = cols_from_later_subchunks(A, do, gi, b_g, i_start, t_first, i_i, T, o_c, o_v, m_v, m_i, H * V, H * BT,
-                                     BC, BV, NC, DOT, False, BUG_UNMASKED_PADDING)
-    b_doi = tl.load(do + p_iv, mask=m_iv, other=0).to(tl.float32)
-    b_Aii = tl.load(A + o_i[:, None] * H * BT + (i_i * BC + o_c)[None, :], mask=m_i[:, None], other=0)
-    b_w = diagonal_tile(b_g, b_g, b_g, o_c, m_i, False)
-    b_dv += tl.sum(b_w * b_Aii[:, :, None] * b_doi[:, None, :], axis=0)
-    b_dv *= scale
-    b_dkh = tl.zeros([BC, BV], dtype=tl.float32)  # the state path (split: dv feeds the decay gradient)
-    for i_k in range(0, tl.cdiv(K, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
-        m_k = o_k < K
-        b_k = tl.load(k + o_i[:, None] * H * K + o_k[None, :], mask=m_i[:, None] & m_k[None, :], other=0)
-        b_dh = tl.load(dh + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0)
-        b_dkh += mma_split(b_k.to(tl.float32), b_dh, DOT)
-    b_glast = tl.load(gi + (tl.minimum(t_first + BT, T) - 1) * H * V + o_v, mask=m_v, other=0)
-    b_dv += b_dkh * tl.exp(tl.where(m_iv, b_glast[None, :] - b_g, 0))
-    if ACC:
-        b_dv += tl.load(dv + bos * V + p_iv, mask=m_iv, other=0)
-    tl.store(dv + bos * V + p_iv, b_dv, mask=m_iv)
 
 
 @kernel
