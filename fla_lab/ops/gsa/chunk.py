@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 import triton.language as tl
 
+from fla_lab.bugs import check_bug
 from fla_lab.ops import contract
 from fla_lab.ops.common import chunk_pass as cp
 from fla_lab.ops.common.launch import check_chunk_size, resolve
@@ -125,8 +126,6 @@ def chunk_gsa(q, k, v, s, g=None, scale=None, initial_state=None, output_final_s
     `fla_lab.ops.ChunkLaunch`. `bug="unmasked_padding"`: upstream #77's NaN gradients of s and g when the last
     chunk is partial and the slot decay is strong.
     """
-    from fla_lab.bugs import check_bug
-
     check_bug(bug, "chunk_gsa")
     contract.check_gsa_inputs("chunk_gsa", q, k, v, s, g, initial_state=initial_state, kwargs=kwargs)
     if g is None:
