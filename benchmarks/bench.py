@@ -50,6 +50,7 @@ def cases():
         "fused_recurrent_rwkv6": (ops.fused_recurrent_rwkv6, gated(True), {}),
         "fused_recurrent_rwkv7": (ops.fused_recurrent_rwkv7, rwkv7(), {}),
     }
+    ours["chunk_rwkv7"] = (ops.chunk_rwkv7, ours["fused_recurrent_rwkv7"][1], {})
     theirs = {}
     try:
         from fla.ops.gla import chunk_gla
@@ -122,7 +123,8 @@ def print_ratios(rows):
     by = {(r["lib"], r["op"]): r for r in rows}
     print("\nratios (fla_lab / fla 0.6.0, medians; < 1 is faster):")
     for op, upstream in (("chunk_gla", "chunk_gla"), ("chunk_rwkv6", "chunk_rwkv6"), ("chunk_gsa", "chunk_gsa"),
-                         ("fused_recurrent_rwkv6", "fused_recurrent_rwkv6"), ("fused_recurrent_rwkv7", "chunk_rwkv7")):
+                         ("fused_recurrent_rwkv6", "fused_recurrent_rwkv6"), ("chunk_rwkv7", "chunk_rwkv7"),
+                         ("fused_recurrent_rwkv7", "chunk_rwkv7")):
         a, b = by.get(("fla_lab", op)), by.get(("fla 0.6.0", upstream))
         if a and b:
             print(f"  {op:<24} vs {upstream:<22} fwd {a['fwd_ms'] / b['fwd_ms']:5.2f}x   "

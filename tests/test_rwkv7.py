@@ -1,4 +1,4 @@
-"""fused_recurrent_rwkv7 against the float64 reference: output, final state and every gradient.
+"""fused_recurrent_rwkv7 and chunk_rwkv7 against the float64 reference: output, final state and every gradient.
 
 Inputs follow RWKV-7's contract (`harness.rwkv7_inputs`): `a = -kk`, `b = kk * a_gate`, decays in RWKV-7's
 range and far outside it. Odd T exercises the partial last checkpoint segment; V = 96 gives two value blocks
@@ -13,9 +13,11 @@ import torch
 
 from fla_lab import check, harness, reference, runtime
 from fla_lab.ops.rwkv7 import fused_recurrent as rwkv7
-from fla_lab.ops.rwkv7 import fused_recurrent_rwkv7
+from fla_lab.ops.rwkv7 import chunk_rwkv7, fused_recurrent_rwkv7
 
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
+OPS = {"fused_recurrent": fused_recurrent_rwkv7, "chunk": chunk_rwkv7}
+op_param = pytest.mark.parametrize("op", OPS.values(), ids=OPS.keys())
 
 # (B, T, H, K, V, decay, initial_state, dtype); decay None is RWKV-7's range, a number m gives -m * U(0.05, 1)
 CASES = [
@@ -44,19 +46,21 @@ def _id(case):
     return f"B{B}-T{T}-H{H}-K{K}-V{V}-w{decay or 'rwkv7'}-{'h0' if h0 else 'noh0'}-{str(dtype)[6:]}"
 
 
+@op_param
 @pytest.mark.parametrize("case", CASES, ids=map(_id, CASES))
-def test_matches_reference(case):
+def test_matches_reference(op, case):
     B, T, H, K, V, decay, h0, dtype = case
     inputs = harness.rwkv7_inputs(B, T, H, K, V, decay=decay, initial_state=h0, seed=T + K)
-    result = harness.compare(fused_recurrent_rwkv7, reference.recurrent_rwkv7, inputs, dtype=dtype)
+    result = harness.compare(op, reference.recurrent_rwkv7, inputs, dtype=dtype)
     assert result.ok, f"{result.failures()} (all: {result})"
 
 
+@op_param
 @pytest.mark.parametrize("scale", [0.25, None])
-def test_scale(scale):
+def test_scale(op, scale):
     """`scale=None` means K ** -0.5, like the reference; the default 1.0 is covered above."""
     inputs = harness.rwkv7_inputs(1, 19, 1, 16, 16)
-    result = harness.compare(fused_recurrent_rwkv7, reference.recurrent_rwkv7, inputs, scale=scale)
+    result = harness.compare(op, reference.recurrent_rwkv7, inputs, scale=scale)
     assert result.ok, f"{result.failures()} (all: {result})"
 
 
@@ -64,12 +68,13 @@ def _on_device(inputs, requires_grad=True):
     return {n: x.to(runtime.device()).requires_grad_(requires_grad) for n, x in inputs.items()}
 
 
-def test_gradients_without_final_state():
+@op_param
+def test_gradients_without_final_state(op):
     """No `dht`: the adjoint starts from zero instead of the final state's cotangent."""
     inputs = harness.rwkv7_inputs(1, 21, 2, 16, 32)
     ours = _on_device(inputs)
     theirs = {n: x.detach().double().cpu().requires_grad_() for n, x in inputs.items()}
-    o, ht = fused_recurrent_rwkv7(**ours)
+    o, ht = op(**ours)
     o_ref, _ = reference.recurrent_rwkv7(**theirs)
     assert ht is None
     do = torch.randn(o_ref.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
@@ -79,12 +84,13 @@ def test_gradients_without_final_state():
     assert max(errors.values()) <= check.tolerance(F32).grad, errors
 
 
-def test_float32_decay_with_bf16_inputs():
+@op_param
+def test_float32_decay_with_bf16_inputs(op):
     """The layer keeps `w` in fp32 (upstream #181): each gradient comes back in its own input's dtype."""
     inputs = harness.rwkv7_inputs(1, 18, 1, 16, 16, initial_state=False)
     ours = _on_device({n: (x if n == "w" else x.to(BF16)) for n, x in inputs.items()})
     theirs = {n: x.detach().double().cpu().requires_grad_() for n, x in ours.items()}
-    o, _ = fused_recurrent_rwkv7(**ours)
+    o, _ = op(**ours)
     o_ref, _ = reference.recurrent_rwkv7(**theirs)
     do = torch.randn(o_ref.shape, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
     (o.float() * do.to(o.device, torch.float32)).sum().backward()
@@ -95,14 +101,15 @@ def test_float32_decay_with_bf16_inputs():
     assert max(errors.values()) <= check.tolerance(BF16).grad, errors
 
 
-def test_gradient_of_initial_state_alone():
+@op_param
+def test_gradient_of_initial_state_alone(op):
     """Only h0 requires grad: the forward must still keep the checkpoints the backward replays."""
     inputs = harness.rwkv7_inputs(1, 35, 1, 16, 16)
     ours = _on_device(inputs, requires_grad=False)
     ours["initial_state"].requires_grad_()
     h0_ref = inputs["initial_state"].detach().double().requires_grad_()
     ref_inputs = {n: x.double() for n, x in inputs.items() if n != "initial_state"}
-    o, _ = fused_recurrent_rwkv7(**ours)
+    o, _ = op(**ours)
     o_ref, _ = reference.recurrent_rwkv7(**ref_inputs, initial_state=h0_ref)
     o.sum().backward()
     o_ref.sum().backward()
@@ -130,15 +137,17 @@ def test_checkpoints_hold_segment_states(T):
         check.assert_close(f"checkpoint {s}", states[0][:, :, s], expected, check.tolerance(F32).fwd)
 
 
-def test_rejects_keys_wider_than_a_tile():
+@op_param
+def test_rejects_keys_wider_than_a_tile(op):
     inputs = harness.rwkv7_inputs(1, 4, 1, rwkv7.MAX_K + 32, 16)
     with pytest.raises(ValueError, match=f"K={rwkv7.MAX_K + 32}"):
-        fused_recurrent_rwkv7(**inputs)
+        op(**inputs)
 
 
+@op_param
 @pytest.mark.parametrize("name", ["a", "b"])
-def test_rejects_misshapen_removal_vectors(name):
+def test_rejects_misshapen_removal_vectors(op, name):
     inputs = harness.rwkv7_inputs(1, 4, 1, 16, 16)
     inputs[name] = inputs[name][..., :8]
     with pytest.raises(ValueError, match=f"`{name}`"):
-        fused_recurrent_rwkv7(**inputs)
+        op(**inputs)

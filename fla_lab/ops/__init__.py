@@ -8,7 +8,7 @@ from fla_lab.ops.contract import LayoutWarning, set_value_checks
 from fla_lab.ops.gla import chunk_gla, fused_recurrent_gla
 from fla_lab.ops.gsa import chunk_gsa
 from fla_lab.ops.rwkv6 import chunk_rwkv6, fused_recurrent_rwkv6
-from fla_lab.ops.rwkv7 import fused_recurrent_rwkv7
+from fla_lab.ops.rwkv7 import chunk_rwkv7, fused_recurrent_rwkv7
 
-__all__ = ["chunk_gla", "chunk_gsa", "chunk_rwkv6", "fused_recurrent_gla", "fused_recurrent_rwkv6",
+__all__ = ["chunk_gla", "chunk_gsa", "chunk_rwkv6", "chunk_rwkv7", "fused_recurrent_gla", "fused_recurrent_rwkv6",
            "fused_recurrent_rwkv7", "ChunkLaunch", "LayoutWarning", "set_value_checks"]

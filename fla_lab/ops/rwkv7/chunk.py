@@ -1,0 +1,512 @@
+"""Chunked RWKV-7 / DPLR: `S_t = (diag(exp w_t) + b_t a_t^T) S_{t-1} + k_t v_t^T`, `o_t = scale * S_t^T r_t`.
+
+Reference: `fla_lab.reference.recurrent_rwkv7` (float64). The algorithm is the WY (UT) form of a chunk of BT = 16
+steps; no step of it ever exponentiates a positive number, so it is exact over any decay a caller passes.
+
+Inside a chunk with chunk-local inclusive cumulative log-decay `G_t` (fp32) and its exclusive shift
+`Ge_t = G_{t-1}` (0 at the chunk's first row), write `u_t = a_t^T S_{t-1}` (the removed row, `[V]`). Unrolled:
+
+    u_t = (a_t e^{Ge_t})^T S_0 + sum_{s<t} A_ab[t, s] u_s + A_ak[t, s] v_s          (strictly earlier s)
+    o_t = scale * ((r_t e^{G_t})^T S_0 + sum_{s<=t} A_rb[t, s] u_s + A_rk[t, s] v_s)
+    S_C = diag(e^{G_C}) S_0 + sum_s (b_s e^{G_C - G_s}) u_s^T + (k_s e^{G_C - G_s}) v_s^T
+
+with `A_xy[t, s] = sum_i x_t[i] y_s[i] exp(Gx_t[i] - G_s[i])` (Gx = G for r, Ge for a). So
+`U = T (Ã S_0 + A_ak V)`, `T = (I - A_ab)^-1` (unit lower triangular, forward substitution in fp32):
+`U = W S_0 + U0` with `W = T Ã` and `U0 = T A_ak V` computed for every chunk in parallel, and one sequential pass
+over chunks carries S (`dplr_fwd_h_kernel`).
+
+Exactness. Every exponent is a difference `G_later - G_earlier <= 0`, evaluated pair by pair with the exponent
+masked *before* exp (rows past T included: the lesson of #77), or a cumulative decay from the chunk start or to the
+chunk end. Nothing is split as `exp(G_t) * exp(-G_s)`, so there is no bound on the decay to promise and no fast path
+to fall back from (upstream's `safe_gate` path splits a 64-row chunk around its middle row and overflows past its
+documented gate range; see `../shared/docs/upstream-baseline.md`).
+
+Backward (everything recomputed from the inputs; see `_backward`). With `do' = scale * do` and `dS_C` the adjoint of
+the chunk's end state: `dX = T^T (A_rb^T do' + B̄ dS_C)` (the adjoint of `Ã S_0 + A_ak V`) is carried by the reverse
+pass `dplr_bwd_dh_kernel` as `dX0 + Wb dS_C`; then per chunk the score gradients `dA_rb = do' U^T`,
+`dA_rk = do' V^T`, `dA_ab = dX U^T`, `dA_ak = dX V^T`, their pairwise contractions, and the state terms give
+dr, da, db, dk, dv. The decay gradient has a closed form (as for GLA): the loss depends on w only through
+`exp(G_reader - G_writer)`, readers r (at G) and a (at Ge), writers b and k, so
+`dw_t = revcumsum(r dr + a da - b db - k dk)_t - a_t da_t + rowsum(S_T * dS_T)`.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from fla_lab.bugs import check_bug
+from fla_lab.ops import contract
+from fla_lab.ops.common.chunk_pass import cast, chunk_cumsum
+from fla_lab.ops.common.chunk_stages import load_query_decay
+from fla_lab.ops.common.utils import (as_contiguous, batch_head, custom_bwd, custom_fwd, dot_dtype, grid_size,
+                                      kernel, mma, mma_split, next_pow2)
+from fla_lab.ops.rwkv7.fused_recurrent import check_key_width
+
+CHUNK = 16  # rows per chunk: the whole chunk is one pairwise tile and one 16x16 triangular solve
+MAX_BV = 64  # value columns per program
+WARPS = {"intra": 4, "fwd_h": 4, "fwd_o": 4, "bwd_dh": 4, "bwd": 4}  # per kernel; measured on an H200
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Pieces
+
+
+@kernel
+def chunk_rows(i_t, T, BT: tl.constexpr):
+    """Chunk i_t's first row, its rows (chunk-local o_c and absolute o_t), which lie before T, and its last row."""
+    t_first = i_t * BT
+    o_c = tl.arange(0, BT)
+    o_t = t_first + o_c
+    return t_first, o_c, o_t, o_t < T, tl.minimum(t_first + BT, T) - 1
+
+
+@kernel
+def load_rows(x, o_t, o_d, m, HD):
+    """Rows o_t, channels o_d of a `[T, H, D]` tensor (base already at this batch-head), in fp32."""
+    return tl.load(x + o_t[:, None] * HD + o_d[None, :], mask=m, other=0).to(tl.float32)
+
+
+@kernel
+def load_cols(x, o_t, o_d, m, HD):
+    """The same block transposed: `[channels, rows]`."""
+    return tl.load(x + o_t[None, :] * HD + o_d[:, None], mask=m, other=0).to(tl.float32)
+
+
+@kernel
+def chunk_decays(gi, o_t, o_k, m_tk, t_first, t_last, m_k, HK):
+    """G (inclusive), Ge (exclusive), the decay from each row to the chunk end, and G at the chunk end."""
+    b_g = tl.load(gi + o_t[:, None] * HK + o_k[None, :], mask=m_tk, other=0)
+    b_ge = load_query_decay(gi, o_t[:, None], o_k[None, :], m_tk, t_first, HK, True)
+    b_glast = tl.load(gi + t_last * HK + o_k, mask=m_k, other=0)
+    return b_g, b_ge, tl.where(m_tk, b_glast[None, :] - b_g, 0), b_glast
+
+
+@kernel
+def pair_weights(b_g, b_ge, b_gj, o_c, j, m_t):
+    """exp(G_t - G_j) for t >= j and exp(Ge_t - G_j) for t > j ([BT, BK] each, 0 elsewhere): the exponent is
+    masked before exp, so a masked pair (or a row past T, whose G loads as 0) never meets an overflow."""
+    inc = ((o_c >= j) & m_t)[:, None]
+    exc = ((o_c > j) & m_t)[:, None]
+    w_inc = tl.where(inc, tl.exp(tl.where(inc, b_g - b_gj[None, :], 0)), 0)
+    w_exc = tl.where(exc, tl.exp(tl.where(exc, b_ge - b_gj[None, :], 0)), 0)
+    return w_inc, w_exc
+
+
+@kernel
+def column(x, o_c, j):
+    """Column j of a `[BT, BT]` tile, as a `[BT]` vector."""
+    return tl.sum(tl.where(o_c[None, :] == j, x, 0), axis=1)
+
+
+@kernel
+def row(x, o_c, j):
+    """Row j of a `[BT, BD]` tile, as a `[BD]` vector."""
+    return tl.sum(tl.where(o_c[:, None] == j, x, 0), axis=0)
+
+
+@kernel
+def unit_lower_inverse(b_A, o_c, BT: tl.constexpr):
+    """`(I - A)^-1` for a strictly lower triangular `[BT, BT]` A, by forward substitution in fp32:
+    row i of the inverse is `e_i + sum_{j<i} A[i, j] * (row j of the inverse)`."""
+    eye = (o_c[:, None] == o_c[None, :]).to(tl.float32)
+    b_T = eye
+    for i in range(1, BT):
+        b_ai = row(b_A, o_c, i)  # zero at j >= i, where b_T still holds identity rows
+        b_new = row(eye, o_c, i) + tl.sum(b_ai[:, None] * b_T, axis=0)
+        b_T = tl.where(o_c[:, None] == i, b_new[None, :], b_T)
+    return b_T
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Forward
+
+
+@kernel
+def dplr_intra_kernel(r, k, v, a, b, gi, do, Arb, Ark, Aak, W, U0, Wb, dX0, scale, T, H: tl.constexpr,
+                      K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                      BACKWARD: tl.constexpr):
+    """One chunk: the four pairwise score matrices, `T = (I - A_ab)^-1`, `W = T Ã`, `U0 = T A_ak V`.
+
+    Forward: stores A_rb, A_rk (for the output), W, U0. BACKWARD also stores A_ak, `Wb = T^T B̄` and
+    `dX0 = T^T A_rb^T do'` (the pieces of the reverse pass). All products here are small; they run in fp32.
+    """
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_bh, i_b, i_h = batch_head(i_bh, H)
+    HK: tl.constexpr = H * K
+    t_first, o_c, o_t, m_t, t_last = chunk_rows(i_t, T, BT)
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    m_tk = m_t[:, None] & m_k[None, :]
+    bos = i_b * T * H + i_h
+    r, k, a, b, gi = r + bos * K, k + bos * K, a + bos * K, b + bos * K, gi + bos * K
+    b_r, b_a = load_rows(r, o_t, o_k, m_tk, HK), load_rows(a, o_t, o_k, m_tk, HK)
+    b_g, b_ge, b_gend, b_glast = chunk_decays(gi, o_t, o_k, m_tk, t_first, t_last, m_k, HK)
+    A_rb = tl.zeros([BT, BT], dtype=tl.float32)
+    A_rk = tl.zeros([BT, BT], dtype=tl.float32)
+    A_ab = tl.zeros([BT, BT], dtype=tl.float32)
+    A_ak = tl.zeros([BT, BT], dtype=tl.float32)
+    for j in range(0, BT):  # column j: every row t against key row s = t_first + j
+        m_j = m_k & (t_first + j + 0 * o_k < T)
+        b_bj = tl.load(b + (t_first + j) * HK + o_k, mask=m_j, other=0).to(tl.float32)
+        b_kj = tl.load(k + (t_first + j) * HK + o_k, mask=m_j, other=0).to(tl.float32)
+        b_gj = tl.load(gi + (t_first + j) * HK + o_k, mask=m_j, other=0)
+        w_inc, w_exc = pair_weights(b_g, b_ge, b_gj, o_c, j, m_t)
+        at_j = o_c[None, :] == j
+        A_rb = tl.where(at_j, tl.sum(b_r * w_inc * b_bj[None, :], axis=1)[:, None], A_rb)
+        A_rk = tl.where(at_j, tl.sum(b_r * w_inc * b_kj[None, :], axis=1)[:, None], A_rk)
+        A_ab = tl.where(at_j, tl.sum(b_a * w_exc * b_bj[None, :], axis=1)[:, None], A_ab)
+        A_ak = tl.where(at_j, tl.sum(b_a * w_exc * b_kj[None, :], axis=1)[:, None], A_ak)
+    b_T = unit_lower_inverse(A_ab, o_c, BT)
+    p_tt = bos * BT + o_t[:, None] * H * BT + o_c[None, :]
+    p_tk = bos * K + o_t[:, None] * HK + o_k[None, :]
+    tl.store(Ark + p_tt, A_rk, mask=m_t[:, None])
+    tl.store(W + p_tk, mma(b_T, b_a * tl.exp(b_ge), tl.float32), mask=m_tk)  # W = T Ã
+    if BACKWARD:
+        tl.store(Aak + p_tt, A_ak, mask=m_t[:, None])
+        b_bbar = load_rows(b, o_t, o_k, m_tk, HK) * tl.exp(b_gend)
+        tl.store(Wb + p_tk, mma(tl.trans(b_T), b_bbar, tl.float32), mask=m_tk)  # Wb = T^T B̄
+        b_P = tl.trans(mma(A_rb, b_T, tl.float32))  # (A_rb T)^T = T^T A_rb^T
+    else:
+        tl.store(Arb + p_tt, A_rb, mask=m_t[:, None])
+    b_TA = mma(b_T, A_ak, tl.float32)
+    for i_v in range(0, tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_tv = m_t[:, None] & (o_v < V)[None, :]
+        p_tv = bos * V + o_t[:, None] * H * V + o_v[None, :]
+        tl.store(U0 + p_tv, mma(b_TA, tl.load(v + p_tv, mask=m_tv, other=0).to(tl.float32), tl.float32), mask=m_tv)
+        if BACKWARD:
+            b_do = tl.load(do + p_tv, mask=m_tv, other=0).to(tl.float32)
+            tl.store(dX0 + p_tv, scale * mma(b_P, b_do, tl.float32), mask=m_tv)
+
+
+@kernel
+def dplr_fwd_h_kernel(k, v, b, gi, W, U0, h, u, h0, ht, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
+                      USE_H0: tl.constexpr, STORE_HT: tl.constexpr):
+    """The only loop over chunks of the forward: `h[n]` (the state entering chunk n, fp32) and
+    `u = W S_0 + U0` (the rows the transition removes, fp32), one `[K, BV]` state tile per program."""
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_bh, i_b, i_h = batch_head(i_bh, H)
+    HK: tl.constexpr = H * K
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < K, o_v < V
+    m_kv = m_k[:, None] & m_v[None, :]
+    p_kv = o_k[:, None] * V + o_v[None, :]
+    bos = i_b * T * H + i_h
+    k, b, gi, W = k + bos * K, b + bos * K, gi + bos * K, W + bos * K
+    v, U0, u = v + bos * V, U0 + bos * V, u + bos * V
+    b_h = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_H0:
+        b_h += tl.load(h0 + i_bh * K * V + p_kv, mask=m_kv, other=0).to(tl.float32)
+    for i_t in range(0, NT):
+        tl.store(h + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_h, mask=m_kv)
+        t_first, o_c, o_t, m_t, t_last = chunk_rows(i_t, T, BT)
+        m_tk, m_tv, m_kt = m_t[:, None] & m_k[None, :], m_t[:, None] & m_v[None, :], m_k[:, None] & m_t[None, :]
+        b_u = mma_split(load_rows(W, o_t, o_k, m_tk, HK), b_h, DOT) + load_rows(U0, o_t, o_v, m_tv, H * V)
+        tl.store(u + o_t[:, None] * H * V + o_v[None, :], b_u, mask=m_tv)
+        b_glast = tl.load(gi + t_last * HK + o_k, mask=m_k, other=0)
+        b_gend = tl.exp(tl.where(m_kt, b_glast[:, None] - load_cols(gi, o_t, o_k, m_kt, HK), 0))  # [BK, BT]
+        b_bt = load_cols(b, o_t, o_k, m_kt, HK) * b_gend
+        b_kt = load_cols(k, o_t, o_k, m_kt, HK) * b_gend
+        b_v = load_rows(v, o_t, o_v, m_tv, H * V)
+        b_h = b_h * tl.exp(b_glast)[:, None] + mma(b_bt, b_u, DOT) + mma(b_kt, b_v, DOT)
+    if STORE_HT:
+        tl.store(ht + i_bh * K * V + p_kv, b_h, mask=m_kv)
+
+
+@kernel
+def dplr_fwd_o_kernel(r, v, gi, h, u, Arb, Ark, o, scale, T, NT, H: tl.constexpr, K: tl.constexpr,
+                      V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr):
+    """`o = scale * ((r e^G) h_n + A_rb U + A_rk V)`, one `[BT, BV]` tile per program."""
+    i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_bh, i_b, i_h = batch_head(i_bh, H)
+    HK: tl.constexpr = H * K
+    t_first, o_c, o_t, m_t, t_last = chunk_rows(i_t, T, BT)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < K, o_v < V
+    m_tk, m_tv = m_t[:, None] & m_k[None, :], m_t[:, None] & m_v[None, :]
+    bos = i_b * T * H + i_h
+    b_rg = load_rows(r + bos * K, o_t, o_k, m_tk, HK) * tl.exp(load_rows(gi + bos * K, o_t, o_k, m_tk, HK))
+    b_h = tl.load(h + ((i_b * NT + i_t) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :],
+                  mask=m_k[:, None] & m_v[None, :], other=0)
+    p_tt = bos * BT + o_t[:, None] * H * BT + o_c[None, :]
+    b_Arb = tl.load(Arb + p_tt, mask=m_t[:, None], other=0)
+    b_Ark = tl.load(Ark + p_tt, mask=m_t[:, None], other=0)
+    b_o = mma(b_rg, b_h, DOT) + mma(b_Arb, load_rows(u + bos * V, o_t, o_v, m_tv, H * V), DOT)
+    b_o += mma(b_Ark, load_rows(v + bos * V, o_t, o_v, m_tv, H * V), DOT)
+    tl.store(o + bos * V + o_t[:, None] * H * V + o_v[None, :], (scale * b_o).to(o.dtype.element_ty), mask=m_tv)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Backward
+
+
+@kernel
+def dplr_bwd_dh_kernel(r, a, gi, do, Wb, dX0, dh, dX, dht, dh0, scale, T, NT, H: tl.constexpr, K: tl.constexpr,
+                       V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
+                       USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr):
+    """The state adjoint in reverse: `dh[n]` = dL/dS at the end of chunk n, `dX = dX0 + Wb dh[n]` (the adjoint of
+    `Ã S_0 + A_ak V`), and `dS_0 = e^{G_C} dS_C + (r e^G)^T do' + Ã^T dX` carried to the chunk before."""
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_bh, i_b, i_h = batch_head(i_bh, H)
+    HK: tl.constexpr = H * K
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < K, o_v < V
+    m_kv = m_k[:, None] & m_v[None, :]
+    p_kv = o_k[:, None] * V + o_v[None, :]
+    bos = i_b * T * H + i_h
+    r, a, gi, Wb = r + bos * K, a + bos * K, gi + bos * K, Wb + bos * K
+    do, dX0, dX = do + bos * V, dX0 + bos * V, dX + bos * V
+    b_dh = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_DHT:
+        b_dh += tl.load(dht + i_bh * K * V + p_kv, mask=m_kv, other=0).to(tl.float32)
+    for i_r in range(0, NT):
+        i_t = NT - 1 - i_r
+        tl.store(dh + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_dh, mask=m_kv)
+        t_first, o_c, o_t, m_t, t_last = chunk_rows(i_t, T, BT)
+        m_tk, m_tv, m_kt = m_t[:, None] & m_k[None, :], m_t[:, None] & m_v[None, :], m_k[:, None] & m_t[None, :]
+        b_dx = mma_split(load_rows(Wb, o_t, o_k, m_tk, HK), b_dh, DOT) + load_rows(dX0, o_t, o_v, m_tv, H * V)
+        tl.store(dX + o_t[:, None] * H * V + o_v[None, :], b_dx, mask=m_tv)
+        b_glast = tl.load(gi + t_last * HK + o_k, mask=m_k, other=0)
+        b_gt = load_cols(gi, o_t, o_k, m_kt, HK)
+        b_get = load_query_decay(gi, o_t[None, :], o_k[:, None], m_kt, t_first, HK, True)
+        b_rt = load_cols(r, o_t, o_k, m_kt, HK) * tl.exp(b_gt)
+        b_at = load_cols(a, o_t, o_k, m_kt, HK) * tl.exp(b_get)
+        b_do = load_rows(do, o_t, o_v, m_tv, H * V)
+        b_dh = b_dh * tl.exp(b_glast)[:, None] + scale * mma(b_rt, b_do, DOT) + mma(b_at, b_dx, DOT)
+    if STORE_DH0:
+        tl.store(dh0 + i_bh * K * V + p_kv, b_dh, mask=m_kv)
+
+
+@kernel
+def dplr_bwd_kernel(r, k, v, a, b, gi, h, dh, u, dX, do, Ark, Aak, dr, dk, dv, da, db, x, scale, T, NT,
+                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                    BV: tl.constexpr, DOT: tl.constexpr):
+    """One chunk: dv, the four score gradients, then dr, da, db, dk through the scores (pair by pair) and the
+    state, and `x = r dr + a da - b db - k dk` for the decay gradient."""
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_bh, i_b, i_h = batch_head(i_bh, H)
+    HK: tl.constexpr = H * K
+    t_first, o_c, o_t, m_t, t_last = chunk_rows(i_t, T, BT)
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    m_tk = m_t[:, None] & m_k[None, :]
+    bos = i_b * T * H + i_h
+    r, k, a, b, gi = r + bos * K, k + bos * K, a + bos * K, b + bos * K, gi + bos * K
+    v, u, dX, do = v + bos * V, u + bos * V, dX + bos * V, do + bos * V
+    p_h = ((i_b * NT + i_t) * H + i_h) * K * V
+    b_g, b_ge, b_gend, b_glast = chunk_decays(gi, o_t, o_k, m_tk, t_first, t_last, m_k, HK)
+    b_end = tl.exp(b_gend)
+    b_kbar = load_rows(k, o_t, o_k, m_tk, HK) * b_end
+    p_tt = bos * BT + o_t[:, None] * H * BT + o_c[None, :]
+    b_Ark = tl.load(Ark + p_tt, mask=m_t[:, None], other=0)
+    b_Aak = tl.load(Aak + p_tt, mask=m_t[:, None], other=0)
+    dA_rb = tl.zeros([BT, BT], dtype=tl.float32)
+    dA_rk = tl.zeros([BT, BT], dtype=tl.float32)
+    dA_ab = tl.zeros([BT, BT], dtype=tl.float32)
+    dA_ak = tl.zeros([BT, BT], dtype=tl.float32)
+    b_dr = tl.zeros([BT, BK], dtype=tl.float32)  # the state terms: do' h^T, dX h^T, U dh^T, V dh^T
+    b_da = tl.zeros([BT, BK], dtype=tl.float32)
+    b_db = tl.zeros([BT, BK], dtype=tl.float32)
+    b_dk = tl.zeros([BT, BK], dtype=tl.float32)
+    for i_v in range(0, tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_v = o_v < V
+        m_tv = m_t[:, None] & m_v[None, :]
+        m_vk = m_v[:, None] & m_k[None, :]
+        b_do = load_rows(do, o_t, o_v, m_tv, H * V) * scale
+        b_u = load_rows(u, o_t, o_v, m_tv, H * V)
+        b_dx = load_rows(dX, o_t, o_v, m_tv, H * V)
+        b_v = load_rows(v, o_t, o_v, m_tv, H * V)
+        b_ht = tl.load(h + p_h + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0)  # [BV, BK]
+        b_dht = tl.load(dh + p_h + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0)
+        dA_rb += mma(b_do, tl.trans(b_u), DOT)
+        dA_rk += mma(b_do, tl.trans(b_v), DOT)
+        dA_ab += mma(b_dx, tl.trans(b_u), DOT)
+        dA_ak += mma(b_dx, tl.trans(b_v), DOT)
+        b_dr += mma_split(b_do, b_ht, DOT)
+        b_da += mma_split(b_dx, b_ht, DOT)
+        b_db += mma_split(b_u, b_dht, DOT)
+        b_dk += mma_split(b_v, b_dht, DOT)
+        b_dv = mma(tl.trans(b_Ark), b_do, DOT) + mma(tl.trans(b_Aak), b_dx, DOT)
+        b_dv += mma_split(b_kbar, tl.trans(b_dht), DOT)
+        tl.store(dv + bos * V + o_t[:, None] * H * V + o_v[None, :], b_dv, mask=m_tv)
+    b_dr *= tl.exp(b_g)
+    b_da *= tl.exp(b_ge)
+    b_db *= b_end
+    b_dk *= b_end
+    b_r, b_a = load_rows(r, o_t, o_k, m_tk, HK), load_rows(a, o_t, o_k, m_tk, HK)
+    for j in range(0, BT):  # pair (t, s = t_first + j): rows t get dr, da; row s gets db, dk
+        m_j = m_k & (t_first + j + 0 * o_k < T)
+        b_bj = tl.load(b + (t_first + j) * HK + o_k, mask=m_j, other=0).to(tl.float32)
+        b_kj = tl.load(k + (t_first + j) * HK + o_k, mask=m_j, other=0).to(tl.float32)
+        b_gj = tl.load(gi + (t_first + j) * HK + o_k, mask=m_j, other=0)
+        w_inc, w_exc = pair_weights(b_g, b_ge, b_gj, o_c, j, m_t)
+        w_rb, w_rk = w_inc * column(dA_rb, o_c, j)[:, None], w_inc * column(dA_rk, o_c, j)[:, None]
+        w_ab, w_ak = w_exc * column(dA_ab, o_c, j)[:, None], w_exc * column(dA_ak, o_c, j)[:, None]
+        b_dr += w_rb * b_bj[None, :] + w_rk * b_kj[None, :]
+        b_da += w_ab * b_bj[None, :] + w_ak * b_kj[None, :]
+        at_j = o_c[:, None] == j
+        b_db += tl.where(at_j, tl.sum(w_rb * b_r + w_ab * b_a, axis=0)[None, :], 0)
+        b_dk += tl.where(at_j, tl.sum(w_rk * b_r + w_ak * b_a, axis=0)[None, :], 0)
+    p_tk = bos * K + o_t[:, None] * HK + o_k[None, :]
+    b_x = b_r * b_dr + b_a * b_da - load_rows(b, o_t, o_k, m_tk, HK) * b_db - load_rows(k, o_t, o_k, m_tk, HK) * b_dk
+    tl.store(dr + p_tk, b_dr, mask=m_tk)
+    tl.store(da + p_tk, b_da, mask=m_tk)
+    tl.store(db + p_tk, b_db, mask=m_tk)
+    tl.store(dk + p_tk, b_dk, mask=m_tk)
+    tl.store(x + p_tk, b_x, mask=m_tk)
+
+
+@kernel
+def dplr_dw_kernel(x, a, da, c, dw, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                   USE_C: tl.constexpr):
+    """`dw_t = sum_{t' >= t} x_t' - a_t da_t + c` over the whole sequence (`c = rowsum(S_T * dS_T)`); one program
+    per channel block walks the sequence backwards; `dw` may be `x` itself (each tile is read, then written)."""
+    i_k, i_bh = tl.program_id(0), tl.program_id(1)
+    i_bh, i_b, i_h = batch_head(i_bh, H)
+    o_k = i_k * BK + tl.arange(0, BK)
+    m_k = o_k < K
+    bos = i_b * T * H + i_h
+    b_acc = tl.zeros([BK], dtype=tl.float32)
+    if USE_C:
+        b_acc += tl.load(c + i_bh * K + o_k, mask=m_k, other=0)
+    NT = tl.cdiv(T, BT)
+    for i_r in range(0, NT):
+        o_t = (NT - 1 - i_r) * BT + tl.arange(0, BT)
+        m = (o_t < T)[:, None] & m_k[None, :]
+        p = bos * K + o_t[:, None] * H * K + o_k[None, :]
+        b_x = tl.load(x + p, mask=m, other=0)
+        b_own = tl.load(a + p, mask=m, other=0).to(tl.float32) * tl.load(da + p, mask=m, other=0)
+        b_dw = b_acc[None, :] + tl.cumsum(b_x, axis=0, reverse=True) - b_own
+        b_acc += tl.sum(b_x, axis=0)
+        tl.store(dw + p, b_dw.to(dw.dtype.element_ty), mask=m)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Launchers
+
+
+def _value_block(V: int) -> int:
+    return max(16, min(next_pow2(V), MAX_BV))
+
+
+def _shapes(r, v):
+    B, T, H, K = r.shape
+    V = v.shape[-1]
+    return B, T, H, K, V, grid_size(T, CHUNK), max(16, next_pow2(K)), _value_block(V)
+
+
+def _f32(x, *shape):
+    return torch.empty(*shape, dtype=torch.float32, device=x.device)
+
+
+def _intra(r, k, v, a, b, gi, do, scale, backward):
+    B, T, H, K, V, NT, BK, BV = _shapes(r, v)
+    rows = (B, T, H)
+    Arb = None if backward else _f32(r, *rows, CHUNK)
+    Ark, W, U0 = _f32(r, *rows, CHUNK), _f32(r, *rows, K), _f32(r, *rows, V)
+    Aak, Wb, dX0 = (_f32(r, *rows, CHUNK), _f32(r, *rows, K), _f32(r, *rows, V)) if backward else (None,) * 3
+    dplr_intra_kernel[(NT, B * H)](r, k, v, a, b, gi, do, Arb, Ark, Aak, W, U0, Wb, dX0, scale, T, H=H, K=K, V=V,
+                                   BT=CHUNK, BK=BK, BV=BV, BACKWARD=backward, num_warps=WARPS["intra"])
+    return Arb, Ark, Aak, W, U0, Wb, dX0
+
+
+def _states(k, v, b, gi, W, U0, h0, store_ht, dot):
+    B, T, H, K, V, NT, BK, BV = _shapes(k, v)
+    h, u = _f32(k, B, NT, H, K, V), _f32(k, B, T, H, V)
+    ht = _f32(k, B, H, K, V) if store_ht else None
+    dplr_fwd_h_kernel[(grid_size(V, BV), B * H)](k, v, b, gi, W, U0, h, u, h0, ht, T, NT, H=H, K=K, V=V, BT=CHUNK,
+                                                 BK=BK, BV=BV, DOT=dot, USE_H0=h0 is not None, STORE_HT=store_ht,
+                                                 num_warps=WARPS["fwd_h"])
+    return h, u, ht
+
+
+def _forward(r, w, k, v, a, b, scale, h0, output_final_state):
+    B, T, H, K, V, NT, BK, BV = _shapes(r, v)
+    dot = dot_dtype(r.dtype)
+    gi = chunk_cumsum(w, CHUNK)
+    Arb, Ark, _, W, U0, _, _ = _intra(r, k, v, a, b, gi, None, scale, backward=False)
+    h, u, ht = _states(k, v, b, gi, W, U0, h0, output_final_state, dot)
+    del W, U0
+    o = torch.empty(B, T, H, V, dtype=r.dtype, device=r.device)
+    dplr_fwd_o_kernel[(grid_size(V, BV), NT, B * H)](r, v, gi, h, u, Arb, Ark, o, scale, T, NT, H=H, K=K, V=V,
+                                                     BT=CHUNK, BK=BK, BV=BV, DOT=dot, num_warps=WARPS["fwd_o"])
+    return o, ht
+
+
+def _backward(r, w, k, v, a, b, scale, h0, ht, do, dht):
+    """Recomputes the forward's intermediates, drops each after its last use."""
+    B, T, H, K, V, NT, BK, BV = _shapes(r, v)
+    dot = dot_dtype(r.dtype)
+    gi = chunk_cumsum(w, CHUNK)
+    _, Ark, Aak, W, U0, Wb, dX0 = _intra(r, k, v, a, b, gi, do, scale, backward=True)
+    h, u, _ = _states(k, v, b, gi, W, U0, h0, False, dot)
+    del W, U0
+    dh, dX = _f32(r, B, NT, H, K, V), _f32(r, B, T, H, V)
+    dh0 = _f32(r, B, H, K, V) if h0 is not None else None
+    dplr_bwd_dh_kernel[(grid_size(V, BV), B * H)](r, a, gi, do, Wb, dX0, dh, dX, dht, dh0, scale, T, NT, H=H, K=K,
+                                                  V=V, BT=CHUNK, BK=BK, BV=BV, DOT=dot, USE_DHT=dht is not None,
+                                                  STORE_DH0=h0 is not None, num_warps=WARPS["bwd_dh"])
+    del Wb, dX0
+    dr, dk, da, db, x = (_f32(r, B, T, H, K) for _ in range(5))
+    dv = _f32(r, B, T, H, V)
+    dplr_bwd_kernel[(NT, B * H)](r, k, v, a, b, gi, h, dh, u, dX, do, Ark, Aak, dr, dk, dv, da, db, x, scale, T,
+                                 NT, H=H, K=K, V=V, BT=CHUNK, BK=BK, BV=BV, DOT=dot, num_warps=WARPS["bwd"])
+    del h, dh, u, dX, Ark, Aak
+    c = (ht * dht).sum(-1) if dht is not None else None  # the final state's share of every step's dw
+    dw = x if w.dtype == torch.float32 else torch.empty_like(w)
+    BKw = min(BK, 32)
+    dplr_dw_kernel[(grid_size(K, BKw), B * H)](x, a, da, c, dw, T, H=H, K=K, BT=64, BK=BKw, USE_C=c is not None)
+    return dr, dw, dk, dv, da, db, dh0
+
+
+class ChunkRWKV7Function(torch.autograd.Function):
+    @staticmethod
+    @custom_fwd
+    def forward(ctx, r, w, k, v, a, b, scale, h0, output_final_state):
+        r, w, k, v, a, b, h0 = as_contiguous(r, w, k, v, a, b, h0)
+        o, ht = _forward(r, w, k, v, a, b, scale, h0, output_final_state)
+        ctx.save_for_backward(r, w, k, v, a, b, h0, ht)
+        ctx.scale = scale
+        return o, ht
+
+    @staticmethod
+    @custom_bwd
+    def backward(ctx, do, dht):
+        r, w, k, v, a, b, h0, ht = ctx.saved_tensors
+        do, dht = as_contiguous(do, dht)
+        dr, dw, dk, dv, da, db, dh0 = _backward(r, w, k, v, a, b, ctx.scale, h0, ht, do, dht)
+        return (cast(dr, r), cast(dw, w), cast(dk, k), cast(dv, v), cast(da, a), cast(db, b), None, cast(dh0, h0),
+                None)
+
+
+def check_chunk_size(op: str, chunk_size) -> None:
+    if chunk_size not in (None, CHUNK):
+        raise ValueError(f"{op}: chunk_size={chunk_size!r}: this kernel works on chunks of {CHUNK} rows (one pairwise "
+                         f"tile, exact at any decay); pass None or {CHUNK}")
+
+
+def chunk_rwkv7(r, w, k, v, a, b, scale=1.0, initial_state=None, output_final_state=False, chunk_size=None,
+                bug=None, **kwargs):
+    """Chunked RWKV-7 (DPLR), forward and backward in Triton, exact at any decay (see the module docstring).
+
+    Same inputs as `fused_recurrent_rwkv7`: `[B, T, H, K]` r, w (natural-log decay <= 0, may be fp32 while the
+    rest is bf16), k, a, b; v `[B, T, H, V]`; `initial_state [B, H, K, V]`. Returns `(o, final_state or None)`,
+    the state in fp32. K <= 128. `chunk_size` is 16 (None means 16). flash-linear-attention 0.6.0's
+    `chunk_rwkv7` has the same signature and `scale=1.0` default; its `safe_gate`/`lower_bound` fast path has no
+    counterpart here (nothing to promise about the decay).
+    """
+    op = "chunk_rwkv7"
+    check_bug(bug, op)
+    contract.check_rwkv7_inputs(op, r, w, k, v, a, b, initial_state, kwargs)
+    check_key_width(op, r.shape[-1])
+    check_chunk_size(op, chunk_size)
+    contract.check_kernel_device(op, dict(r=r, w=w, k=k, v=v, a=a, b=b, initial_state=initial_state))
+    scale = r.shape[-1] ** -0.5 if scale is None else scale
+    o, ht = ChunkRWKV7Function.apply(r, w, k, v, a, b, scale, initial_state, output_final_state)
+    return o, (ht if output_final_state else None)

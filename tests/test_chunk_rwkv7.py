@@ -1,0 +1,69 @@
+"""chunk_rwkv7 beyond the cases it shares with the recurrent kernel (`test_rwkv7.py`): the whole decay range in
+every dtype, agreement with `fused_recurrent_rwkv7`, what it saves for the backward, and its chunk size."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fla_lab import check, harness, reference, runtime
+from fla_lab.ops import chunk_rwkv7, fused_recurrent_rwkv7
+from fla_lab.ops.rwkv7 import chunk as chunk_module
+
+F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
+DECAYS = [1e-3, 1.0, 30.0, 100.0, 1e3, 1e4]
+
+
+@pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("decay", DECAYS)
+def test_exact_over_the_decay_range(decay, dtype):
+    """Per-step log-decay -m * U(0.05, 1) from m = 1e-3 to 1e4: no exponent is ever positive, so nothing to
+    promise and no fast path to fall out of. Odd T (a partial last chunk), K != V, an initial state."""
+    inputs = harness.rwkv7_inputs(1, 37, 2, 32, 48, decay=decay, initial_state=True, seed=int(decay * 10) % 97)
+    result = harness.compare(chunk_rwkv7, reference.recurrent_rwkv7, inputs, dtype=dtype)
+    assert result.ok, f"{result.failures()} | {result}"
+
+
+@pytest.mark.parametrize("decay", [None, 1e4])
+def test_agrees_with_the_recurrent_kernel(decay):
+    """Two algorithms (a chunked WY solve, a step-by-step recurrence) on the same fp32 inputs."""
+    inputs = harness.rwkv7_inputs(2, 45, 1, 16, 32, decay=decay, seed=5)
+    outs = []
+    for op in (chunk_rwkv7, fused_recurrent_rwkv7):
+        x = {n: t.to(runtime.device()).requires_grad_() for n, t in inputs.items()}
+        o, ht = op(**x, output_final_state=True)
+        (o.sum() + ht.square().sum()).backward()
+        outs.append({"o": o, "ht": ht, **{f"d{n}": t.grad for n, t in x.items()}})
+    for name in ("o", "ht"):
+        check.assert_close(name, outs[0][name], outs[1][name].double(), check.tolerance(F32).fwd)
+    grads = [{n: g for n, g in out.items() if n.startswith("d")} for out in outs]
+    errors = check.grad_errors({n: g.double() for n, g in grads[1].items()}, grads[0])  # scale-aware
+    assert max(errors.values()) <= check.tolerance(F32).grad, errors
+
+
+def test_saves_only_its_inputs():
+    """Everything the backward needs is recomputed: nothing per chunk or per step is kept between passes."""
+    inputs = harness.rwkv7_inputs(1, 40, 1, 16, 16)
+    o, _ = chunk_rwkv7(**{n: t.to(runtime.device()).requires_grad_() for n, t in inputs.items()})
+    saved = [t for t in o.grad_fn.saved_tensors if t is not None]
+    assert sum(t.numel() for t in saved) == sum(t.numel() for t in inputs.values())
+
+
+@pytest.mark.parametrize("chunk_size", [None, 16])
+def test_accepts_its_chunk_size(chunk_size):
+    inputs = harness.rwkv7_inputs(1, 5, 1, 16, 16)
+    o, _ = chunk_rwkv7(**{n: t.to(runtime.device()) for n, t in inputs.items()}, chunk_size=chunk_size)
+    assert o.shape == (1, 5, 1, 16)
+
+
+@pytest.mark.parametrize("chunk_size", [32, 64, 8])
+def test_rejects_other_chunk_sizes(chunk_size):
+    inputs = harness.rwkv7_inputs(1, 5, 1, 16, 16)
+    with pytest.raises(ValueError, match=f"chunk_size={chunk_size}.*{chunk_module.CHUNK}"):
+        chunk_rwkv7(**inputs, chunk_size=chunk_size)
+
+
+def test_rejects_head_first():
+    """#150's second reproduction passes `head_first=True`; upstream removed the argument (a TypeError)."""
+    inputs = harness.rwkv7_inputs(1, 5, 1, 16, 16)
+    with pytest.raises((TypeError, ValueError), match="head_first"):
+        chunk_rwkv7(**inputs, head_first=True)
