@@ -9,7 +9,8 @@ sys.path.insert(0, os.path.dirname(HERE))
 PAIRS = [("chunk_gla", "chunk_gla"), ("chunk_rwkv6", "chunk_rwkv6"),
          ("chunk_rwkv6 bug=exclusive_reference", "chunk_rwkv6"),
          ("chunk_gsa", "chunk_gsa"), ("chunk_gsa bug=unmasked_padding", "chunk_gsa"),
-         ("fused_recurrent_rwkv6", "fused_recurrent_rwkv6"), ("fused_recurrent_rwkv7", "chunk_rwkv7")]
+         ("fused_recurrent_rwkv6", "fused_recurrent_rwkv6"), ("chunk_rwkv7", "chunk_rwkv7"),
+         ("fused_recurrent_rwkv7", "chunk_rwkv7")]
 
 
 def table(result) -> str:

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 import fla_lab
 from fla_lab import check, ops, reference
 from fla_lab.layers import RWKV6Attention, RWKV7Attention, rwkv7
-from fla_lab.ops import fused_recurrent_rwkv7
+from fla_lab.ops import chunk_rwkv7, fused_recurrent_rwkv7
 
 RWKV7_CASES = [(64, 32, 0, 2), (128, 64, 3, 5), (96, 32, 2, 3)]  # (C, N, layer, layers)
 RWKV6_CASES = [(64, 16, 0, 2), (96, 24, 2, 4)]  # (C, N, layer, layers); K = C/2
@@ -229,15 +229,20 @@ def test_rwkv7_bf16_forward_backward_finite(rwkv7_op):
     assert grads["x"].abs().sum() > 0
 
 
-def test_rwkv7_layer_on_the_real_kernel(monkeypatch):
-    """The same layer on the Triton kernel and on the float64 reference: same output and gradients."""
-    op = fused_recurrent_rwkv7  # the kernel, imported before any monkeypatch of fla_lab.ops
+KERNELS = {"chunk": ("chunk_rwkv7", chunk_rwkv7), "fused_recurrent": ("fused_recurrent_rwkv7", fused_recurrent_rwkv7)}
+
+
+@pytest.mark.parametrize("mode", KERNELS)
+def test_rwkv7_layer_on_the_real_kernel(monkeypatch, mode):
+    """The same layer on the Triton kernel of its mode and on the float64 reference: same output and gradients."""
+    name_of_op, op = KERNELS[mode]  # the kernel, imported before any monkeypatch of fla_lab.ops
     C, N = 64, 32
-    layer = trained_(RWKV7Attention("fused_recurrent", hidden_size=C, head_dim=N, layer_idx=0, num_hidden_layers=2))
-    layer, x = layer.to(DEV), torch.randn(1, 16, C, generator=gen(3)).to(DEV)
+    layer = trained_(RWKV7Attention(mode, hidden_size=C, head_dim=N, layer_idx=0, num_hidden_layers=2))
+    layer, x = layer.to(DEV), torch.randn(1, 21, C, generator=gen(3)).to(DEV)
+    assert layer.default_op() is op
     results = {}
     for name, impl in (("kernel", op), ("reference", reference_rwkv7)):
-        monkeypatch.setattr(ops, "fused_recurrent_rwkv7", impl, raising=False)
+        monkeypatch.setattr(ops, name_of_op, impl, raising=False)
         layer.zero_grad()
         out = layer(x)[0]
         out.square().mean().backward()
@@ -248,9 +253,25 @@ def test_rwkv7_layer_on_the_real_kernel(monkeypatch):
     assert max(errors.values()) < 5e-5, errors
 
 
-def test_rwkv7_bf16_on_the_real_kernel(monkeypatch):
-    monkeypatch.setattr(ops, "fused_recurrent_rwkv7", fused_recurrent_rwkv7)
-    layer = RWKV7Attention("fused_recurrent", hidden_size=64, head_dim=32, layer_idx=0, num_hidden_layers=2)
+def test_rwkv7_modes_agree():
+    """"chunk" (chunk_rwkv7) and "fused_recurrent" (fused_recurrent_rwkv7): same weights, same output and grads."""
+    results = []
+    for mode in KERNELS:
+        torch.manual_seed(0)
+        layer = trained_(RWKV7Attention(mode, hidden_size=64, head_dim=32, layer_idx=0, num_hidden_layers=2)).to(DEV)
+        out = layer(torch.randn(2, 37, 64, generator=gen(5)).to(DEV))[0]
+        out.square().mean().backward()
+        results.append((out.detach(), {n: p.grad.clone() for n, p in layer.named_parameters()}))
+    (o_chunk, g_chunk), (o_rec, g_rec) = results
+    assert check.rel_error(o_chunk, o_rec.double()) < 2e-5
+    errors = check.grad_errors({n: g.double() for n, g in g_rec.items()}, g_chunk)
+    assert max(errors.values()) < 5e-5, errors
+
+
+@pytest.mark.parametrize("mode", KERNELS)
+def test_rwkv7_bf16_on_the_real_kernel(monkeypatch, mode):
+    monkeypatch.setattr(ops, KERNELS[mode][0], KERNELS[mode][1])
+    layer = RWKV7Attention(mode, hidden_size=64, head_dim=32, layer_idx=0, num_hidden_layers=2)
     out, grads = bf16_forward_backward(layer, torch.randn(1, 16, 64, generator=gen(4)))
     assert torch.isfinite(out).all() and all(g is not None and torch.isfinite(g).all() for g in grads.values())
 

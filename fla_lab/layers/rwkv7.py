@@ -67,8 +67,8 @@ class RWKV7Attention(nn.Module):
     """RWKV-7 attention with upstream's constructor and return convention `(o, None, past_key_values, v_first)`.
 
     The official init needs `layer_idx` and `num_hidden_layers >= 2` (see the module docstring). No cache,
-    varlen or attention mask. `mode="chunk"` uses `fla_lab.ops.chunk_rwkv7` when it exists, otherwise (and for
-    `mode="fused_recurrent"`) `fla_lab.ops.fused_recurrent_rwkv7`.
+    varlen or attention mask. `mode="chunk"` runs `fla_lab.ops.chunk_rwkv7`, `mode="fused_recurrent"`
+    `fla_lab.ops.fused_recurrent_rwkv7` (both exact at any decay; they agree to fp32 rounding).
     """
 
     MIX = tuple(init.RWKV7_MIX_POWERS)  # x_r, x_w, x_k, x_v, x_a, x_g
@@ -201,17 +201,10 @@ class RWKV7Attention(nn.Module):
         return self.o_proj(o), None, past_key_values, v_first
 
     def default_op(self):
-        """`chunk_rwkv7` for mode="chunk" when fla_lab has it, else `fused_recurrent_rwkv7` (looked up late)."""
-        import importlib
-
+        """The op of this mode, looked up in `fla_lab.ops` at call time (so a test can swap it)."""
         from fla_lab import ops
 
-        names = ("chunk_rwkv7", "fused_recurrent_rwkv7") if self.mode == "chunk" else ("fused_recurrent_rwkv7",)
-        for name in names:
-            op = getattr(ops, name, None) or getattr(importlib.import_module("fla_lab.ops.rwkv7"), name, None)
-            if op is not None:
-                return op
-        raise NotImplementedError(f"RWKV7Attention: fla_lab.ops has none of {names} yet")
+        return ops.chunk_rwkv7 if self.mode == "chunk" else ops.fused_recurrent_rwkv7
 
     def attend(self, r, w, k, v, a, b):
         """Run the op. Under autocast the projections come out in the autocast dtype while the vector parameters

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 import matplotlib
 import torch
@@ -272,7 +273,7 @@ def official_log_decay(x: torch.Tensor) -> torch.Tensor:
 
 
 def kernel_layer(bug: str | None, hidden_size: int = 64, seed: int = 0) -> RWKV7Attention:
-    """`long_context_layer`'s twin on the real kernel (`fused_recurrent_rwkv7` via the layer), bf16."""
+    """`long_context_layer`'s twin on the real kernel (`chunk_rwkv7`, the layer's "chunk" mode), bf16."""
     from fla_lab.lessons.init import open_output
 
     return open_output(decay_layer(hidden_size, 0, bug, seed, dtype=torch.float32), seed).to(torch.bfloat16)
@@ -293,3 +294,69 @@ def kernel_check(T: int = 128, hidden_size: int = 64, seed: int = 0) -> dict[str
             "stand-in vs kernel, bug": check.rel_error(out["stand-in", "bf16_decay"], out["kernel", "bf16_decay"]),
             "bug - fixed, kernel": check.rel_error(out["kernel", "bf16_decay"], out["kernel", None]),
             "bug - fixed, stand-in": check.rel_error(out["stand-in", "bf16_decay"], out["stand-in", None])}
+
+
+# ---------------------------------------------------------------- the fix inside a real AMP training step
+
+@dataclass
+class AMPStep:
+    """One `torch.autocast(bf16)` forward and backward of the chunked layer (fp32 parameters and input)."""
+    device: str
+    dtypes: dict[str, str]  # what the kernel received
+    w: torch.Tensor  # the log-decay the kernel received, as fp32
+    output: torch.Tensor  # the layer output, float64 on the CPU
+    finite: bool  # output, input gradient and every parameter gradient
+
+
+def amp_step(bug: str | None, T: int = 256, hidden_size: int = 64, seed: int = 0) -> AMPStep:
+    """A real AMP training step on the device fla_lab runs its kernels on (CUDA autocast on a GPU, CPU autocast
+    under the interpreter), with a spy on the layer's op that records what reaches `chunk_rwkv7`."""
+    from fla_lab import runtime
+    from fla_lab.lessons.init import open_output
+
+    dev = runtime.device()
+    layer = open_output(decay_layer(hidden_size, 0, bug, seed, dtype=torch.float32), seed).to(dev)
+    op, seen = layer.default_op(), {}
+
+    def spy(r, w, k, v, a, b, **kwargs):
+        seen.update(w=w.detach().float(), dtypes={n: viz.DTYPE_NAMES[t.dtype]
+                                                 for n, t in dict(r=r, w=w, k=k, v=v, a=a, b=b).items()})
+        return op(r, w, k, v, a, b, **kwargs)
+
+    layer.attention_op = spy
+    x = torch.randn(1, T, hidden_size, generator=torch.Generator().manual_seed(seed + 5)).to(dev).requires_grad_()
+    with torch.autocast(dev, dtype=torch.bfloat16):
+        out = layer(x)[0]
+    out.float().square().mean().backward()
+    grads = [x.grad] + [p.grad for p in layer.parameters()]
+    finite = bool(torch.isfinite(out).all()) and all(g is not None and bool(torch.isfinite(g).all()) for g in grads)
+    return AMPStep(dev, seen["dtypes"], seen["w"].cpu(), out.detach()[0].double().cpu(), finite)
+
+
+def amp_step_comparison(T: int = 256, hidden_size: int = 64, seed: int = 0) -> dict[str, object]:
+    """The fixed and the buggy layer in the same AMP step: the decay's per-step relative bias, and how far the
+    outputs drift apart per window of positions (does the bias grow with T?)."""
+    fixed, buggy = amp_step(None, T, hidden_size, seed), amp_step("bf16_decay", T, hidden_size, seed)
+    bias = ((buggy.w - fixed.w) / fixed.w).abs()
+    drift = [(hi, float((buggy.output[lo:hi] - fixed.output[lo:hi]).norm() / fixed.output[lo:hi].norm()))
+             for lo, hi in windows(T)]
+    return {"fixed": fixed, "bug": buggy, "w bias max": float(bias.max()), "w bias mean": float(bias.mean()),
+            "output drift": drift}
+
+
+def debug_in_fp32() -> dict[str, str]:
+    """The report's advice, "debug in fp32 first", tried on three bugs: does an all-fp32 run make the failure go
+    away (a precision bug) or not (a range or contract bug)?"""
+    from fla_lab import check, harness, ops
+    from fla_lab.lessons import decay_contract
+
+    x = lora_grid(-8, 4, 1001)
+    w_fp32 = log_decay_from_lora(x, "bf16_decay")  # the buggy line, on fp32 LoRA output
+    bias = float(((w_fp32 - official_log_decay(x)) / official_log_decay(x)).abs().max())
+    g = harness.gated_inputs(1, 80, 2, 32, 16, decay=100.0, bonus=True, seed=7, names=("r", "k", "v", "w"))
+    with torch.no_grad():
+        o77, _ = ops.chunk_rwkv6(**g, chunk_size=32, bug="exclusive_reference")
+    o150 = decay_contract.run_rwkv7("rand a, b; w = log(rand)", T=64, K=64).output
+    return {"#181 bf16 decay, the buggy line in fp32": f"relative error of w {bias:.1e}: gone",
+            "#77 exclusive reference, fp32, decay 100": f"output {check.nonfinite_census(o77)}",
+            "#150 a, b ~ rand, fp32": f"output {o150}"}

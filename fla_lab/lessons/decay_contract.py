@@ -251,6 +251,57 @@ def run_rwkv7(case: str, T: int = 64, K: int = 64, seed: int = 0) -> RWKV7Run:
                     rwkv7_state_trajectory(**x))
 
 
+@dataclass
+class RWKV7Trace:
+    """First bad step of #150's call in the float64 reference, the recurrent kernel and the chunk kernel."""
+    case: str
+    first: dict[str, int | None]
+    chunk_row: int | None  # the chunk kernel's first non-finite output row
+    exact_there: float  # largest |o| of the float64 reference at that row
+    u_later: int | None  # first non-finite u in the same chunk, after that row
+
+    def __str__(self) -> str:
+        lines = [f"{self.case}:"] + [f"  {where:<44} {'-' if t is None else f't = {t}'}"
+                                     for where, t in self.first.items()]
+        if self.u_later is not None:
+            lines.append(f"  -> the chunk kernel's o[{self.chunk_row}] is NaN though its exact value is "
+                         f"{self.exact_there:.1e} (finite in fp32): u overflowed at t = {self.u_later}, later in the "
+                         f"same 16-row chunk, and the chunk's product A_rb @ U multiplies A_rb[t, s] = 0 (s > t) "
+                         f"by inf: 0 * inf = NaN")
+        return "\n".join(lines)
+
+
+def _first_row(x: torch.Tensor) -> int | None:
+    census = check.nonfinite_census(x)
+    return None if census.count == 0 else census.first["t"]
+
+
+def trace_rwkv7(case: str, T: int = 64, K: int = 64, seed: int = 0) -> RWKV7Trace:
+    """Where #150's call first goes bad: exact values (float64 reference) against fp32's range, the recurrent
+    kernel's output, and the chunk kernel's intermediates (`chunk_rwkv7_intermediates`), step by step."""
+    from fla_lab.ops import fused_recurrent_rwkv7
+    from fla_lab.ops.rwkv7.chunk import CHUNK, chunk_rwkv7_intermediates
+
+    x = rwkv7_case(case, T, K, seed)
+    with contract.value_checks(False), quiet_overflow(), torch.no_grad():
+        o_rec, _ = fused_recurrent_rwkv7(**x)
+        mid = chunk_rwkv7_intermediates(**x)
+    o_ref = reference.recurrent_rwkv7(**x)[0].abs().amax((0, 2, 3))
+    h_bad = (~torch.isfinite(mid["h"])).flatten(2).any(-1)[0].nonzero()
+    first = {"reference (float64): largest |S_t| > fp32 max": first_step_above(rwkv7_state_trajectory(**x)),
+             "reference (float64): largest |o_t| > fp32 max": first_step_above(o_ref),
+             "fused_recurrent_rwkv7: first non-finite o": _first_row(o_rec),
+             "chunk_rwkv7: first non-finite u = a^T S": _first_row(mid["u"]),
+             "chunk_rwkv7: first non-finite chunk state h": int(h_bad[0]) * CHUNK if len(h_bad) else None,
+             "chunk_rwkv7: first non-finite o": _first_row(mid["o"])}
+    row, u_later = first["chunk_rwkv7: first non-finite o"], None
+    if row is not None:
+        end = (row // CHUNK + 1) * CHUNK
+        later = _first_row(mid["u"][:, row + 1:end])
+        u_later = None if later is None or not o_ref[row] < FP32_MAX else row + 1 + later
+    return RWKV7Trace(case, first, row, float(o_ref[row]) if row is not None else float("nan"), u_later)
+
+
 def radius_by_width(widths=(4, 8, 16, 32, 64, 128), T: int = 32, seed: int = 0) -> dict[str, list[float]]:
     """Median transition radius per key width: rand a, b (log-rand w) against the RWKV-7 contract."""
     out = {"rand a, b": [], "RWKV-7 contract": []}

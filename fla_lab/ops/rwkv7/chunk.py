@@ -45,7 +45,7 @@ from fla_lab.ops.rwkv7.fused_recurrent import check_key_width
 
 CHUNK = 16  # rows per chunk: the whole chunk is one pairwise tile and one 16x16 triangular solve
 MAX_BV = 64  # value columns per program
-WARPS = {"intra": 4, "fwd_h": 4, "fwd_o": 4, "bwd_dh": 4, "bwd": 4}  # per kernel; measured on an H200
+WARPS = {"intra": 4, "fwd_h": 4, "fwd_o": 1, "bwd_dh": 4, "bwd": 4}  # per kernel: benchmarks/tune_chunk_rwkv7.py, H200
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -426,17 +426,19 @@ def _states(k, v, b, gi, W, U0, h0, store_ht, dot):
     return h, u, ht
 
 
-def _forward(r, w, k, v, a, b, scale, h0, output_final_state):
+def _forward(r, w, k, v, a, b, scale, h0, output_final_state, keep=False):
+    """o, the final state, and (keep=True) the intermediates by name; otherwise each is dropped after its use."""
     B, T, H, K, V, NT, BK, BV = _shapes(r, v)
     dot = dot_dtype(r.dtype)
     gi = chunk_cumsum(w, CHUNK)
     Arb, Ark, _, W, U0, _, _ = _intra(r, k, v, a, b, gi, None, scale, backward=False)
     h, u, ht = _states(k, v, b, gi, W, U0, h0, output_final_state, dot)
+    kept = {"G": gi, "A_rb": Arb, "A_rk": Ark, "W": W, "U0": U0, "u": u, "h": h} if keep else {}
     del W, U0
     o = torch.empty(B, T, H, V, dtype=r.dtype, device=r.device)
     dplr_fwd_o_kernel[(grid_size(V, BV), NT, B * H)](r, v, gi, h, u, Arb, Ark, o, scale, T, NT, H=H, K=K, V=V,
                                                      BT=CHUNK, BK=BK, BV=BV, DOT=dot, num_warps=WARPS["fwd_o"])
-    return o, ht
+    return o, ht, kept
 
 
 def _backward(r, w, k, v, a, b, scale, h0, ht, do, dht):
@@ -470,7 +472,7 @@ class ChunkRWKV7Function(torch.autograd.Function):
     @custom_fwd
     def forward(ctx, r, w, k, v, a, b, scale, h0, output_final_state):
         r, w, k, v, a, b, h0 = as_contiguous(r, w, k, v, a, b, h0)
-        o, ht = _forward(r, w, k, v, a, b, scale, h0, output_final_state)
+        o, ht, _ = _forward(r, w, k, v, a, b, scale, h0, output_final_state)
         ctx.save_for_backward(r, w, k, v, a, b, h0, ht)
         ctx.scale = scale
         return o, ht
@@ -483,6 +485,20 @@ class ChunkRWKV7Function(torch.autograd.Function):
         dr, dw, dk, dv, da, db, dh0 = _backward(r, w, k, v, a, b, ctx.scale, h0, ht, do, dht)
         return (cast(dr, r), cast(dw, w), cast(dk, k), cast(dv, v), cast(da, a), cast(db, b), None, cast(dh0, h0),
                 None)
+
+
+@torch.no_grad()
+def chunk_rwkv7_intermediates(r, w, k, v, a, b, scale=1.0, initial_state=None) -> dict[str, torch.Tensor]:
+    """The forward's fp32 intermediates, for inspection (no value checks: pass anything you want to trace).
+
+    `G` (chunk-local cumulative log-decay) and `W`, `U0` `[B, T, H, K or V]` (`u = W S_0 + U0` per chunk),
+    `A_rb`, `A_rk` `[B, T, H, 16]` (each row's scores against its chunk, zeros right of the diagonal), `u`
+    `[B, T, H, V]` (the removed rows `a_t^T S_{t-1}`), `h [B, NT, H, K, V]` (the state entering each chunk) and
+    the output `o`.
+    """
+    r, w, k, v, a, b, initial_state = as_contiguous(r, w, k, v, a, b, initial_state)
+    o, _, kept = _forward(r, w, k, v, a, b, scale, initial_state, False, keep=True)
+    return {**kept, "o": o}
 
 
 def check_chunk_size(op: str, chunk_size) -> None:
