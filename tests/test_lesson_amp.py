@@ -140,3 +140,19 @@ def test_plot_decay_error_runs_for_every_dtype():
     for dtype in amp.SIGMOID_DTYPES.values():
         fig = amp.plot_decay_error(channel=3, T=512, dtype=dtype, hidden_size=128)
         assert "channel 3" in fig.axes[1].get_title()
+
+
+def test_amp_step_on_the_chunked_layer_feeds_the_kernel_an_fp32_decay_only_when_fixed():
+    cmp = amp.amp_step_comparison(T=48)
+    assert cmp["fixed"].dtypes["w"] == "fp32" and cmp["bug"].dtypes["w"] == "bf16"
+    assert {cmp["fixed"].dtypes[n] for n in "rkvab"} == {"bf16"}
+    assert cmp["fixed"].finite and cmp["bug"].finite
+    assert 0 < cmp["w bias max"] <= 2 ** -7
+    assert all(0 < drift < 1e-2 for _, drift in cmp["output drift"])
+
+
+def test_debug_in_fp32_separates_precision_from_range_bugs():
+    verdicts = amp.debug_in_fp32()
+    assert verdicts["#181 bf16 decay, the buggy line in fp32"].endswith("gone")
+    assert "non-finite" in verdicts["#77 exclusive reference, fp32, decay 100"]
+    assert "non-finite" in verdicts["#150 a, b ~ rand, fp32"]

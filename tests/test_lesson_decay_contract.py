@@ -145,3 +145,14 @@ def test_layer_with_sigmoid_decay_overflows_and_the_fixed_layer_does_not():
     assert dc.layer_output(None, T=300).count == 0
     bad = dc.layer_output("sigmoid_decay", T=300)
     assert bad.count > 0 and bad.first["t"] > 100  # sigmoid(w_raw) <= 0.27 at init: slow growth
+
+
+def test_trace_rwkv7_finds_the_reports_steps_and_why_the_chunk_kernel_is_early():
+    """#150's call: upstream measured t = 31 with log(w) and t = 16 with raw w in its chunk kernel. fla_lab's
+    chunk kernel gives the same steps; at t = 16 the exact output is finite (0 * inf inside the chunk's product)."""
+    logged, raw = (dc.trace_rwkv7(case, T=64, K=64) for case in dc.RWKV7_CASES[:2])
+    assert logged.first["chunk_rwkv7: first non-finite o"] == 31 == logged.first["fused_recurrent_rwkv7: first non-finite o"]
+    assert logged.u_later is None
+    assert raw.first["chunk_rwkv7: first non-finite o"] == 16 and raw.first["fused_recurrent_rwkv7: first non-finite o"] == 30
+    assert raw.u_later == 31 and raw.exact_there < 3.4e38
+    assert "0 * inf" in str(raw)

@@ -40,7 +40,7 @@ from fla_lab.ops import contract
 from fla_lab.ops.common.chunk_pass import cast, chunk_cumsum
 from fla_lab.ops.common.chunk_stages import load_query_decay
 from fla_lab.ops.common.utils import (as_contiguous, batch_head, custom_bwd, custom_fwd, dot_dtype, grid_size,
-                                      kernel, mma, mma_split, next_pow2)
+                                      kernel, mma, mma_split, next_pow2, state_tile)
 from fla_lab.ops.rwkv7.fused_recurrent import check_key_width
 
 CHUNK = 16  # rows per chunk: the whole chunk is one pairwise tile and one 16x16 triangular solve
@@ -103,6 +103,16 @@ def column(x, o_c, j):
 def row(x, o_c, j):
     """Row j of a `[BT, BD]` tile, as a `[BD]` vector."""
     return tl.sum(tl.where(o_c[:, None] == j, x, 0), axis=0)
+
+
+@kernel
+def state_or_zeros(x, i_bh, p_kv, m_kv, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                   USE: tl.constexpr):
+    """This program's `[BK, BV]` tile of a `[B, H, K, V]` state (h0, dht) in fp32, or zeros without one."""
+    b = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE:
+        b += tl.load(x + i_bh * K * V + p_kv, mask=m_kv, other=0).to(tl.float32)
+    return b
 
 
 @kernel
@@ -189,17 +199,11 @@ def dplr_fwd_h_kernel(k, v, b, gi, W, U0, h, u, h0, ht, T, NT, H: tl.constexpr, 
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_bh, i_b, i_h = batch_head(i_bh, H)
     HK: tl.constexpr = H * K
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_k, m_v = o_k < K, o_v < V
-    m_kv = m_k[:, None] & m_v[None, :]
-    p_kv = o_k[:, None] * V + o_v[None, :]
+    o_k, o_v, m_k, m_v, m_kv, p_kv = state_tile(0, i_v, K, V, BK, BV)
     bos = i_b * T * H + i_h
     k, b, gi, W = k + bos * K, b + bos * K, gi + bos * K, W + bos * K
     v, U0, u = v + bos * V, U0 + bos * V, u + bos * V
-    b_h = tl.zeros([BK, BV], dtype=tl.float32)
-    if USE_H0:
-        b_h += tl.load(h0 + i_bh * K * V + p_kv, mask=m_kv, other=0).to(tl.float32)
+    b_h = state_or_zeros(h0, i_bh, p_kv, m_kv, K, V, BK, BV, USE_H0)
     for i_t in range(0, NT):
         tl.store(h + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_h, mask=m_kv)
         t_first, o_c, o_t, m_t, t_last = chunk_rows(i_t, T, BT)
@@ -253,17 +257,11 @@ def dplr_bwd_dh_kernel(r, a, gi, do, Wb, dX0, dh, dX, dht, dh0, scale, T, NT, H:
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_bh, i_b, i_h = batch_head(i_bh, H)
     HK: tl.constexpr = H * K
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_k, m_v = o_k < K, o_v < V
-    m_kv = m_k[:, None] & m_v[None, :]
-    p_kv = o_k[:, None] * V + o_v[None, :]
+    o_k, o_v, m_k, m_v, m_kv, p_kv = state_tile(0, i_v, K, V, BK, BV)
     bos = i_b * T * H + i_h
     r, a, gi, Wb = r + bos * K, a + bos * K, gi + bos * K, Wb + bos * K
     do, dX0, dX = do + bos * V, dX0 + bos * V, dX + bos * V
-    b_dh = tl.zeros([BK, BV], dtype=tl.float32)
-    if USE_DHT:
-        b_dh += tl.load(dht + i_bh * K * V + p_kv, mask=m_kv, other=0).to(tl.float32)
+    b_dh = state_or_zeros(dht, i_bh, p_kv, m_kv, K, V, BK, BV, USE_DHT)
     for i_r in range(0, NT):
         i_t = NT - 1 - i_r
         tl.store(dh + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_dh, mask=m_kv)
