@@ -99,38 +99,84 @@ class Comparison:
         return "  ".join(f"{n}={e:.1e}" for n, e in self.errors.items())
 
 
+@dataclass
+class Run:
+    """One forward and backward: the output, the final state(s) by name (`ht`, or `ht[0]`, `ht[1]`), the input
+    gradients by name (empty without a backward), all detached."""
+    o: torch.Tensor
+    states: dict[str, torch.Tensor]
+    grads: dict[str, torch.Tensor]
+
+
+def leaves(inputs: dict, dtype=None, device=None, grads=True) -> dict:
+    """Inputs as fresh leaves: cast to `dtype` (initial states stay float32, as upstream's kernels expect; None
+    keeps each dtype), moved to `device`, requiring grad. Cloned, so gradients never land in the caller's tensors."""
+    def leaf(n, x):
+        x = x if dtype is None or n.startswith("initial_state") else x.to(dtype)
+        return x.to(device or x.device).detach().clone().requires_grad_(grads)
+
+    return {n: (tuple(leaf(n, t) for t in x) if isinstance(x, (tuple, list)) else leaf(n, x))
+            for n, x in inputs.items()}
+
+
+def cotangents(o_shape, state_shapes: dict, seed: int, state_grad: bool = True):
+    """Random float64 cotangents for the output and each final state (zeros for the states if not `state_grad`)."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    do = torch.randn(o_shape, generator=gen, dtype=torch.float64)
+    return do, {n: torch.randn(shape, generator=gen, dtype=torch.float64) * float(state_grad)
+                for n, shape in state_shapes.items()}
+
+
+def run(fn, inputs: dict, cotangent=None, **kwargs) -> Run:
+    """`fn(**inputs, output_final_state=True)`, then (given `(do, dht)`, or a function of `(o, states)` that
+    returns them) the backward of `sum(o * do) + sum(ht * dht)`. `inputs` are leaves (see `leaves`)."""
+    o, ht = fn(**inputs, output_final_state=True, **kwargs)
+    states = _named("ht", ht)
+    grads = {}
+    if cotangent is not None:
+        do, dht = cotangent(o, states) if callable(cotangent) else cotangent
+        loss = (o * do.to(o.device, o.dtype)).sum()
+        loss = loss + sum((states[n] * d.to(states[n].device, states[n].dtype)).sum() for n, d in dht.items())
+        loss.backward()
+        grads = {m: t.grad for n, x in inputs.items() for m, t in _named(n, x).items()}
+    return Run(o.detach(), {n: s.detach() for n, s in states.items()}, grads)
+
+
+def exact_run(reference, rounded: dict, *, seed=0, state_grad=True, grads=True, device="cpu", **kwargs):
+    """The float64 reference on the op's (already rounded) inputs, with the random cotangents it draws for them;
+    returns `(Run, (do, dht))` (cotangents None without `grads`)."""
+    theirs = {n: (tuple(t.detach().to(device, torch.float64).requires_grad_(grads) for t in x)
+                  if isinstance(x, (tuple, list)) else x.detach().to(device, torch.float64).requires_grad_(grads))
+              for n, x in rounded.items()}
+    drawn = []
+
+    def draw(o, states):
+        drawn.append(cotangents(o.shape, {n: s.shape for n, s in states.items()}, seed, state_grad))
+        return drawn[0]  # `run` moves them to the tensors' device
+
+    exact = run(reference, theirs, draw if grads else None, **kwargs)
+    return exact, (drawn[0] if drawn else None)
+
+
 def compare(op, reference, inputs: dict[str, torch.Tensor], *, dtype=torch.float32, grads=True,
             seed=0, state_grad=True, **kwargs) -> Comparison:
     """Run `op(**inputs cast to dtype, on the device)` and `reference(**inputs in float64)` and compare.
 
     `inputs` maps argument names to float32 CPU tensors (e.g. from `gated_inputs`); `initial_state` stays
-    float32 as upstream's kernels expect. Keyword `kwargs` go to both (e.g. `scale`).
+    float32 as upstream's kernels expect. Keyword `kwargs` go to both (e.g. `scale`). The reference sees the
+    same rounded values the op sees, upcast to float64.
     """
-    dev = runtime.device()
-
-    def ours_of(n, x):  # initial states stay float32, as upstream's kernels expect
-        x = x if n.startswith("initial_state") else x.to(dtype)
-        # clone: `.to()` is a no-op for fp32 CPU tensors, and gradients must not accumulate in the caller's inputs
-        return x.to(dev).detach().clone().requires_grad_(grads)
-
-    ours = {n: (tuple(ours_of(n, t) for t in x) if isinstance(x, (tuple, list)) else ours_of(n, x))
-            for n, x in inputs.items()}
-    as_ref = lambda x: x.detach().to(torch.float64).cpu().requires_grad_(grads)  # noqa: E731
-    theirs = {n: (tuple(map(as_ref, x)) if isinstance(x, tuple) else as_ref(x)) for n, x in ours.items()}
-    o, ht = op(**ours, output_final_state=True, **kwargs)
-    o_ref, ht_ref = reference(**theirs, output_final_state=True, **kwargs)
-    states, states_ref = _named("ht", ht), _named("ht", ht_ref)
-    errors = {"o": check.rel_error(o, o_ref)}
-    errors.update({n: check.rel_error(states[n], r) for n, r in states_ref.items()})
+    ours = leaves(inputs, dtype, runtime.device(), grads)
+    exact, cot = exact_run(reference, ours, seed=seed, state_grad=state_grad, grads=grads, **kwargs)
+    got = run(op, ours, cot, **kwargs)
+    errors = {"o": check.rel_error(got.o, exact.o)}
+    errors.update({n: check.rel_error(got.states[n], r) for n, r in exact.states.items()})
     if grads:
-        gen = torch.Generator().manual_seed(seed + 1)
-        do = torch.randn(o_ref.shape, generator=gen, dtype=torch.float64)
-        dht = {n: torch.randn(r.shape, generator=gen, dtype=torch.float64) * float(state_grad)
-               for n, r in states_ref.items()}
-        ((o * do.to(dev, o.dtype)).sum() + sum((states[n] * d.to(dev, states[n].dtype)).sum()
-                                               for n, d in dht.items())).backward()
-        ((o_ref * do).sum() + sum((states_ref[n] * d).sum() for n, d in dht.items())).backward()
-        leaves = lambda xs: {m: t for n, x in xs.items() for m, t in _named(n, x).items()}  # noqa: E731
-        errors.update(check.grad_errors({n: x.grad for n, x in leaves(theirs).items()},
-                                        {n: x.grad for n, x in leaves(ours).items()}))
-    return Comparison(errors, dtype, {"o": o.detach(), "ht": ht, "o_ref": o_ref.detach()})
+        errors.update(check.grad_errors(exact.grads, got.grads))
+    return Comparison(errors, dtype, {"o": got.o, "ht": _unnamed(got.states), "o_ref": exact.o,
+                                      "run": got, "exact": exact})
+
+
+def _unnamed(states: dict):
+    values = list(states.values())
+    return values[0] if len(values) == 1 else tuple(values)

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fla_lab.layers import init
-from fla_lab.bugs import check_bug
+from fla_lab.bugs import check_bug, for_op
 
 FUSED_RECURRENT_MAX_T = 64  # like upstream: launching the chunk kernels for a few tokens is slower
 
@@ -31,6 +31,9 @@ def token_shift(x: torch.Tensor) -> torch.Tensor:
 def split_heads(x: torch.Tensor, head_dim: int) -> torch.Tensor:
     return x.view(*x.shape[:-1], -1, head_dim)
 
+
+# the kernels' switches the layer passes on (`bug="exclusive_reference"` runs chunk_rwkv6 with it), by op
+KERNEL_BUGS = {b.name: b.op for op in ("chunk_rwkv6", "fused_recurrent_rwkv6") for b in for_op(op)}
 
 class LoRA(nn.Module):
     """`activation(x A) B + bias`, A [C, r] initialised to 0, B orthogonal with gain 0.1 (official `ortho_init`)."""
@@ -71,7 +74,8 @@ class RWKV6Attention(nn.Module):
                  norm_eps: float = 1e-5, layer_idx: int | None = None, num_hidden_layers: int | None = None,
                  bug: str | None = None, **kwargs):
         super().__init__()
-        check_bug(bug, "RWKV6Attention")
+        if bug not in KERNEL_BUGS:
+            check_bug(bug, "RWKV6Attention")
         if mode not in ("chunk", "fused_recurrent"):
             raise ValueError(f"RWKV6Attention: mode must be 'chunk' or 'fused_recurrent', got {mode!r}")
         if gate_fn != "swish":
@@ -156,8 +160,10 @@ class RWKV6Attention(nn.Module):
         from fla_lab.ops import contract
 
         use_chunk = self.mode == "chunk" and r.shape[1] > FUSED_RECURRENT_MAX_T
-        op = ops.chunk_rwkv6 if use_chunk else ops.fused_recurrent_rwkv6
+        name = "chunk_rwkv6" if use_chunk else "fused_recurrent_rwkv6"
+        # a kernel's own switch travels to its op (and only to that op)
+        switch = {"bug": self.bug} if KERNEL_BUGS.get(self.bug) == name else {}
         # The bug path must reach the kernel: the contract would reject its positive log-decay first.
         with contract.value_checks(False) if self.bug else contextlib.nullcontext():
-            o, _ = op(r, k, v, w, self.bonus.to(r.dtype), scale=1.0)
+            o, _ = getattr(ops, name)(r, k, v, w, self.bonus.to(r.dtype), scale=1.0, **switch)
         return o

@@ -1,0 +1,334 @@
+"""The stability atlas: where does an op stay right, go wrong but finite, go non-finite, or raise?
+
+A sweep of op x variant (fixed, each catalogued bug, an external library's op) x dtype x per-step decay magnitude
+x sequence length (x chunk size) gives one tidy record per setting: the non-finite census of the output, the final
+state(s) and every gradient (a random final-state cotangent and an initial state are always on, so a dropped
+gradient shows), relative errors against the float64 reference (scale-aware for gradients, and unfloored), the
+largest state magnitude and a status (`STATUSES`).
+
+Records are cached on disk, keyed by the setting, the op's source hash, the torch/triton versions and the device:
+a widget redraws at once, an interrupted sweep resumes. `python -m fla_lab atlas ...` writes a PNG and a JSON.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from fla_lab import check, harness, registry, runtime, viz
+
+DECAYS = (1e-3, 1e-1, 1.0, 10.0, 30.0, 100.0, 1e3, 1e4)
+STATUSES = ("right", "wrong", "nonfinite", "raises")  # finite and within tolerance / finite, beyond / NaN or inf / error
+STATUS_COLORS = {"right": "#2ca02c", "wrong": "#ff7f0e", "nonfinite": "#d62728", "raises": "#7f7f7f"}
+DTYPES = viz.DTYPES
+
+
+@dataclass(frozen=True)
+class Setting:
+    op: str                 # registry label: "chunk_rwkv6" or "fla:chunk_rwkv6"
+    variant: str            # "fixed" or a catalogue name
+    dtype: str              # "fp32" | "bf16" | "fp16"
+    decay: float            # per-step log-decay magnitude m: g = -m * U(0.05, 1)
+    T: int
+    chunk_size: int | None = None
+    B: int = 1
+    H: int = 2
+    K: int = 32
+    V: int = 32
+    M: int = 32
+    seed: int = 0
+
+    @property
+    def shape(self) -> registry.Shape:
+        return registry.Shape(self.B, self.T, self.H, self.K, self.V, self.M)
+
+
+# --- one setting -------------------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=4)
+def _exact(op: str, dtype: str, decay: float, shape: registry.Shape, seed: int):
+    """The float64 reference on the rounded inputs (shared by every variant and chunk size of one setting)."""
+    spec = registry.get(*_split(op))
+    rounded = harness.leaves(spec.inputs(shape, decay=decay, seed=seed), DTYPES[dtype], runtime.device())
+    exact, cot = harness.exact_run(spec.reference, rounded, seed=seed, device=_reference_device())
+    return rounded, exact, cot
+
+
+def _reference_device() -> str:
+    return "cuda" if runtime.device() == "cuda" else "cpu"  # float64 on the GPU: seconds, not minutes, at T = 4096
+
+
+def _split(label: str) -> tuple[str, str]:
+    library, _, name = label.rpartition(":")
+    return name, library or "fla_lab"
+
+
+def measure(setting: Setting) -> dict:
+    """Run one setting: the op forward and backward against the float64 reference. Never raises."""
+    spec = registry.get(*_split(setting.op))
+    start = time.perf_counter()
+    rounded, exact, cot = _exact(setting.op, setting.dtype, setting.decay, setting.shape, setting.seed)
+    record = asdict(setting) | {"status": "right", "message": "", "nonfinite": {}, "errors": {},
+                                "errors_unfloored": {}}
+    try:
+        with _quiet():
+            got = harness.run(spec.op(setting.variant, setting.chunk_size), harness.leaves(rounded), cot)
+    except Exception as exc:  # a kernel that fails to compile or launch is a result, not a crash of the sweep
+        record.update(status="raises", message=f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:200]}")
+        return record | {"seconds": time.perf_counter() - start}
+    record.update(_compare(got, exact, DTYPES[setting.dtype]))
+    return record | {"seconds": time.perf_counter() - start}
+
+
+def _compare(got: harness.Run, exact: harness.Run, dtype: torch.dtype) -> dict:
+    pairs = {"o": (got.o, exact.o), **{n: (got.states[n], s) for n, s in exact.states.items()},
+             **{f"d{n}": (got.grads[n], g) for n, g in exact.grads.items()}}
+    nonfinite = {n: int((~torch.isfinite(x)).sum()) for n, (x, _) in pairs.items()}
+    errors = {"o": check.rel_error(got.o, exact.o)}
+    errors.update({n: check.rel_error(got.states[n], s) for n, s in exact.states.items()})
+    errors.update({f"d{n}": e for n, e in check.grad_errors(exact.grads, got.grads).items()})
+    unfloored = {n: check.rel_error(x, r) for n, (x, r) in pairs.items()}
+    tol = check.tolerance(dtype)
+    over = [n for n, e in errors.items() if not e <= (tol.grad if n.startswith("d") else tol.fwd)]
+    status = "nonfinite" if any(nonfinite.values()) else ("wrong" if over else "right")
+    first = next((check.nonfinite_census(x).first for n, (x, _) in pairs.items() if nonfinite[n] and x.dim() == 4),
+                 None)
+    state_max = max(float(s.abs().max()) for s in exact.states.values())
+    return {"status": status, "nonfinite": {n: c for n, c in nonfinite.items() if c}, "errors": errors,
+            "errors_unfloored": unfloored, "beyond_tolerance": over, "first_bad": first, "state_max": state_max}
+
+
+def _quiet():
+    import contextlib
+    import warnings
+
+    from fla_lab.ops import contract
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(warnings.catch_warnings())
+    warnings.simplefilter("ignore")
+    stack.enter_context(contract.value_checks(False))  # the atlas measures kernels, not the input contract
+    return stack
+
+
+def worst_error(record: dict) -> float:
+    """The largest (scale-aware) error of a record; inf when non-finite, nan when it raised."""
+    if record["status"] == "raises":
+        return math.nan
+    if record["status"] == "nonfinite":
+        return math.inf
+    return max(record["errors"].values())
+
+
+# --- the disk cache ----------------------------------------------------------------------------------------------
+
+@functools.cache
+def source_hash(label: str) -> str:
+    """fla_lab: a hash of the kernels, the reference and the harness; an external library: its version."""
+    name, library = _split(label)
+    if library != "fla_lab":
+        return "flash-linear-attention " + _version("flash-linear-attention")
+    package = Path(__file__).resolve().parent
+    files = sorted((package / "ops").rglob("*.py")) + [package / n for n in ("reference.py", "harness.py", "check.py")]
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def environment() -> dict:
+    info = runtime.describe()
+    return {"torch": info["torch"], "triton": info["triton"], "device": info.get("gpu", info["mode"])}
+
+
+class Cache:
+    """One JSON file per setting under `folder`, named by the hash of (setting, source hash, environment)."""
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def path(self, setting: Setting) -> Path:
+        key = json.dumps([asdict(setting), source_hash(setting.op), environment()], sort_keys=True)
+        return self.folder / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
+
+    def get(self, setting: Setting) -> dict | None:
+        path = self.path(setting)
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def put(self, setting: Setting, record: dict) -> None:
+        self.path(setting).write_text(json.dumps(record, default=_jsonable))
+
+
+def _jsonable(x):
+    return float(x) if isinstance(x, (float, int)) else str(x)
+
+
+def default_cache() -> Cache:
+    return Cache(Path.home() / ".cache" / "fla_lab" / "atlas")
+
+
+# --- sweeps ------------------------------------------------------------------------------------------------------
+
+def settings(ops, variants=None, dtypes=("fp32",), decays=DECAYS, lengths=(64,), chunk_sizes=(None,), **shape):
+    """Every combination, ordered so that settings sharing a float64 reference run back to back."""
+    out = []
+    for op in ops:
+        spec = registry.get(*_split(op))
+        wanted = [v for v in (variants or spec.variants) if v in spec.variants]
+        sizes = [c for c in chunk_sizes if c is None or c in spec.chunk_sizes] or [None]
+        for dtype in dtypes:
+            for T in lengths:
+                for decay in decays:
+                    out += [Setting(spec.label, v, dtype, float(decay), T, c, **shape) for v in wanted for c in sizes]
+    return out
+
+
+def sweep(todo: list[Setting], cache: Cache | None = None, progress: bool = True) -> list[dict]:
+    """Measure every setting (from the cache when it holds it), with a progress bar."""
+    from tqdm.auto import tqdm
+
+    records = []
+    for setting in tqdm(todo, desc="atlas", disable=not progress, leave=False):
+        record = cache.get(setting) if cache else None
+        if record is None:
+            record = measure(setting)
+            if cache:
+                cache.put(setting, record)
+        records.append(record)
+    return records
+
+
+def table(records: list[dict]) -> list[tuple]:
+    """(op, variant, dtype, T, chunk, first decay not right, status there, worst error where right): one row per
+    line of the atlas, the short form the README shows."""
+    rows = {}
+    for r in sorted(records, key=lambda r: r["decay"]):
+        key = (r["op"], r["variant"], r["dtype"], r["T"], r["chunk_size"])
+        first = rows.setdefault(key, {"bad": None, "status": "right", "worst": 0.0})
+        if r["status"] != "right" and first["bad"] is None:
+            first.update(bad=r["decay"], status=r["status"])
+        if r["status"] == "right":
+            first["worst"] = max(first["worst"], worst_error(r))
+    return [(*k, v["bad"], v["status"], v["worst"]) for k, v in rows.items()]
+
+
+def format_table(records: list[dict]) -> str:
+    """`table` as aligned text."""
+    lines = [f"{'op':<28} {'variant':<20} {'dtype':<5} {'T':>5} {'chunk':>5}  {'first m not right':<22} "
+             f"{'worst error while right':>10}"]
+    for op, variant, dtype, T, chunk, bad, status, worst in table(records):
+        where = "-" if bad is None else f"{bad:g} ({status})"
+        lines.append(f"{op:<28} {variant:<20} {dtype:<5} {T:>5} {chunk or '-':>5}  {where:<22} {worst:>10.1e}")
+    return "\n".join(lines)
+
+
+# --- figures -----------------------------------------------------------------------------------------------------
+
+def _select(records, **match):
+    return [r for r in records if all(r[k] == v for k, v in match.items())]
+
+
+def plot_heatmap(records: list[dict], op: str, variant: str, dtype: str, chunk_size=None, ax=None):
+    """Status (colour) and worst error (text) over decay magnitude (x) and sequence length (y)."""
+    from matplotlib.colors import ListedColormap
+
+    chosen = _select(records, op=op, variant=variant, dtype=dtype, chunk_size=chunk_size)
+    decays = sorted({r["decay"] for r in chosen})
+    lengths = sorted({r["T"] for r in chosen})
+    if ax is None:
+        fig, (ax,) = viz.figure(width=0.6 * len(decays) + 2.0, height=0.45 * len(lengths) + 1.4)
+    grid = torch.full((len(lengths), len(decays)), float("nan"))
+    for r in chosen:
+        i, j = lengths.index(r["T"]), decays.index(r["decay"])
+        grid[i, j] = STATUSES.index(r["status"])
+        err = worst_error(r)
+        label = {"nonfinite": "NaN", "raises": "err"}.get(r["status"], f"{err:.0e}")
+        ax.text(j, i, label, ha="center", va="center", fontsize=7, color="white" if r["status"] != "right" else "k")
+    ax.imshow(grid.numpy(), cmap=ListedColormap([STATUS_COLORS[s] for s in STATUSES]), vmin=-0.5,
+              vmax=len(STATUSES) - 0.5, aspect="auto", origin="lower")
+    ax.set_xticks(range(len(decays)), [f"{d:g}" for d in decays], fontsize=7)
+    ax.set_yticks(range(len(lengths)), [str(t) for t in lengths], fontsize=7)
+    ax.set_xlabel("per-step log-decay magnitude m")
+    ax.set_ylabel("T")
+    chunk = f", chunk {chunk_size}" if chunk_size else ""
+    ax.set_title(f"{op} [{variant}] {dtype}{chunk}", fontsize=9)
+    return ax
+
+
+def plot_error_vs_decay(records: list[dict], op_names: list[str], dtype: str, T: int, ax=None, name: str | None = None):
+    """Worst error (or one named error, e.g. "dw") against decay magnitude, one line per (op, variant);
+    non-finite results are drawn as crosses on the top edge, errors as squares."""
+    if ax is None:
+        fig, (ax,) = viz.figure(width=6.0, height=3.6)
+    top = 1e3
+    for op in op_names:
+        for variant in sorted({r["variant"] for r in _select(records, op=op)}):
+            rows = sorted(_select(records, op=op, variant=variant, dtype=dtype, T=T), key=lambda r: r["decay"])
+            if not rows:
+                continue
+            err = [(r["errors"].get(name, math.nan) if name and r["status"] in ("right", "wrong") else worst_error(r))
+                   for r in rows]
+            xs = [r["decay"] for r in rows]
+            line, = ax.plot(xs, [min(max(e, 1e-12), top) if math.isfinite(e) else math.nan for e in err], "o-",
+                            ms=3, label=f"{op} [{variant}]")
+            bad = [(x, r["status"]) for x, r in zip(xs, rows) if r["status"] in ("nonfinite", "raises")]
+            for x, status in bad:
+                ax.plot([x], [top], "x" if status == "nonfinite" else "s", color=line.get_color(), ms=7)
+    ax.axhline(check.tolerance(DTYPES[dtype]).grad, color="k", lw=0.8, ls="--", label=f"{dtype} gradient tolerance")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("per-step log-decay magnitude m")
+    ax.set_ylabel(f"relative error ({name or 'worst of o, ht, every gradient'})")
+    ax.set_title(f"error against float64, {dtype}, T = {T} (x at the top: non-finite)", fontsize=9)
+    ax.legend(fontsize=7)
+    return ax
+
+
+def plot_atlas(records: list[dict]):
+    """One heatmap per (op, variant, dtype, chunk size) in the records, in a grid."""
+    keys = sorted({(r["op"], r["variant"], r["dtype"], r["chunk_size"] or 0) for r in records})
+    ncols = min(3, len(keys))
+    nrows = math.ceil(len(keys) / ncols)
+    decays = len({r["decay"] for r in records})
+    lengths = len({r["T"] for r in records})
+    fig, axes = viz.figure(ncols, nrows, width=max(3.4, 0.55 * decays + 1.8), height=0.4 * lengths + 1.5)
+    for ax, (op, variant, dtype, chunk) in zip(axes, keys):
+        plot_heatmap(records, op, variant, dtype, chunk or None, ax=ax)
+    for ax in axes[len(keys):]:
+        ax.axis("off")
+    handles = [__import__("matplotlib.patches", fromlist=["Patch"]).Patch(color=STATUS_COLORS[s], label=s)
+               for s in STATUSES]
+    fig.legend(handles=handles, loc="outside lower center", ncols=len(STATUSES), fontsize=8)
+    fig.suptitle("status against float64 (g = -m U(0.05, 1) per step; text: worst scale-aware relative error)",
+                 fontsize=9)
+    return fig
+
+
+def write(records: list[dict], out: str | Path, name: str = "atlas") -> tuple[Path, Path]:
+    """`<out>/<name>.json` (records + environment) and `<out>/<name>.png` (the heatmaps)."""
+    import matplotlib.pyplot as plt
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    json_path, png_path = out / f"{name}.json", out / f"{name}.png"
+    json_path.write_text(json.dumps({"environment": environment(), "records": records}, indent=1,
+                                    default=_jsonable))
+    fig = plot_atlas(records)
+    fig.savefig(png_path, dpi=110, metadata={"Software": None})
+    plt.close(fig)
+    return json_path, png_path

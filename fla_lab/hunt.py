@@ -1,0 +1,515 @@
+"""Hunting NaNs: which module, which op, which Triton kernel, which (batch, head, step), forward or backward, and why.
+
+    with fla_lab.hunt.locate(model) as found:
+        loss = model(x).float().pow(2).mean()
+        loss.backward()
+    print(found.report)
+
+`locate` wraps every fla_lab op (the layers look theirs up at call time) and every module of `model`. It keeps a
+copy of each op call's inputs, checks each output in the forward and each gradient in the backward, and stops
+at the first non-finite value (or the first exception). On leaving the block it replays that one call with
+`trace_kernels` (which watches every Triton launch and notes the first kernel to write a non-finite value into
+one of its arguments) and against the float64 reference (is the exact answer representable? then the kernel is
+at fault; if not, the input is), and classifies the cause (`CAUSES`). Without a non-finite value it still audits
+precision: a decay that reached the op in 16 bits is #181's pattern.
+
+Cost: a copy of every op input and one sync per op output and gradient while the block runs (a debugging tool:
+off unless you enter it; `benchmarks/bench_hunt.py` measures it), plus the replay on leaving.
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from fla_lab import check, registry
+from fla_lab.ops import contract
+
+FP32_MAX = torch.finfo(torch.float32).max
+GARBAGE = 1e30  # no trained parameter comes near this; uninitialised memory often does
+
+# Cause classes: key -> (what happened, whose fault, what to do)
+CAUSES = {
+    "kernel_raised": ("a Triton kernel raised (compile or launch error)", "kernel",
+                      "read the kernel's masks and tile shapes at the named kernel (cf. #18)"),
+    "nonfinite_input": ("an input of the op already held NaN/inf", "input",
+                        "look upstream of the op: the module's parameters or the previous layer"),
+    "positive_decay": ("a log-decay above 0: every step multiplies the state by exp(g) > 1", "input",
+                       "pass log-space decays (F.logsigmoid(x), -exp(x)), not sigmoid(x) (cf. #11, #150)"),
+    "growing_transition": ("RWKV-7's transition diag(exp w) + b a^T has an eigenvalue above 1: the state grows "
+                           "until it overflows", "input",
+                           "pass a = -kk, b = kk * a_gate with unit-norm kk (cf. #150)"),
+    "exp_overflow": ("exp of a cumulative decay overflowed inside the kernel although the exact result is finite "
+                     "(inf * 0 = NaN)", "kernel",
+                     "factor the exponent against a reference row inside the sub-chunk (cf. #77, 0c1c0b65)"),
+    "padded_rows": ("rows past the end of the sequence (a partial last chunk) stayed live in the backward: "
+                    "exp(0 - gn) = inf times a zero-padded gradient", "kernel",
+                    "mask rows past T before the exp (cf. #77 GSA, 737550ff)"),
+    "rounded_decay": ("the decay reached the op rounded to 16 bits: a per-step bias that compounds over the "
+                      "sequence (no NaN, just wrong)", "input",
+                      "compute the decay in fp32 under autocast (cf. #181, 965c3553)"),
+    "wrong_but_finite": ("the op's result is finite but disagrees with the float64 reference beyond the dtype's "
+                         "tolerance", "kernel", "compare each output and gradient with fla_lab.harness.compare"),
+    "none": ("no non-finite value and nothing suspicious", "-", "-"),
+}
+
+
+@dataclass
+class Launch:
+    kernel: str
+    phase: str
+    written: dict[str, check.Census] = field(default_factory=dict)  # argument -> non-finite values that appeared
+    raised: str | None = None
+
+
+def _nonfinite(x: torch.Tensor) -> int:
+    return int((~torch.isfinite(x)).sum()) if x.is_floating_point() else 0
+
+
+class KernelTracer:
+    """Watches every launch of fla_lab's Triton kernels (`fla_lab.ops.common.utils.kernel`): after each launch,
+    counts the non-finite values in every tensor argument and records the ones that gained some.
+
+    A replay tool: it reads every argument twice per launch (and syncs), so use it on one call, not in training.
+    """
+
+    def __init__(self):
+        self.launches: list[Launch] = []
+        self.phase = "forward"
+
+    def first_bad(self) -> Launch | None:
+        return next((launch for launch in self.launches if launch.written or launch.raised), None)
+
+    def _wrap(self, name: str, jitted):
+        run, arg_names, tracer = jitted.run, list(jitted.arg_names), self
+
+        def traced_run(*args, **kwargs):
+            tensors = {n: a for n, a in zip(arg_names, args) if isinstance(a, torch.Tensor)}
+            tensors.update({n: a for n, a in kwargs.items() if isinstance(a, torch.Tensor)})
+            before = {n: _nonfinite(t) for n, t in tensors.items()}
+            launch = Launch(name, tracer.phase)
+            tracer.launches.append(launch)
+            try:
+                return run(*args, **kwargs)
+            except Exception as exc:
+                launch.raised = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                raise
+            finally:
+                for n, t in tensors.items():
+                    if _nonfinite(t) > before[n]:
+                        launch.written[n] = check.nonfinite_census(t, dims=_dims(t))
+        return traced_run
+
+    @contextlib.contextmanager
+    def watching(self):
+        from fla_lab.ops.common import utils
+
+        kernels = {n.rsplit(".", 1)[1]: k for n, k in utils.registered_kernels().items() if hasattr(k, "arg_names")}
+        for name, jitted in kernels.items():
+            jitted.run = self._wrap(name, jitted)
+        try:
+            yield self
+        finally:
+            for jitted in kernels.values():
+                del jitted.run  # back to the class's method
+
+
+def _dims(t: torch.Tensor) -> tuple[str, ...]:
+    """[B, T, H, D] for the ops' sequence tensors; anything else is located by flat index."""
+    return ("b", "t", "h", "d") if t.dim() == 4 else tuple(f"i{n}" for n in range(t.dim()))
+
+
+def trace_kernels() -> contextlib.AbstractContextManager[KernelTracer]:
+    """`with trace_kernels() as tracer: ...` then `tracer.first_bad()`: the first launch that wrote NaN/inf."""
+    return KernelTracer().watching()
+
+
+# --- one call: replay and diagnosis -------------------------------------------------------------------------------
+
+@dataclass
+class Diagnosis:
+    op: str
+    phase: str                     # "forward" or "backward"
+    cause: str                     # a key of CAUSES
+    kernel: str | None = None      # the first Triton kernel that wrote a non-finite value (or raised)
+    intermediate: str | None = None  # which of its arguments
+    where: dict | None = None      # (b, t, h, d) of the first bad value, earliest step first
+    stats: dict = field(default_factory=dict)
+    note: str = ""
+
+    @property
+    def fault(self) -> str:
+        return CAUSES[self.cause][1]
+
+    def lines(self) -> list[str]:
+        what, fault, advice = CAUSES[self.cause]
+        out = [f"op       : {self.op} ({self.phase})",
+               f"kernel   : {self.kernel or '-'}" + (f", writing `{self.intermediate}`" if self.intermediate else ""),
+               f"first bad: {', '.join(f'{k}={v}' for k, v in self.where.items()) if self.where else '-'}",
+               f"cause    : {self.cause}: {what}",
+               f"fault    : {fault}",
+               f"stats    : {', '.join(f'{k}={_fmt(v)}' for k, v in self.stats.items())}"]
+        if self.note:
+            out.append(f"note     : {self.note}")
+        out.append(f"fix      : {advice}")
+        return out
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
+
+
+def _fmt(v) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
+def _tensors(inputs: dict):
+    for name, x in inputs.items():
+        if isinstance(x, (tuple, list)):
+            yield from ((f"{name}[{i}]", t) for i, t in enumerate(x) if isinstance(t, torch.Tensor))
+        elif isinstance(x, torch.Tensor):
+            yield name, x
+
+
+def _first_step(x: torch.Tensor, bad) -> int | None:
+    """The first time step of a [B, T, H, D] tensor where `bad(x)` holds anywhere."""
+    steps = bad(x.detach()).flatten(2).any(-1).any(0)
+    return int(steps.nonzero()[0]) if steps.any() else None
+
+
+def input_stats(spec: registry.OpSpec, inputs: dict) -> dict:
+    """What explains most NaNs before any kernel runs: dtypes, the decay's range, non-finite inputs."""
+    g = inputs[spec.decay_name]
+    stats = {"dtype": str(inputs[next(iter(inputs))].dtype).replace("torch.", ""),
+             "decay dtype": str(g.dtype).replace("torch.", ""),
+             "log-decay min": float(g.min()), "log-decay max": float(g.max()),
+             "T": g.shape[1]}
+    bad = [n for n, t in _tensors(inputs) if not torch.isfinite(t).all()]
+    if bad:
+        stats["non-finite inputs"] = bad
+    if spec.family == "rwkv7":
+        from fla_lab.ops.contract import transition_radius
+
+        radius = transition_radius(inputs["w"], inputs["a"], inputs["b"]) if not bad else math.nan
+        stats["transition radius"] = radius
+    return stats
+
+
+def _reference_run(spec, inputs: dict, do, dht) -> dict:
+    """The float64 answer on the same (already rounded) inputs: is it representable in fp32?"""
+    ref_in = {n: (tuple(t.detach().double().cpu().requires_grad_() for t in x) if isinstance(x, (tuple, list))
+                  else x.detach().double().cpu().requires_grad_() if isinstance(x, torch.Tensor) else x)
+              for n, x in inputs.items()}
+    o, ht = spec.reference(**ref_in, output_final_state=True)
+    states = ht if isinstance(ht, tuple) else (ht,)
+    out = {"o": o.detach(), "state max": max(float(s.detach().abs().max()) for s in states)}
+    out["o first > fp32 max"] = _first_step(o, lambda x: ~(x.abs() <= FP32_MAX))
+    if do is not None:
+        loss = (o * do.double().cpu()).sum()
+        if dht is not None:
+            loss = loss + sum((s * d.double().cpu()).sum() for s, d in zip(states, dht if isinstance(dht, tuple)
+                                                                             else (dht,)) if d is not None)
+        loss.backward()
+        grads = [t.grad for _, t in _tensors(ref_in) if t.grad is not None]
+        out["grads finite"] = all(bool((g.abs() <= FP32_MAX).all()) for g in grads)
+    return out
+
+
+def replay(spec: registry.OpSpec, fn, inputs: dict, kwargs: dict | None = None, do=None, dht=None) -> Diagnosis:
+    """Run one op call again (forward, and backward when `do` is given) watching its kernels, run the float64
+    reference on the same inputs, and say where the first non-finite value appeared and why."""
+    kwargs = dict(kwargs or {})
+    stats = input_stats(spec, inputs)
+    leaves = {n: (tuple(t.detach().clone().requires_grad_(t.is_floating_point()) for t in x)
+                  if isinstance(x, (tuple, list)) else x.detach().clone().requires_grad_(x.is_floating_point()))
+              for n, x in inputs.items()}
+    tracer, raised, o, phase = KernelTracer(), None, None, "forward"
+    with tracer.watching(), _quiet(), contract.value_checks(False):  # let the input through, as the model did
+        try:
+            o, ht = fn(**leaves, **kwargs, output_final_state=True)
+            if do is not None and torch.isfinite(o).all():
+                phase = tracer.phase = "backward"
+                states = ht if isinstance(ht, tuple) else (ht,)
+                dhts = dht if isinstance(dht, tuple) else (dht,)
+                loss = (o * do.to(o)).sum() + sum((s * d.to(s)).sum() for s, d in zip(states, dhts) if d is not None)
+                loss.backward()
+        except Exception as exc:  # what a failing kernel does is part of the diagnosis
+            raised = exc
+    bad = tracer.first_bad()
+    diagnosis = Diagnosis(spec.label, bad.phase if bad else phase, "none", stats=stats)
+    if bad:
+        diagnosis.kernel = bad.kernel
+        if bad.written:
+            diagnosis.intermediate, census = next(iter(bad.written.items()))
+            diagnosis.where = census.first
+    if raised is not None and bad is not None and bad.raised:
+        diagnosis.cause, diagnosis.note = "kernel_raised", f"{type(raised).__name__}: {_first_line(raised)}"
+        return diagnosis
+    if raised is not None:  # raised outside any kernel: the op's own checks
+        stats["raised"] = f"{type(raised).__name__}: {_first_line(raised)}"
+    ref = _reference_run(spec, inputs, do, dht) if "non-finite inputs" not in stats else {}
+    if ref:
+        stats["state max (float64)"] = ref["state max"]
+    diagnosis.where = _where(o, leaves, diagnosis.phase) or diagnosis.where
+    diagnosis.cause, diagnosis.note = _classify(spec, stats, ref, diagnosis, kwargs)
+    return diagnosis
+
+
+def _first_line(exc: Exception) -> str:
+    return (str(exc).strip().splitlines() or [""])[-1][:160]
+
+
+def _where(o, leaves, phase) -> dict | None:
+    """The (b, t, h, d) of the first non-finite value of the output (forward) or of the first gradient (backward)."""
+    if phase == "forward" and o is not None and not torch.isfinite(o).all():
+        return check.nonfinite_census(o).first
+    for name, t in _tensors(leaves):
+        if t.grad is not None and t.dim() == 4 and not torch.isfinite(t.grad).all():
+            return {"grad": name, **check.nonfinite_census(t.grad).first}
+    return None
+
+
+def _classify(spec, stats, ref, diagnosis, kwargs) -> tuple[str, str]:
+    if "non-finite inputs" in stats:
+        return "nonfinite_input", f"non-finite: {', '.join(stats['non-finite inputs'])}"
+    if stats["log-decay max"] > 0:
+        return "positive_decay", f"max log-decay {stats['log-decay max']:.3g} > 0" + _chunk_early(ref, diagnosis)
+    if stats.get("transition radius", 0.0) > 1.02:
+        return "growing_transition", (f"eigenvalue modulus {stats['transition radius']:.3g}"
+                                      + _chunk_early(ref, diagnosis))
+    if diagnosis.kernel is None:
+        if stats["decay dtype"] in ("bfloat16", "float16"):
+            return "rounded_decay", f"{spec.decay_name} is {stats['decay dtype']}"
+        return "none", ""
+    if diagnosis.phase == "backward" and spec.chunk_sizes:
+        chunk = kwargs.get("chunk_size") or _default_chunk(spec)
+        if stats["T"] % chunk:
+            return "padded_rows", f"T = {stats['T']} is not a multiple of chunk_size = {chunk}"
+    return "exp_overflow", (f"the float64 result is finite (state max {ref.get('state max', math.nan):.3g}); "
+                            f"log-decay down to {stats['log-decay min']:.3g} per step")
+
+
+def _chunk_early(ref: dict, diagnosis: Diagnosis) -> str:
+    """A chunked kernel's first NaN can come before the exact output overflows: an inf later in the chunk meets
+    the zeros of a masked score matrix (0 * inf) and poisons every row of the chunk."""
+    exact_t, got_t = ref.get("o first > fp32 max"), (diagnosis.where or {}).get("t")
+    if exact_t is None or got_t is None or got_t >= exact_t:
+        return ""
+    return (f"; chunk-early NaN: the exact output first leaves fp32 at t={exact_t}, the kernel's first NaN is at "
+            f"t={got_t} (an overflow later in the chunk reaches earlier rows as 0 * inf)")
+
+
+def _default_chunk(spec) -> int:
+    return inspect.signature(spec.fn).parameters["chunk_size"].default or 64
+
+
+@contextlib.contextmanager
+def _quiet():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+# --- a whole model: the locator ------------------------------------------------------------------------------------
+
+@dataclass
+class Call:
+    index: int
+    op: str
+    module: str
+    fn: object
+    inputs: dict
+    kwargs: dict
+    do: torch.Tensor | None = None
+    dht: object = None
+
+
+@dataclass
+class Event:
+    call: Call
+    phase: str
+    what: str
+
+
+@dataclass
+class Report:
+    calls: list[Call]
+    event: Event | None
+    diagnosis: Diagnosis | None
+    modules: dict[str, str] = field(default_factory=dict)  # first module with a non-finite output / parameter
+
+    def __str__(self) -> str:
+        if self.diagnosis is None:
+            return f"no non-finite value in {len(self.calls)} op call(s)"
+        head = [f"module   : {self.event.call.module}",
+                f"call     : #{self.event.call.index} of {len(self.calls)} ({self.event.what})"]
+        head += [f"params   : {v}" for v in self.modules.values()]
+        return "\n".join(head + self.diagnosis.lines())
+
+
+class Locator:
+    def __init__(self, model: torch.nn.Module | None = None, replay: bool = True):
+        self.model, self.do_replay = model, replay
+        self.calls: list[Call] = []
+        self.event: Event | None = None
+        self.report: Report | None = None
+        self._stack: list[str] = []
+        self._pending: Call | None = None  # the call whose backward started and has not finished
+
+    # forward ---------------------------------------------------------------------------------------------------
+    def _wrap_op(self, spec: registry.OpSpec, real):
+        signature = inspect.signature(real)
+
+        def located(*args, **kwargs):
+            bound = signature.bind(*args, **kwargs).arguments
+            extra = bound.pop("kwargs", {})
+            inputs = {n: v for n, v in bound.items() if _is_input(v)}
+            options = {n: v for n, v in bound.items() if n not in inputs and n != "output_final_state"} | extra
+            call = Call(len(self.calls), spec.name, self._stack[-1] if self._stack else "-", real,
+                        {n: _copy(v) for n, v in inputs.items()}, options)
+            self.calls.append(call)
+            try:
+                o, ht = real(*args, **kwargs)
+            except Exception:
+                self._record(call, "forward", "the op raised")
+                raise
+            if self.event is None and not _all_finite(o, ht):
+                self._record(call, "forward", "non-finite output")
+            self._watch_backward(call, inputs, o, ht)
+            return o, ht
+        return located
+
+    def _record(self, call: Call, phase: str, what: str) -> None:
+        if self.event is None:
+            self.event = Event(call, phase, what)
+
+    # backward --------------------------------------------------------------------------------------------------
+    def _watch_backward(self, call: Call, inputs: dict, o, ht) -> None:
+        if not torch.is_grad_enabled() or not o.requires_grad:
+            return
+
+        def got_do(grad):
+            call.do, self._pending = grad.detach().clone(), call
+            if self.event is None and not torch.isfinite(grad).all():
+                self._record(call, "backward", "non-finite gradient reached the op's output")
+        o.register_hook(got_do)
+        states = ht if isinstance(ht, tuple) else (ht,)
+        call.dht = [None] * len(states)
+        for i, s in enumerate(states):
+            if s is not None and s.requires_grad:
+                s.register_hook(_store_state_grad(call, i))
+        for name, t in _tensors(inputs):
+            if t.requires_grad:
+                t.register_hook(self._grad_check(call, name))
+
+    def _grad_check(self, call: Call, name: str):
+        def check_grad(grad):
+            if self._pending is call:
+                self._pending = None
+            if self.event is None and not torch.isfinite(grad).all():
+                self._record(call, "backward", f"non-finite gradient of `{name}`")
+        return check_grad
+
+    # modules -----------------------------------------------------------------------------------------------------
+    def _enter_module(self, name):
+        def pre(module, args):
+            self._stack.append(name)
+        return pre
+
+    def _leave_module(self, module, args, output):
+        if self._stack:
+            self._stack.pop()
+
+    def __enter__(self) -> "Locator":
+        from fla_lab import ops
+
+        self._patches = []
+        for spec in registry.ops().values():
+            if spec.library == "fla_lab":
+                real = getattr(ops, spec.name)
+                self._patches.append((spec.name, real))
+                setattr(ops, spec.name, self._wrap_op(spec, real))
+        self._hooks = []
+        if self.model is not None:
+            for name, module in self.model.named_modules():
+                label = f"{name or 'model'} ({type(module).__name__})"
+                self._hooks.append(module.register_forward_pre_hook(self._enter_module(label)))
+                self._hooks.append(module.register_forward_hook(self._leave_module))
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        from fla_lab import ops
+
+        for name, real in self._patches:
+            setattr(ops, name, real)
+        for hook in self._hooks:
+            hook.remove()
+        if exc is not None and self.event is None and self._pending is not None:
+            self._record(self._pending, "backward", f"the backward raised {exc_type.__name__}")
+        self.report = self._report()
+        return exc is not None and self.event is not None and self.event.what.startswith("the ")
+
+    def _report(self) -> Report:
+        if self.event is None:
+            audit = self._precision_audit()
+            return Report(self.calls, audit and Event(audit[0], "forward", "precision audit"),
+                          audit and audit[1])
+        call = self.event.call
+        spec = registry.get(call.op)
+        diagnosis = None
+        if self.do_replay:
+            do = call.do if self.event.phase == "backward" else None
+            dht = tuple(call.dht) if isinstance(call.dht, list) and len(call.dht) > 1 else (
+                call.dht[0] if isinstance(call.dht, list) else None)
+            diagnosis = replay(spec, call.fn, call.inputs, call.kwargs, do=do, dht=dht)
+        return Report(self.calls, self.event, diagnosis, self._bad_parameters())
+
+    def _precision_audit(self):
+        for call in self.calls:
+            spec = registry.get(call.op)
+            g = call.inputs.get(spec.decay_name)
+            if g is not None and g.dtype in (torch.bfloat16, torch.float16):
+                return call, Diagnosis(spec.label, "forward", "rounded_decay", stats=input_stats(spec, call.inputs),
+                                       note=f"`{spec.decay_name}` arrived in {str(g.dtype)[6:]}")
+        return None
+
+    def _bad_parameters(self) -> dict[str, str]:
+        if self.model is None:
+            return {}
+        bad = [n for n, p in self.model.named_parameters() if not (p.detach().abs() <= GARBAGE).all()]
+        return {"parameters": f"{len(bad)} parameter(s) hold NaN/inf or |x| > {GARBAGE:g}: {', '.join(bad[:6])}"
+                              + (" ..." if len(bad) > 6 else "")} if bad else {}
+
+
+def _store_state_grad(call: Call, i: int):
+    def store(grad):
+        call.dht[i] = grad.detach().clone()
+    return store
+
+
+def _is_input(v) -> bool:
+    return isinstance(v, torch.Tensor) or (isinstance(v, (tuple, list)) and v and
+                                           all(isinstance(t, torch.Tensor) for t in v))
+
+
+def _copy(v):
+    return tuple(t.detach().clone() for t in v) if isinstance(v, (tuple, list)) else v.detach().clone()
+
+
+def _all_finite(o, ht) -> bool:
+    states = ht if isinstance(ht, tuple) else (ht,)
+    return bool(torch.isfinite(o).all()) and all(s is None or bool(torch.isfinite(s).all()) for s in states)
+
+
+def locate(model: torch.nn.Module | None = None, replay: bool = True) -> Locator:
+    """`with locate(model) as found: <forward and backward>`; then `print(found.report)`.
+
+    An exception raised inside the block by the op it blames (e.g. a kernel that fails to compile) is swallowed
+    and reported; any other exception propagates.
+    """
+    return Locator(model, replay)
+

@@ -1,0 +1,76 @@
+"""The NaN locator names, for every catalogued bug, the op, the kernel and the cause that `bugs.Bug.located` says.
+
+Each scenario (`fla_lab.lessons.hunting.SCENARIOS`) triggers the bug in a layer (or op call) the way its report met
+it; the switch being off must leave the locator with nothing to report.
+"""
+import inspect
+import re
+
+import pytest
+import torch
+
+import fla_lab
+from fla_lab import bugs, hunt, registry
+from fla_lab.lessons import hunting
+from fla_lab.ops.common import utils
+
+
+def test_every_catalogue_entry_has_a_scenario():
+    assert set(hunting.SCENARIOS) == {b.name for b in bugs.CATALOGUE}
+
+
+@pytest.mark.parametrize("name", [b.name for b in bugs.CATALOGUE])
+def test_locator_names_op_kernel_and_cause(name):
+    op, kernel, cause = bugs.get(name).located
+    report = hunting.scenario(name)
+    found = report.diagnosis
+    assert found is not None, f"nothing located for {name}: {report}"
+    assert (found.op, found.kernel, found.cause) == (op, kernel, cause), str(report)
+    assert hunt.CAUSES[cause][1] == found.fault
+
+
+@pytest.mark.parametrize("name", [b.name for b in bugs.CATALOGUE if hunt.CAUSES[b.located[2]][1] == "kernel"])
+def test_a_kernel_at_fault_takes_a_bug_switch(name):
+    """Where the fault is the kernel's, the kernel the locator names compiles the historical line: it takes a
+    `BUG...` constexpr (its own, or passed on to the helper that holds the line)."""
+    bug = bugs.get(name)
+    kernel = next(k for n, k in utils.registered_kernels().items() if n.endswith("." + bug.located[1]))
+    assert re.search(r"\bBUG\w*: tl.constexpr", inspect.getsource(kernel.fn)), bug.located
+
+
+def test_fixed_layer_reports_nothing():
+    layer = hunting._rwkv6_layer("chunk", None)
+    hunting.fast_forgetting(layer)
+    report = hunting._locate_layer(layer, hunting._hidden(hunting.T_TRAIN, hunting.HIDDEN))
+    assert report.event is None and report.diagnosis is None, str(report)
+    assert str(report).startswith("no non-finite value in 1 op call")
+
+
+def test_tracer_restores_every_kernel():
+    before = {n: k.run for n, k in utils.registered_kernels().items() if hasattr(k, "run")}
+    with hunt.trace_kernels() as tracer:
+        spec = registry.get("chunk_gla")
+        spec.compare(spec.inputs(registry.Shape(1, 20, 1, 16, 16)), chunk_size=16)
+    assert tracer.launches and tracer.first_bad() is None
+    assert {n: k.run for n, k in utils.registered_kernels().items() if hasattr(k, "run")} == before
+
+
+@pytest.mark.parametrize("case, cause, early", [(0, "growing_transition", False), (1, "positive_decay", True)])
+def test_chunk_early_nan_is_named_on_the_reports_rwkv7_call(case, cause, early):
+    """#150's `torch.rand` inputs on the chunked RWKV-7 kernel (notebook 02's trace): with log(w) the kernel fails
+    where the exact output leaves fp32 (t = 31); with raw w its first NaN comes a chunk earlier (t = 16, 0 * inf)."""
+    from fla_lab.lessons import decay_contract
+
+    x = {n: t.to(fla_lab.device()) for n, t in decay_contract.rwkv7_case(decay_contract.RWKV7_CASES[case]).items()}
+    found = hunt.replay(registry.get("chunk_rwkv7"), fla_lab.ops.chunk_rwkv7, x)
+    assert (found.cause, found.fault) == (cause, "input"), str(found)
+    assert ("chunk-early" in found.note) == early, str(found)
+    assert found.where["t"] == (16 if early else 31), str(found)
+
+
+def test_locator_leaves_ops_unpatched_and_propagates_unrelated_errors():
+    real = fla_lab.ops.chunk_rwkv6
+    with pytest.raises(ZeroDivisionError), hunt.locate():
+        assert fla_lab.ops.chunk_rwkv6 is not real
+        1 / 0
+    assert fla_lab.ops.chunk_rwkv6 is real
