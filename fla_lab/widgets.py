@@ -6,20 +6,25 @@ default setting, so the notebook reads the same on GitHub, in nbval and in a bro
 """
 from __future__ import annotations
 
-import ipywidgets as w
+import importlib
+
+
+def _w():
+    """ipywidgets, imported on first use: the lessons (and the tests that use them) import without Jupyter."""
+    return importlib.import_module("ipywidgets")
 
 
 def log_slider(description: str, value: float, lo_exp: float, hi_exp: float, step: float = 0.25):
-    return w.FloatLogSlider(value=value, base=10, min=lo_exp, max=hi_exp, step=step, description=description,
+    return _w().FloatLogSlider(value=value, base=10, min=lo_exp, max=hi_exp, step=step, description=description,
                             continuous_update=False, readout_format=".3g", style={"description_width": "initial"})
 
 
 def choice(description: str, options, value):
-    return w.Dropdown(options=options, value=value, description=description, style={"description_width": "initial"})
+    return _w().Dropdown(options=options, value=value, description=description, style={"description_width": "initial"})
 
 
 def int_slider(description: str, value: int, lo: int, hi: int, step: int = 1):
-    return w.IntSlider(value=value, min=lo, max=hi, step=step, description=description, continuous_update=False,
+    return _w().IntSlider(value=value, min=lo, max=hi, step=step, description=description, continuous_update=False,
                        style={"description_width": "initial"})
 
 
@@ -44,4 +49,4 @@ def explorer(draw, **controls):
         draw(**values)
         plt.show()
 
-    return w.interactive(_draw, **controls)
+    return _w().interactive(_draw, **controls)
