@@ -28,8 +28,8 @@ def main():
     # the cache outlives one call on a warm machine: a second call resumes where a timed-out one stopped
     records = atlas.sweep(todo, atlas.Cache(os.environ.get("ATLAS_CACHE", "/tmp/atlas_cache")), progress=False)
     atlas.write(records, out, "atlas_h200")
-    fig_ax = atlas.plot_error_vs_decay(records, list(ops), "bf16", 4096)
-    fig_ax.figure.savefig(os.path.join(out, "atlas_h200_errors.png"), dpi=110, metadata={"Software": None})
+    fig = atlas.plot_errors(records, list(OPS), "bf16", 4096)
+    fig.savefig(os.path.join(out, "atlas_h200_errors.png"), dpi=110, metadata={"Software": None})
     print(atlas.format_table(records))
 
 

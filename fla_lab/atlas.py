@@ -270,33 +270,41 @@ def plot_heatmap(records: list[dict], op: str, variant: str, dtype: str, chunk_s
     return ax
 
 
-def plot_error_vs_decay(records: list[dict], op_names: list[str], dtype: str, T: int, ax=None, name: str | None = None):
-    """Worst error (or one named error, e.g. "dw") against decay magnitude, one line per (op, variant);
-    non-finite results are drawn as crosses on the top edge, errors as squares."""
+def plot_error_vs_decay(records: list[dict], op: str, dtype: str, T: int, ax=None):
+    """Worst error against decay magnitude for one op, one line per (library, variant) in the records: fla_lab's
+    solid, an external library's dashed; non-finite results as crosses on the top edge, errors as squares."""
     if ax is None:
-        fig, (ax,) = viz.figure(width=6.0, height=3.6)
-    top = 1e3
-    for op in op_names:
-        for variant in sorted({r["variant"] for r in _select(records, op=op)}):
-            rows = sorted(_select(records, op=op, variant=variant, dtype=dtype, T=T), key=lambda r: r["decay"])
-            if not rows:
-                continue
-            err = [(r["errors"].get(name, math.nan) if name and r["status"] in ("right", "wrong") else worst_error(r))
-                   for r in rows]
-            xs = [r["decay"] for r in rows]
-            line, = ax.plot(xs, [min(max(e, 1e-12), top) if math.isfinite(e) else math.nan for e in err], "o-",
-                            ms=3, label=f"{op} [{variant}]")
-            bad = [(x, r["status"]) for x, r in zip(xs, rows) if r["status"] in ("nonfinite", "raises")]
-            for x, status in bad:
-                ax.plot([x], [top], "x" if status == "nonfinite" else "s", color=line.get_color(), ms=7)
-    ax.axhline(check.tolerance(DTYPES[dtype]).grad, color="k", lw=0.8, ls="--", label=f"{dtype} gradient tolerance")
+        fig, (ax,) = viz.figure(width=4.2, height=3.2)
+    top = 1.0
+    labels = sorted({(r["op"], r["variant"]) for r in records if _split(r["op"])[0] == op})
+    for label, variant in labels:
+        rows = sorted(_select(records, op=label, variant=variant, dtype=dtype, T=T), key=lambda r: r["decay"])
+        if not rows:
+            continue
+        xs, errs = [r["decay"] for r in rows], [worst_error(r) for r in rows]
+        line, = ax.plot(xs, [min(e, top) if math.isfinite(e) else math.nan for e in errs],
+                        "--" if ":" in label else "-", marker="o", ms=3, label=f"{label} [{variant}]")
+        for x, r in zip(xs, rows):
+            if r["status"] in ("nonfinite", "raises"):
+                ax.plot([x], [top], "x" if r["status"] == "nonfinite" else "s", color=line.get_color(), ms=7)
+    ax.axhline(check.tolerance(DTYPES[dtype]).grad, color="k", lw=0.8, ls=":", label=f"{dtype} tolerance")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("per-step log-decay magnitude m")
-    ax.set_ylabel(f"relative error ({name or 'worst of o, ht, every gradient'})")
-    ax.set_title(f"error against float64, {dtype}, T = {T} (x at the top: non-finite)", fontsize=9)
-    ax.legend(fontsize=7)
+    ax.set_ylabel("worst relative error")
+    ax.set_title(f"{op}, {dtype}, T = {T}", fontsize=9)
+    ax.legend(fontsize=6)
     return ax
+
+
+def plot_errors(records: list[dict], ops: list[str], dtype: str, T: int):
+    """`plot_error_vs_decay` for several ops side by side (worst of o, final state and every gradient)."""
+    fig, axes = viz.figure(len(ops), 1, width=4.0, height=3.3)
+    for ax, op in zip(axes, ops):
+        plot_error_vs_decay(records, op, dtype, T, ax=ax)
+    fig.suptitle("worst scale-aware error against float64 (x on the top edge: non-finite; square: raised)",
+                 fontsize=9)
+    return fig
 
 
 def plot_atlas(records: list[dict]):

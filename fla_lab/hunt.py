@@ -342,6 +342,13 @@ class Report:
     diagnosis: Diagnosis | None
     modules: dict[str, str] = field(default_factory=dict)  # first module with a non-finite output / parameter
 
+    def suspects(self) -> list[str]:
+        """Catalogue entries whose located (op, kernel, cause) is what this report found."""
+        from fla_lab import bugs
+
+        d = self.diagnosis
+        return [] if d is None else [b.name for b in bugs.CATALOGUE if b.located == (d.op, d.kernel, d.cause)]
+
     def __str__(self) -> str:
         if self.diagnosis is None:
             return f"no non-finite value in {len(self.calls)} op call(s)"
@@ -359,6 +366,7 @@ class Locator:
         self.report: Report | None = None
         self._stack: list[str] = []
         self._pending: Call | None = None  # the call whose backward started and has not finished
+        self._op_raised = False
 
     # forward ---------------------------------------------------------------------------------------------------
     def _wrap_op(self, spec: registry.OpSpec, real):
@@ -376,6 +384,7 @@ class Locator:
                 o, ht = real(*args, **kwargs)
             except Exception:
                 self._record(call, "forward", "the op raised")
+                self._op_raised = True
                 raise
             if self.event is None and not _all_finite(o, ht):
                 self._record(call, "forward", "non-finite output")
@@ -450,8 +459,10 @@ class Locator:
             hook.remove()
         if exc is not None and self.event is None and self._pending is not None:
             self._record(self._pending, "backward", f"the backward raised {exc_type.__name__}")
+            self._op_raised = True
         self.report = self._report()
-        return exc is not None and self.event is not None and self.event.what.startswith("the ")
+        # an op (or its backward) that raised is part of the report, even when it only reacted to an earlier NaN
+        return exc is not None and self.event is not None and self._op_raised
 
     def _report(self) -> Report:
         if self.event is None:
@@ -508,8 +519,9 @@ def _all_finite(o, ht) -> bool:
 def locate(model: torch.nn.Module | None = None, replay: bool = True) -> Locator:
     """`with locate(model) as found: <forward and backward>`; then `print(found.report)`.
 
-    An exception raised inside the block by the op it blames (e.g. a kernel that fails to compile) is swallowed
-    and reported; any other exception propagates.
+    An exception an fla_lab op (or its backward) raises inside the block, once something is located, is swallowed
+    and reported (a kernel that fails to compile; an input check that meets an earlier op's NaN); any other
+    exception propagates.
     """
     return Locator(model, replay)
 

@@ -137,7 +137,9 @@ class RWKV6Attention(nn.Module):
         w_raw = self.w_lora(xw)
         if self.bug == "sigmoid_decay":  # upstream #11: a decay in (0, 1) where a log-decay belongs
             return torch.sigmoid(w_raw)
-        return -torch.exp(w_raw)
+        # in fp32 whatever autocast did to w_raw: CPU autocast leaves exp in bf16, and a bf16 log-decay is #181's
+        # per-step bias (the kernels take an fp32 decay beside bf16 r, k, v)
+        return -torch.exp(w_raw.float())
 
     def forward(self, hidden_states: torch.Tensor, attention_mask=None, past_key_values=None, use_cache=False,
                 output_attentions=False, **kwargs):

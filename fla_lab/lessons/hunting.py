@@ -9,6 +9,7 @@ Two kinds of models live here:
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass
 
 import torch
@@ -52,6 +53,8 @@ class TinyLM(nn.Module):
     def __init__(self, layers: list[nn.Module]):
         super().__init__()
         self.embed = nn.Embedding(VOCAB, HIDDEN)
+        with torch.no_grad():  # a shared direction, as trained hidden states have (it is what drives GSA's gates)
+            self.embed.weight.add_(1.0)
         self.blocks = nn.ModuleList(Block(layer) for layer in layers)
         self.head = nn.Linear(HIDDEN, VOCAB)
 
@@ -64,10 +67,12 @@ class TinyLM(nn.Module):
 
 def _layers(bugs: dict[str, str | None], seed: int) -> list[nn.Module]:
     with _fork(seed):
-        rwkv6 = fast_forgetting(RWKV6Attention("chunk", hidden_size=HIDDEN, num_heads=2, layer_idx=0,
+        rwkv6 = fast_forgetting(RWKV6Attention("chunk", hidden_size=HIDDEN, num_heads=1, layer_idx=0,
                                                num_hidden_layers=3, bug=bugs.get("rwkv6")))
-        gsa = gsa_padding.grown_layer(bug=bugs.get("gsa"), seed=seed)
-        rwkv7 = RWKV7Attention("chunk", hidden_size=HIDDEN, head_dim=16, layer_idx=2, num_hidden_layers=3,
+        gsa = GatedSlotAttention(hidden_size=HIDDEN, num_heads=1, num_slots=16, bug=bugs.get("gsa"))
+        with torch.no_grad():
+            gsa.f_proj.weight.mul_(gsa_padding.GROWTH)  # some slots have learnt to forget fast (notebook 03b)
+        rwkv7 = RWKV7Attention("chunk", hidden_size=HIDDEN, head_dim=HIDDEN, layer_idx=0, num_hidden_layers=3,
                                bug=bugs.get("rwkv7"))
     return [rwkv6, gsa, rwkv7]
 
@@ -103,6 +108,13 @@ def tokens(T: int = T_TRAIN, seed: int = 0) -> torch.Tensor:
 class Step:
     loss: float
     grads_finite: bool
+    error: str = ""  # what an op's input check raised, if it did
+
+    def __str__(self) -> str:
+        if self.error:
+            return f"raised: {self.error}"
+        return f"loss {self.loss:.3f}, every gradient finite: {self.grads_finite}" + ("" if self.grads_finite else
+                                                                                        " (update skipped)")
 
 
 def autocast():
@@ -112,14 +124,17 @@ def autocast():
 def train_step(model: TinyLM, optimizer, data: torch.Tensor) -> Step:
     """One bf16 autocast step: next-token cross-entropy, backward, and an update only if every gradient is finite."""
     optimizer.zero_grad()
-    with autocast():
-        logits = model(data[:, :-1])
+    try:
+        with autocast():
+            logits = model(data[:, :-1])
+    except ValueError as exc:  # an op's input check: non-finite or out-of-contract input
+        return Step(math.nan, False, str(exc).split(";")[0])
     loss = nn.functional.cross_entropy(logits.float().flatten(0, 1), data[:, 1:].flatten())
     loss.backward()
     finite = all(p.grad is None or bool(torch.isfinite(p.grad).all()) for p in model.parameters())
     if finite:
         optimizer.step()
-    return Step(float(loss), finite)
+    return Step(float(loss.detach()), finite)
 
 
 def train(model: TinyLM, steps: int = 3, lr: float = 1e-3, seed: int = 0) -> list[Step]:
@@ -204,3 +219,34 @@ SCENARIOS = {"uninitialized_params": _uninitialized_params, "sigmoid_decay": _si
 def scenario(name: str) -> hunt.Report:
     """Trigger catalogue entry `name` in a layer (or op call) inside the locator; returns the report."""
     return SCENARIOS[name]()
+
+
+# --- the atlas part ------------------------------------------------------------------------------------------------
+
+ATLAS_OPS = ("chunk_rwkv6", "chunk_gsa")  # the two planted kernel bugs, fixed and switched on
+ATLAS_DECAYS = (1.0, 10.0, 100.0, 1e4)
+ATLAS_LENGTHS = (64, 80)  # a whole chunk and a partial one
+
+
+def cpu_atlas(dtype: str = "bf16") -> list[dict]:
+    """The atlas of the planted kernels at CPU sizes: both variants, decays 1..1e4, T = 64 and 80."""
+    from fla_lab import atlas
+
+    todo = atlas.settings(ATLAS_OPS, dtypes=(dtype,), decays=ATLAS_DECAYS, lengths=ATLAS_LENGTHS, chunk_sizes=(64,),
+                          B=1, H=1, K=16, V=16, M=16)
+    return atlas.sweep(todo)
+
+
+def atlas_explorer(records: list[dict]):
+    """Pick op and variant: the heatmap of that slice of `records` (already measured: redraws at once)."""
+    from fla_lab import atlas, widgets
+
+    keys = sorted({(r["op"], r["variant"]) for r in records})
+    dtype = records[0]["dtype"]
+
+    def draw(slice):
+        op, variant = slice
+        atlas.plot_heatmap(records, op, variant, dtype, 64)
+
+    return widgets.explorer(draw, slice=widgets.choice("op [variant]", [(f"{o} [{v}]", (o, v)) for o, v in keys],
+                                                       keys[0]))
