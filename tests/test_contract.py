@@ -15,6 +15,7 @@ import torch.nn.functional as F
 import fla_lab
 from fla_lab import harness, ops
 from fla_lab.ops import chunk_gla, chunk_rwkv6, contract, fused_recurrent_rwkv7
+from fla_lab.ops.common import value_flags as vf
 
 GATED_OPS = {
     "fused_recurrent_gla": (lambda: ops.fused_recurrent_gla, ("q", "k", "v", "gk"), False),
@@ -57,8 +58,10 @@ def check7(inputs, initial_state=None, **kwargs):
 def default_value_checks(monkeypatch):
     monkeypatch.delenv("FLA_LAB_VALUE_CHECKS", raising=False)
     contract.set_value_checks(None)
+    contract._pending.clear()
     yield
     contract.set_value_checks(None)
+    contract._pending.clear()
 
 
 # ------------------------------------------------------------------------------------------- positive log-decay
@@ -259,17 +262,28 @@ def test_transition_radius_is_the_largest_eigenvalue():
 
 # ------------------------------------------------------------------------------------------- value-check switch
 
-def test_value_checks_default_by_device():
-    assert contract.value_checks_enabled(torch.zeros(1))
-    assert not contract.value_checks_enabled(types.SimpleNamespace(device=torch.device("cuda")))
+CUDA_LIKE = types.SimpleNamespace(device=torch.device("cuda"))  # only the device is looked at
+
+
+def test_value_checks_are_on_by_default_on_every_device():
+    assert contract.value_check_mode(torch.zeros(1)) == "now"
+    assert contract.value_check_mode(CUDA_LIKE) == "deferred"
+    assert contract.value_checks_enabled(torch.zeros(1)) and contract.value_checks_enabled(CUDA_LIKE)
+    assert contract.value_check_mode(torch.zeros(1, device="meta")) == "off"  # no data to read
+
+
+def test_value_check_modes_by_setting():
+    for setting, cpu, cuda in ((True, "now", "now"), (False, "off", "off"), (None, "now", "deferred")):
+        with contract.value_checks(setting):
+            assert (contract.value_check_mode(torch.zeros(1)), contract.value_check_mode(CUDA_LIKE)) == (cpu, cuda)
 
 
 def test_value_checks_environment_variable(monkeypatch):
-    cuda = types.SimpleNamespace(device=torch.device("cuda"))
     monkeypatch.setenv("FLA_LAB_VALUE_CHECKS", "1")
-    assert contract.value_checks_enabled(cuda)
+    assert contract.value_check_mode(CUDA_LIKE) == "now"
     monkeypatch.setenv("FLA_LAB_VALUE_CHECKS", "0")
     assert not contract.value_checks_enabled(torch.zeros(1))
+    assert contract.value_check_mode(CUDA_LIKE) == "off"
 
 
 def test_value_checks_context_manager_restores():
@@ -315,7 +329,7 @@ def test_chunk_ops_check_before_running(name, op):
 def test_fused_recurrent_rwkv7_checks_its_inputs():
     op = fused_recurrent_rwkv7
     x = dict(zip("rwkvab", on_kernel_device(rwkv7_inputs().values())))
-    contract.set_value_checks(True)  # the value checks under test are off by default on a GPU
+    contract.set_value_checks(True)  # read at once (on a GPU the default reads them at a later call)
     with pytest.raises(TypeError, match="head_first"):
         op(*x.values(), head_first=True)
     bad = dict(x, w=x["w"].abs())
@@ -335,3 +349,219 @@ def test_cpu_inputs_on_a_gpu_machine_get_a_clear_error(monkeypatch):
     op, args, _ = gated("fused_recurrent_gla")
     with pytest.raises(ValueError, match=r"on the CPU, but here the Triton kernels run compiled on the GPU.*\.to\(fla_lab\.device\(\)\)"):
         op(*args)
+
+
+# ---------------------------------------------------------------------------------------- the flag: one bit a finding
+
+DECAY, GROWS = 1 << vf.POSITIVE_DECAY_BIT, 1 << vf.TRANSITION_BIT
+RWKV7_SLOTS = ("w", "a", "b", "r", "k", "v", "initial_state")  # the contract's order: decay, a, b, the rest
+GATED_SLOTS = ("g", "q", "k", "v", "u", "initial_state")
+
+
+def rwkv7_slots(B=2, T=37, H=9, K=24, V=40, dtype=torch.float32):
+    """Contract inputs (no bit set). 666 rows: not a multiple of the kernel's row block; K, V not powers of two;
+    the state [B, H, K, V] has fewer rows than the sequence tensors."""
+    x = harness.rwkv7_inputs(B, T, H, K, V)
+    return [x[n] if n in ("w", "initial_state") else x[n].to(dtype) for n in RWKV7_SLOTS]
+
+
+def gated_slots():
+    x = harness.gated_inputs(2, 37, 9, 24, 40, bonus=True)
+    return [x[n] for n in GATED_SLOTS]
+
+
+def poke(slots, i, value, where=(-1, -1, -1, -1)):
+    slots = list(slots)
+    slots[i] = slots[i].clone()
+    slots[i][where[:slots[i].dim()]] = value
+    return slots
+
+
+def strided(x):
+    """The same values as a [B, T, H, D] view whose rows are not evenly spaced (a [B, H, T, D] buffer)."""
+    return x.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+def rand_ab(slots, sign=1.0):
+    """#150's a, b ~ rand (sign=-1: a = -rand, an eigenvalue far below -1)."""
+    g = torch.Generator().manual_seed(150)
+    a, b = (torch.rand(slots[1].shape, generator=g).to(slots[1].dtype) for _ in range(2))
+    return [slots[0], sign * a, b, *slots[3:]]
+
+
+FLAG_CASES = {  # name: (slots, decay, transition, expected flag)
+    "rwkv7 contract inputs": (rwkv7_slots(), True, True, 0),
+    "rwkv7 bf16 contract inputs": (rwkv7_slots(dtype=torch.bfloat16), True, True, 0),
+    **{f"NaN in {n}": (poke(rwkv7_slots(), i, float("nan")), True, True, 1 << i) for i, n in enumerate(RWKV7_SLOTS)},
+    "-inf in the first row of r": (poke(rwkv7_slots(), 3, -float("inf"), (0, 0, 0, 0)), True, True, 1 << 3),
+    "+inf in w: non-finite and positive": (poke(rwkv7_slots(), 0, float("inf")), True, True, 1 | DECAY),
+    "positive w": (poke(rwkv7_slots(), 0, 0.3, (1, 20, 4, 7)), True, True, DECAY),
+    "a, b ~ rand at K=64 (#150)": (rand_ab(rwkv7_slots(1, 8, 2, 64, 64)), True, True, GROWS),
+    "a, b ~ rand, bf16": (rand_ab(rwkv7_slots(1, 8, 2, 64, 64, torch.bfloat16)), True, True, GROWS),
+    "a = -rand, b = rand: eigenvalue below -1": (rand_ab(rwkv7_slots(1, 8, 2, 64, 64), -1.0), True, True, GROWS),
+    "gla inputs": (gated_slots(), True, False, 0),
+    "NaN in u": (poke(gated_slots(), 4, float("nan")), True, False, 1 << 4),
+    "positive g, no decay slot": (poke(gated_slots(), 0, 0.5), False, False, 0),
+    "strided views": ([strided(t) for t in poke(gated_slots(), 2, float("inf"))[:4]], True, False, 1 << 2),
+}
+
+
+@pytest.mark.parametrize("case", FLAG_CASES)
+def test_each_flag_bit_is_set_by_its_input(case):
+    slots, decay, transition, expected = FLAG_CASES[case]
+    assert int(vf.reference_value_flags(slots, decay, transition)) == expected
+
+
+@pytest.mark.parametrize("case", FLAG_CASES)
+def test_flag_kernel_agrees_with_the_torch_definition(case):
+    """The Triton kernel (the interpreter here, compiled on a GPU) against the torch ops that define the bits."""
+    slots, decay, transition, expected = FLAG_CASES[case]
+    slots = on_kernel_device(slots)
+    flags = vf.launch_value_flags(slots, decay, transition)
+    assert flags.dtype == torch.int32 and flags.device == slots[0].device
+    assert int(flags) == int(vf.reference_value_flags(slots, decay, transition)) == expected
+
+
+def test_growing_rows_match_the_eigenvalues():
+    """Same-sign a_i b_i (RWKV-7's, #150's): flagged iff the spectral radius passes LAMBDA0 (all eigenvalues are
+    real). Mixed signs: a flag is never wrong (it may miss a complex pair)."""
+    g = torch.Generator().manual_seed(7)
+    n, K = 400, 6
+    w = -2 * torch.rand(n, K, generator=g, dtype=torch.float64)
+    a = torch.rand(n, K, generator=g, dtype=torch.float64) * torch.logspace(-1, 0.5, n, dtype=torch.float64)[:, None]
+    b = torch.rand(n, K, generator=g, dtype=torch.float64)
+    for sign_a, sign_b in ((1, 1), (-1, 1), (1, torch.randn(n, K, generator=g, dtype=torch.float64).sign())):
+        aa, bb = sign_a * a, sign_b * b
+        radius = torch.linalg.eigvals(torch.diag_embed(w.exp()) + bb[:, :, None] * aa[:, None, :]).abs().amax(-1)
+        grows = vf.growing_rows(w, aa, bb)
+        clear = (radius - vf.LAMBDA0).abs() > 1e-3
+        assert grows.any() and (~grows).any()
+        assert (radius[grows & clear] > vf.LAMBDA0).all()
+        if not isinstance(sign_b, torch.Tensor):
+            assert torch.equal(grows[clear], radius[clear] > vf.LAMBDA0)
+
+
+def test_rwkv7_contract_inputs_never_grow():
+    for decay in (None, 0.01, 30.0):
+        x = harness.rwkv7_inputs(2, 64, 4, 64, 64, decay=decay, seed=3)
+        for dtype in (torch.float32, torch.bfloat16):
+            assert not vf.growing_rows(x["w"], x["a"].to(dtype), x["b"].to(dtype)).any()
+
+
+def test_one_growing_row_is_found_and_its_modulus_reported():
+    """The check reads every row; the message's modulus comes from the flagged rows when the sample misses."""
+    x = rwkv7_inputs(B=1, T=64, H=4, K=16, V=16)
+    g = torch.Generator().manual_seed(0)
+    x["a"][0, 41, 3], x["b"][0, 41, 3] = torch.rand(16, generator=g), torch.rand(16, generator=g)
+    assert contract.transition_radius(x["w"], x["a"], x["b"]) < 1  # the 32-step sample misses it
+    with pytest.warns(contract.TransitionWarning, match=r"eigenvalue of modulus (\d+\.?\d*) > 1") as record:
+        check7(x)
+    modulus = float(str(record[0].message).split("modulus ")[1].split(" ")[0])
+    assert modulus > vf.LAMBDA0
+    assert record[0].filename == __file__  # points at the caller, not inside fla_lab
+
+
+# ------------------------------------------------------------------------------------------- deferred reading
+
+class FakeEvent:
+    """Stands in for a CUDA event: the flag 'arrives' when the test says so (or when waited for)."""
+
+    def __init__(self):
+        self.ready, self.waited = False, False
+
+    def query(self):
+        return self.ready
+
+    def synchronize(self):
+        self.ready = self.waited = True
+
+
+@pytest.fixture
+def deferred(monkeypatch):
+    """The GPU's default path on CPU tensors: flags queued behind fake events; returns the events made."""
+    events = []
+
+    def to_host(flags):
+        events.append(FakeEvent())
+        return flags, events[-1]
+
+    monkeypatch.setattr(contract, "_DEFERRED_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(contract, "_to_host", to_host)
+    return events
+
+
+def positive_w():
+    x = rwkv7_inputs()
+    x["w"] = x["w"].abs()
+    return x
+
+
+def test_deferred_check_reports_at_a_later_call_once_the_flag_arrives(deferred):
+    check7(positive_w())  # queued, no error yet
+    check7(rwkv7_inputs())  # the first flag has not arrived: nothing to report
+    assert len(contract._pending) == 2
+    deferred[0].ready = True
+    with pytest.raises(ValueError, match=r"^fused_recurrent_rwkv7 call #\d+ \(checked without stopping the GPU, "
+                                         r"reported at a later op call\): `w` is a log-decay.*logsigmoid"):
+        check7(rwkv7_inputs())
+    assert len(contract._pending) == 1 and not deferred[0].waited  # read without waiting, then dropped
+
+
+def test_flush_waits_for_every_deferred_check(deferred):
+    check7(rwkv7_inputs())
+    x = rwkv7_inputs()
+    x["b"][0, 0, 0, 0] = float("inf")
+    check7(x)
+    with pytest.raises(ValueError, match=r"call #\d+ .*reported by flush_value_checks\(\)\): `b` has 1 non-finite"):
+        contract.flush_value_checks()
+    assert all(e.waited for e in deferred) and not contract._pending
+    contract.flush_value_checks()  # nothing left
+
+
+def test_deferred_transition_warning_names_its_call(deferred):
+    g = torch.Generator().manual_seed(0)
+    x = rwkv7_inputs(K=64, V=64)
+    x["a"], x["b"] = torch.rand(x["a"].shape, generator=g), torch.rand(x["b"].shape, generator=g)
+    check7(x)
+    with pytest.warns(contract.TransitionWarning, match=r"call #\d+ \(checked without stopping the GPU.*modulus"):
+        contract.flush_value_checks()
+
+
+def test_deferred_queue_is_bounded(deferred, monkeypatch):
+    monkeypatch.setattr(contract, "MAX_PENDING", 2)
+    for _ in range(3):
+        check7(rwkv7_inputs())
+    assert len(contract._pending) == 2 and deferred[0].waited and not deferred[1].waited
+
+
+def test_switched_off_checks_queue_nothing(deferred):
+    assert contract.value_check_mode(torch.zeros(1)) == "deferred"
+    with contract.value_checks(False):
+        check7(positive_w())
+    assert not contract._pending and not deferred
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@needs_cuda
+def test_cuda_default_is_deferred_without_a_sync():
+    x = {n: t.cuda() for n, t in positive_w().items()}
+    check7({n: t.cuda() for n, t in rwkv7_inputs().items()})  # warm-up: compile the flag kernel
+    contract.flush_value_checks()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        check7(x)  # the bad decay is queued, nothing waits
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert len(contract._pending) == 1
+    with pytest.raises(ValueError, match=r"call #\d+ \(checked without stopping the GPU.*`w` is a log-decay"):
+        contract.flush_value_checks()
+
+
+@needs_cuda
+def test_cuda_now_mode_reports_at_once():
+    x = {n: t.cuda() for n, t in positive_w().items()}
+    with contract.value_checks(True), pytest.raises(ValueError, match=r"^fused_recurrent_rwkv7: `w` is a log-decay"):
+        check7(x)

@@ -1,17 +1,35 @@
 """Input checks shared by every op: bad input gets an error that names the argument and says how to fix it.
 
-Shape, dtype, device and keyword checks read only metadata and always run. Value checks (a positive
-log-decay, non-finite values) read the data; on the CPU they always run, on a GPU they cost a reduction and a
-device sync per call, so they are off by default there: turn them on with `set_value_checks(True)` (or
-FLA_LAB_VALUE_CHECKS=1) while debugging, or for one block with `with value_checks(True): ...`.
+Shape, dtype, device and keyword checks read only metadata and always run. Value checks (non-finite values, a
+positive log-decay, an RWKV-7 transition that can grow the state) read the data, and are on by default on every
+device. All of an op call's value checks are one pass (`fla_lab.ops.common.value_flags`) that sets bits in one
+int32 flag; when the flag is read depends on `value_check_mode`:
+
+- "now": read at once, before the op's kernels run (CPU tensors by default; `set_value_checks(True)`,
+  `with value_checks(True):` or FLA_LAB_VALUE_CHECKS=1 anywhere, which costs a GPU sync per call: for debugging);
+- "deferred" (CUDA tensors by default): the flag is copied to pinned host memory behind the op's work and read
+  at a later checked op call once it has arrived (never waiting), or by `flush_value_checks()` (waits). The error
+  or warning then names the call it comes from: "chunk_rwkv7 call #3 (checked without stopping the GPU, ...)";
+- "off": `set_value_checks(False)`, `with value_checks(False):` (how the layers let a `bug=` switch's wrong
+  input through) or FLA_LAB_VALUE_CHECKS=0.
+
+The pass reads each input once (GPU cost: benchmarks/results/checks.md). A deferred check keeps references to
+its call's inputs until its flag is read (so the message can count the bad values); at most MAX_PENDING checks
+wait, beyond that the oldest is waited for. Inside a CUDA graph capture the checks are off.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
+import sys
 import warnings
+from dataclasses import dataclass, field
 
 import torch
+
+from fla_lab.ops.common.value_flags import (LAMBDA0, POSITIVE_DECAY_BIT, TRANSITION_BIT, TRANSITION_TOL,  # noqa: F401
+                                            growing_rows, nonfinite_bit, value_flags)
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -24,18 +42,19 @@ class TransitionWarning(UserWarning):
     """An RWKV-7 transition `diag(exp w) + b a^T` has an eigenvalue above 1: the state can grow step after step."""
 
 
-_value_checks: bool | None = None  # None: decide by device
+_value_checks: bool | None = None  # None: the default (now on the CPU, deferred on a GPU)
 
 
 def set_value_checks(enabled: bool | None) -> None:
-    """True: always check values; False: never; None: the default (on for CPU tensors, off for CUDA ones)."""
+    """True: check values and read the result at once (a sync per call on a GPU); False: never check; None: the
+    default, checked on every device, read at once on the CPU and at a later op call on a GPU."""
     global _value_checks
     _value_checks = enabled
 
 
 @contextlib.contextmanager
 def value_checks(enabled: bool | None):
-    """Value checks on (True), off (False) or by device (None) inside the block, restored afterwards.
+    """Value checks now (True), off (False) or by default (None) inside the block, restored afterwards.
 
     The layers use `value_checks(False)` to let a deliberately wrong input (a `bug=` switch) reach the kernel.
     """
@@ -47,14 +66,34 @@ def value_checks(enabled: bool | None):
         _value_checks = previous
 
 
-def value_checks_enabled(x: torch.Tensor) -> bool:
-    """Whether to read `x`'s values: on for CPU tensors, off for CUDA ones (a sync per call), unless set."""
+def _setting() -> bool | None:
     if _value_checks is not None:
         return _value_checks
     env = os.environ.get("FLA_LAB_VALUE_CHECKS")
-    if env is not None:
-        return env not in ("", "0")
-    return x.device.type != "cuda"
+    return None if env is None else env not in ("", "0")
+
+
+def _capturing(device: torch.device) -> bool:
+    """A CUDA graph being captured: no flag can be read (or waited on) until it is replayed."""
+    return device.type == "cuda" and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+_DEFERRED_DEVICES = ("cuda",)  # devices with a queue to keep busy: their flags are read at a later call
+
+
+def value_check_mode(x) -> str:
+    """How an op call with `x` among its inputs checks values: "off", "now" or "deferred" (see the module doc)."""
+    setting = _setting()
+    if setting is False or x.device.type == "meta" or _capturing(x.device):
+        return "off"
+    if setting is True or x.device.type not in _DEFERRED_DEVICES:
+        return "now"
+    return "deferred"
+
+
+def value_checks_enabled(x) -> bool:
+    """Whether an op call with `x` among its inputs checks values (now or deferred): True unless switched off."""
+    return value_check_mode(x) != "off"
 
 
 def reject_kwargs(op: str, kwargs: dict) -> None:
@@ -114,22 +153,188 @@ def warn_if_head_first(op: str, name: str, x: torch.Tensor) -> None:
             LayoutWarning, stacklevel=4)
 
 
-def check_finite(op: str, tensors: dict[str, torch.Tensor]) -> None:
-    for name, t in tensors.items():
-        if t is not None and not torch.isfinite(t).all():
-            n = int((~torch.isfinite(t)).sum())
-            raise ValueError(f"{op}: `{name}` has {n} non-finite value(s) (NaN/inf); "
-                             "fix the producer (see fla_lab.check.nonfinite_census to locate them).")
+def _nonfinite_message(where: str, name: str, t: torch.Tensor) -> str:
+    n = int((~torch.isfinite(t)).sum())
+    return (f"{where}: `{name}` has {n} non-finite value(s) (NaN/inf); "
+            "fix the producer (see fla_lab.check.nonfinite_census to locate them).")
 
 
-def check_log_decay(op: str, name: str, g: torch.Tensor) -> None:
+def _log_decay_message(where: str, name: str, g: torch.Tensor) -> str:
     """Decays are natural-log decays: exp(g) must not grow the state."""
-    if (g > 0).any():
-        top = float(g.max())
-        raise ValueError(
-            f"{op}: `{name}` is a log-decay and must be <= 0, but its maximum is {top:.3g} (every step would "
+    top = float(g.max())
+    return (f"{where}: `{name}` is a log-decay and must be <= 0, but its maximum is {top:.3g} (every step would "
             f"multiply the state by exp({top:.3g}) > 1). Pass log-space decays, e.g. "
             f"`F.logsigmoid(x)` or `-torch.exp(x)`, not `sigmoid(x)` or a decay in (0, 1).")
+
+
+TRANSITION_SAMPLES = 32
+
+
+def _largest_modulus(w: torch.Tensor, a: torch.Tensor, b: torch.Tensor, rows: torch.Tensor) -> float:
+    """Largest |eigenvalue| of `diag(exp w) + b a^T` over the given flat (batch, step, head) rows, in float64."""
+    K = w.shape[-1]
+    pick = lambda x: x.detach().reshape(-1, K)[rows.to(x.device)].cpu().double()  # noqa: E731
+    w, a, b = pick(w), pick(a), pick(b)
+    M = torch.diag_embed(w.exp()) + b[:, :, None] * a[:, None, :]
+    return float(torch.linalg.eigvals(M).abs().max())
+
+
+def transition_radius(w: torch.Tensor, a: torch.Tensor, b: torch.Tensor, samples: int = TRANSITION_SAMPLES,
+                      seed: int = 0) -> float:
+    """Largest |eigenvalue| of `diag(exp w_t) + b_t a_t^T` over `samples` random (batch, step, head) triples.
+
+    For RWKV-7's `a = -kk`, `b = kk * a_gate` (unit-norm kk, a_gate in [0, 1]) it is <= 1: the rank-one term
+    removes part of the state. For `a, b ~ U(0, 1)` (upstream #150) it is about 1 + a.b, near 17 for K = 64.
+    The check itself does not sample: `value_flags.growing_rows` tests every row; this estimate only gives the
+    warning its number.
+    """
+    B, T, H, K = w.shape
+    gen = torch.Generator().manual_seed(seed)
+    return _largest_modulus(w, a, b, torch.randperm(B * T * H, generator=gen)[:samples])
+
+
+def _growth_modulus(w: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> float:
+    """The modulus a TransitionWarning reports: `transition_radius`, or, when its sample misses the few growing
+    rows, the largest over (the first TRANSITION_SAMPLES of) the rows the check flagged."""
+    radius = transition_radius(w, a, b)
+    rows = growing_rows(w, a, b).flatten().nonzero().flatten()[:TRANSITION_SAMPLES]
+    return radius if radius > LAMBDA0 or len(rows) == 0 else _largest_modulus(w, a, b, rows)
+
+
+def _transition_message(where: str, w, a, b) -> str:
+    radius = _growth_modulus(w, a, b)
+    return (f"{where}: the transition diag(exp w) + b a^T has an eigenvalue of modulus {radius:.3g} > 1, so the "
+            f"state can grow like {radius:.3g}^t and overflow (upstream #150 used a, b ~ rand). RWKV-7 passes "
+            "a = -kk, b = kk * a_gate with kk = F.normalize(k * k_k, dim=-1) and a_gate in (0, 1). Silence: "
+            "warnings.simplefilter('ignore', fla_lab.ops.contract.TransitionWarning).")
+
+
+# ------------------------------------------------------------------------------------------------ value checks
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # .../fla_lab/
+
+
+def _user_stacklevel() -> int:
+    """The `stacklevel` that points a warning raised by our caller at the first frame outside fla_lab."""
+    frame, level = sys._getframe(1), 1  # our caller, the one that warns: stacklevel 1
+    while frame.f_back is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+@dataclass
+class _ValueCheck:
+    """The value checks of one op call: its tensors (in the op's argument order) and what each flag bit means.
+
+    Slot order for the flag kernel: the log-decay first, then (RWKV-7) a and b, then the rest.
+    """
+    op: str
+    tensors: dict[str, torch.Tensor]
+    decay: str | None = None
+    transition: tuple[str, str, str] | None = None  # names of w, a, b (w is the decay)
+    slots: tuple[str, ...] = field(init=False)
+
+    def __post_init__(self):
+        self.tensors = {n: t.detach() for n, t in self.tensors.items() if t is not None and t.numel()}
+        if self.decay not in self.tensors:
+            self.decay = None
+        if self.transition and not all(n in self.tensors for n in self.transition):
+            self.transition = None
+        first = self.transition or ((self.decay,) if self.decay else ())
+        self.slots = tuple(dict.fromkeys((*first, *self.tensors)))
+
+    def flags(self) -> torch.Tensor:
+        """The flag, left on the tensors' device."""
+        return value_flags([self.tensors[n] for n in self.slots], decay=self.decay is not None,
+                           transition=self.transition is not None)
+
+    def report(self, flags: int, where: str) -> None:
+        """Raise (non-finite values, named in argument order, then a positive log-decay) or warn (transition)."""
+        for name in self.tensors:
+            if flags & nonfinite_bit(self.slots.index(name)):
+                raise ValueError(_nonfinite_message(where, name, self.tensors[name]))
+        if flags & (1 << POSITIVE_DECAY_BIT):
+            raise ValueError(_log_decay_message(where, self.decay, self.tensors[self.decay]))
+        if flags & (1 << TRANSITION_BIT):
+            warnings.warn(_transition_message(where, *(self.tensors[n] for n in self.transition)),
+                          TransitionWarning, stacklevel=_user_stacklevel())
+
+
+@dataclass
+class _Pending:
+    """A deferred check: its flag's host copy is valid once `done.query()` is True."""
+    check: _ValueCheck
+    call: int
+    flags: torch.Tensor
+    done: object  # torch.cuda.Event, or anything with query() and synchronize()
+
+
+class _Done:
+    """Completion marker of a flag computed off the GPU (no queue): done at once."""
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+
+MAX_PENDING = 64  # a CPU running this many checked calls ahead of the GPU waits for the oldest: bounded memory
+_pending: collections.deque[_Pending] = collections.deque()
+_calls: collections.Counter = collections.Counter()  # checked calls per op, for "call #N"
+
+
+def _to_host(flags: torch.Tensor) -> tuple[torch.Tensor, object]:
+    """(host copy of `flags`, its completion marker): a non-blocking copy to pinned memory and an event on a GPU."""
+    if flags.device.type != "cuda":
+        return flags, _Done()
+    host = torch.empty(flags.shape, dtype=flags.dtype, pin_memory=True)
+    host.copy_(flags, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+    return host, done
+
+
+def _report_oldest(wait: bool, when: str = "at a later op call") -> bool:
+    """Report the oldest deferred check if its flag has arrived (or wait for it); False if there was none to report."""
+    if not _pending or not (wait or _pending[0].done.query()):
+        return False
+    entry = _pending.popleft()  # dropped before reporting: its tensors are released even if it raises
+    if wait:
+        entry.done.synchronize()
+    entry.check.report(int(entry.flags[0]), where=f"{entry.check.op} call #{entry.call} "
+                                                  f"(checked without stopping the GPU, reported {when})")
+    return True
+
+
+def _report_pending(wait: bool, when: str = "at a later op call") -> None:
+    while _report_oldest(wait, when):
+        pass
+
+
+def flush_value_checks() -> None:
+    """Wait for every deferred value check and report it (raise its ValueError, warn its TransitionWarning),
+    oldest first: at the end of a step, in a test, before trusting a result."""
+    _report_pending(wait=True, when="by flush_value_checks()")
+
+
+def _check_values(op: str, tensors: dict, decay: str | None = None, transition: tuple | None = None) -> None:
+    """One op call's value checks, as `value_check_mode` says; earlier calls' deferred checks are reported first."""
+    mode = value_check_mode(next(t for t in tensors.values() if t is not None))
+    if mode == "off":
+        return
+    _report_pending(wait=False)
+    check = _ValueCheck(op, tensors, decay, transition)
+    if not check.slots:
+        return
+    _calls[op] += 1
+    if mode == "now":
+        check.report(int(check.flags()[0]), where=op)
+        return
+    host, done = _to_host(check.flags())
+    _pending.append(_Pending(check, _calls[op], host, done))
+    while len(_pending) > MAX_PENDING:
+        _report_oldest(wait=True)
 
 
 def _check_metadata(op: str, tensors: dict, first: str, same_dtype: tuple[str, ...], kwargs) -> tuple:
@@ -158,8 +363,7 @@ def check_gated_inputs(op: str, q, k, v, g, *, names=("q", "k", "v", "g"), u=Non
                        kwargs=None) -> None:
     """The contract of GLA-style ops: q, k, g `[B, T, H, K]`, v `[B, T, H, V]`, u `[H, K]`, h0 `[B, H, K, V]`.
 
-    Value checks (finite inputs, log-decay <= 0) follow `value_checks_enabled`: on for CPU tensors, off by
-    default on CUDA so the GPU fast path never syncs.
+    Value checks (finite inputs, log-decay <= 0) follow `value_check_mode`.
     """
     nq, nk, nv, ng = names
     tensors = {nq: q, nk: k, nv: v, ng: g, "u": u, "initial_state": initial_state}
@@ -172,40 +376,7 @@ def check_gated_inputs(op: str, q, k, v, g, *, names=("q", "k", "v", "g"), u=Non
     if initial_state is not None:
         check_shape(op, "initial_state", initial_state, (B, H, K, V), "[B, H, K, V]")
     warn_if_head_first(op, nq, q)
-    if value_checks_enabled(q):
-        check_finite(op, tensors)
-        check_log_decay(op, ng, g)
-
-
-TRANSITION_TOL = 0.02  # bf16 rounding of a unit-norm kk moves a contract transition's radius by ~4e-3 above 1
-TRANSITION_SAMPLES = 32
-
-
-def transition_radius(w: torch.Tensor, a: torch.Tensor, b: torch.Tensor, samples: int = TRANSITION_SAMPLES,
-                      seed: int = 0) -> float:
-    """Largest |eigenvalue| of `diag(exp w_t) + b_t a_t^T` over `samples` random (batch, step, head) triples.
-
-    For RWKV-7's `a = -kk`, `b = kk * a_gate` (unit-norm kk, a_gate in [0, 1]) it is <= 1: the rank-one term
-    removes part of the state. For `a, b ~ U(0, 1)` (upstream #150) it is about 1 + a.b, near 17 for K = 64.
-    """
-    B, T, H, K = w.shape
-    gen = torch.Generator().manual_seed(seed)
-    flat = torch.randperm(B * T * H, generator=gen)[:samples]
-    pick = lambda x: x.detach().reshape(B * T * H, K)[flat.to(x.device)].cpu().double()  # noqa: E731
-    w, a, b = pick(w), pick(a), pick(b)
-    M = torch.diag_embed(w.exp()) + b[:, :, None] * a[:, None, :]
-    return float(torch.linalg.eigvals(M).abs().max())
-
-
-def warn_if_transition_grows(op: str, w, a, b) -> None:
-    radius = transition_radius(w, a, b)
-    if radius > 1 + TRANSITION_TOL:
-        warnings.warn(
-            f"{op}: the transition diag(exp w) + b a^T has an eigenvalue of modulus {radius:.3g} > 1, so the "
-            f"state can grow like {radius:.3g}^t and overflow (upstream #150 used a, b ~ rand). RWKV-7 passes "
-            "a = -kk, b = kk * a_gate with kk = F.normalize(k * k_k, dim=-1) and a_gate in (0, 1). Silence: "
-            "warnings.simplefilter('ignore', fla_lab.ops.contract.TransitionWarning).",
-            TransitionWarning, stacklevel=4)
+    _check_values(op, tensors, decay=ng)
 
 
 def check_rwkv7_inputs(op: str, r, w, k, v, a, b, initial_state=None, kwargs=None) -> None:
@@ -213,8 +384,7 @@ def check_rwkv7_inputs(op: str, r, w, k, v, a, b, initial_state=None, kwargs=Non
 
     `w` is the natural-log decay (<= 0) and may be float32 while the rest is bf16 (the layer computes the decay
     in fp32, upstream #181). r, k, v, a, b share a dtype. Value checks (finite, w <= 0, and a `TransitionWarning`
-    when diag(exp w) + b a^T can grow the state) follow `value_checks_enabled`: on for CPU tensors, off by
-    default on CUDA.
+    when diag(exp w) + b a^T can grow the state) follow `value_check_mode`.
     """
     tensors = {"r": r, "w": w, "k": k, "v": v, "a": a, "b": b, "initial_state": initial_state}
     B, T, H, K = _check_metadata(op, tensors, "r", ("r", "k", "v", "a", "b"), kwargs)
@@ -224,16 +394,13 @@ def check_rwkv7_inputs(op: str, r, w, k, v, a, b, initial_state=None, kwargs=Non
     if initial_state is not None:
         check_shape(op, "initial_state", initial_state, (B, H, K, V), "[B, H, K, V]")
     warn_if_head_first(op, "r", r)
-    if value_checks_enabled(r):
-        check_finite(op, tensors)
-        check_log_decay(op, "w", w)
-        warn_if_transition_grows(op, w, a, b)
+    _check_values(op, tensors, decay="w", transition=("w", "a", "b"))
 
 
 def check_gsa_inputs(op: str, q, k, v, s, g, initial_state=None, kwargs=None) -> None:
     """The contract of GSA: q, k `[B, T, H, K]`, v `[B, T, H, V]`, s, g `[B, T, H, M]` (g may be None: vanilla
     ABC), `initial_state` the pair `(Hk0 [B, H, K, M], Hv0 [B, H, M, V])`. q, k, v, s share a dtype; g is a
-    natural-log forget gate (<= 0) in any supported dtype. Value checks follow `value_checks_enabled`."""
+    natural-log forget gate (<= 0) in any supported dtype. Value checks follow `value_check_mode`."""
     if initial_state is not None and not (isinstance(initial_state, (tuple, list)) and len(initial_state) == 2):
         raise TypeError(f"{op}: `initial_state` is the pair (Hk0 [B, H, K, M], Hv0 [B, H, M, V]), "
                         f"got {type(initial_state).__name__}")
@@ -253,7 +420,4 @@ def check_gsa_inputs(op: str, q, k, v, s, g, initial_state=None, kwargs=None) ->
         check_shape(op, "initial_state[0]", hk0, (B, H, K, M), "Hk0 [B, H, K, M]")
         check_shape(op, "initial_state[1]", hv0, (B, H, M, V), "Hv0 [B, H, M, V]")
     warn_if_head_first(op, "q", q)
-    if value_checks_enabled(q):
-        check_finite(op, tensors)
-        if g is not None:
-            check_log_decay(op, "g", g)
+    _check_values(op, tensors, decay="g")

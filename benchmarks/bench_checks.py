@@ -1,0 +1,154 @@
+"""GPU-only: what the input value checks cost, off / deferred (the default) / now (a sync per call).
+
+bf16, B=8, T=4096, H=16, K=V=64 (GSA: M=64 slots; RWKV-7's log-decay w in fp32, as the layer passes it),
+`triton.testing.do_bench` medians of forward+backward. The three modes run in one process, in a rotated order
+each round, and each mode's time is the median over rounds.
+
+    python benchmarks/bench_checks.py --out checks.json [--rounds 3] [--only rwkv7]
+    python benchmarks/bench_checks.py --sync-count      # 12 RWKV7Attention layers: syncs in one training step
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import warnings
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+import fla_lab  # noqa: E402,F401
+from fla_lab import harness, ops  # noqa: E402
+from fla_lab.ops import contract  # noqa: E402
+
+B, T, H, K, V, M = 8, 4096, 16, 64, 64, 64
+DTYPE = torch.bfloat16
+MODES = {"off": False, "deferred": None, "now": True}  # value_checks(...) setting of each mode
+
+
+def cases() -> dict:
+    """{op name: (op, inputs by argument name, names kept in fp32)}; inputs on the CPU, fp32."""
+    rwkv7 = harness.rwkv7_inputs(B, T, H, K, V, initial_state=False)
+    return {
+        "chunk_gla": (ops.chunk_gla, harness.gated_inputs(B, T, H, K, V, initial_state=False), ()),
+        "chunk_rwkv6": (ops.chunk_rwkv6, harness.gated_inputs(B, T, H, K, V, initial_state=False, bonus=True,
+                                                              names=("r", "k", "v", "w")), ()),
+        "chunk_gsa": (ops.chunk_gsa, harness.gsa_inputs(B, T, H, K, V, M, initial_state=False), ()),
+        "chunk_rwkv7": (ops.chunk_rwkv7, rwkv7, ("w",)),
+        "fused_recurrent_rwkv7": (ops.fused_recurrent_rwkv7, rwkv7, ("w",)),
+    }
+
+
+def forward_backward_ms(op, inputs: dict, fp32: tuple, mode: str) -> float:
+    x = {n: t.to("cuda", torch.float32 if n in fp32 else DTYPE).requires_grad_() for n, t in inputs.items()}
+    do = torch.randn(B, T, H, V, device="cuda", dtype=DTYPE)
+
+    def step():
+        op(**x)[0].backward(do)
+
+    with contract.value_checks(MODES[mode]):
+        ms = triton.testing.do_bench(step, warmup=50, rep=300, grad_to_none=list(x.values()), return_mode="median")
+        contract.flush_value_checks()  # valid inputs: nothing to report, but the queue is left empty
+    return ms
+
+
+def time_modes(rounds: int, only: list[str] | None) -> list[dict]:
+    rows = []
+    for name, (op, inputs, fp32) in cases().items():
+        if only and not any(word in name for word in only):
+            continue
+        times = {mode: [] for mode in MODES}
+        order = list(MODES)
+        for r in range(rounds):  # rotate the order: no mode always runs first (cold) or last
+            for mode in order[r % 3:] + order[:r % 3]:
+                times[mode].append(forward_backward_ms(op, inputs, fp32, mode))
+        row = {"op": name, **{f"{mode}_ms": statistics.median(t) for mode, t in times.items()}, "runs": times}
+        rows.append(row)
+        print_row(row)
+    return rows
+
+
+def print_row(row: dict) -> None:
+    off = row["off_ms"]
+    pct = lambda ms: 100 * (ms / off - 1)  # noqa: E731
+    print(f"{row['op']:<24} {off:8.3f} {row['deferred_ms']:11.3f} {pct(row['deferred_ms']):+7.1f}% "
+          f"{row['now_ms']:8.3f} {pct(row['now_ms']):+7.1f}%", flush=True)
+
+
+def rwkv7_stack(layers=12, hidden=512, heads=8) -> torch.nn.ModuleList:
+    from fla_lab.layers import RWKV7Attention
+
+    return torch.nn.ModuleList(
+        RWKV7Attention("chunk", hidden_size=hidden, num_heads=heads, layer_idx=i, num_hidden_layers=layers)
+        for i in range(layers)).to("cuda", DTYPE)
+
+
+def training_step(stack, x) -> None:
+    v_first = None
+    for layer in stack:
+        o, _, _, v_first = layer(x, v_first=v_first)
+        x = x + o
+    x.float().square().mean().backward()
+
+
+def count_syncs(stack, x, mode: str) -> dict:
+    """One forward+backward step in `mode` under the sync debug mode: "warn" counts the syncs ("error" would stop
+    at the first); also the number of checked op calls."""
+    calls = sum(contract._calls.values())
+    with contract.value_checks(MODES[mode]), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            training_step(stack, x)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    contract.flush_value_checks()
+    syncs = [w for w in caught if "synchronizing" in str(w.message)]
+    return {"mode": mode, "checked_calls": sum(contract._calls.values()) - calls, "syncs": len(syncs),
+            "first_sync": str(syncs[0].message).splitlines()[0] if syncs else None}
+
+
+def sync_count(batch=4, steps=2048) -> list[dict]:
+    stack = rwkv7_stack()
+    x = torch.randn(batch, steps, 512, device="cuda", dtype=DTYPE, requires_grad=True)
+    training_step(stack, x)  # warm-up: compile every kernel (compilation may sync)
+    contract.flush_value_checks()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # the claim itself: a default (deferred) step never syncs
+    try:
+        training_step(stack, x)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    print("deferred (default) checks: one training step of 12 RWKV7Attention layers ran under "
+          "torch.cuda.set_sync_debug_mode('error') without a host sync")
+    rows = [count_syncs(stack, x, mode) for mode in MODES]
+    for row in rows:
+        print(f"  {row['mode']:<9} checked op calls {row['checked_calls']:3d}   host syncs {row['syncs']:3d}"
+              + (f"   (first: {row['first_sync']})" if row["first_sync"] else ""))
+    return rows
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", help="write the results as JSON here")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--only", help="comma-separated words: keep the ops whose name contains one")
+    parser.add_argument("--sync-count", action="store_true", help="only the 12-layer sync count")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("bench_checks.py times GPU kernels: no CUDA device here")
+    result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
+              "shape": {"B": B, "T": T, "H": H, "K": K, "V": V, "M": M}, "dtype": "bf16 (RWKV-7 w: fp32)"}
+    if not args.sync_count:
+        print(f"{'op':<24} {'off ms':>8} {'deferred ms':>11} {'+%':>8} {'now ms':>8} {'+%':>8}")
+        result["rows"] = time_modes(args.rounds, args.only.split(",") if args.only else None)
+    result["sync_count"] = sync_count()
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
