@@ -265,8 +265,8 @@ def plot_heatmap(records: list[dict], op: str, variant: str, dtype: str, chunk_s
     ax.set_yticks(range(len(lengths)), [str(t) for t in lengths], fontsize=7)
     ax.set_xlabel("per-step log-decay magnitude m")
     ax.set_ylabel("T")
-    chunk = f", chunk {chunk_size}" if chunk_size else ""
-    ax.set_title(f"{op} [{variant}] {dtype}{chunk}", fontsize=9)
+    chunk = f", c{chunk_size}" if chunk_size else ""
+    ax.set_title(f"{op} [{variant}] {dtype}{chunk}", fontsize=8)
     return ax
 
 
