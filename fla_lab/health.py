@@ -69,35 +69,22 @@ def doctor(short: bool = False) -> bool:
 
 
 def _health_check(verbose: bool) -> list[str]:
-    """fused_recurrent_gla forward and backward on a tiny problem against the float64 recurrence."""
+    """fused_recurrent_gla forward and backward on a tiny problem against the float64 recurrence (the registry's
+    spec: its inputs, with an initial state and a final-state cotangent, its reference and its tolerances)."""
     import torch
 
-    from fla_lab import check, reference
-    from fla_lab.ops import fused_recurrent_gla
+    from fla_lab import registry
 
-    gen = torch.Generator().manual_seed(0)
-    B, T, H, K, V = 1, 9, 2, 16, 32
-    q, k = (torch.randn(B, T, H, K, generator=gen) for _ in range(2))
-    v = torch.randn(B, T, H, V, generator=gen)
-    g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, K, generator=gen))
-    h0 = torch.randn(B, H, K, V, generator=gen)
-    inputs = [x.to(runtime.device()).requires_grad_() for x in (q, k, v, g, h0)]
+    spec = registry.get("fused_recurrent_gla")
     try:
-        o, ht = fused_recurrent_gla(*inputs[:4], initial_state=inputs[4], output_final_state=True)
-        (o.sum() + ht.sum()).backward()
+        result = spec.compare(spec.inputs(registry.Shape(1, 9, 2, 16, 32), decay=1.0))
     except Exception as exc:  # the point of a health check is to report, not to crash
         return [f"the health-check kernel failed: {type(exc).__name__}: {exc}"]
-    ref_inputs = [x.detach().double().cpu().requires_grad_() for x in inputs]
-    o_ref, ht_ref = reference.recurrent_gla(*ref_inputs[:4], initial_state=ref_inputs[4], output_final_state=True)
-    (o_ref.sum() + ht_ref.sum()).backward()
-    errors = {"o": check.rel_error(o, o_ref), "ht": check.rel_error(ht, ht_ref)}
-    errors.update(check.grad_errors({n: x.grad for n, x in zip("qkvg", ref_inputs)} | {"h0": ref_inputs[4].grad},
-                                    {n: x.grad for n, x in zip("qkvg", inputs)} | {"h0": inputs[4].grad}))
-    tol = check.tolerance(torch.float32)
-    worst = max(errors.values())
+    worst = max(result.errors.values())
     if verbose:
-        print(f"health check: fused_recurrent_gla fwd+bwd, fp32, max rel. error {worst:.1e} (tolerance {tol.grad:.0e})")
-    if not worst <= tol.grad:
-        return [f"the health-check kernel disagrees with its reference (max rel. error {worst:.2e}): "
+        tol = spec.tolerance(torch.float32)
+        print(f"health check: {spec.name} fwd+bwd, fp32, max rel. error {worst:.1e} (tolerance {tol.grad:.0e})")
+    if not result.ok:
+        return [f"the health-check kernel disagrees with its reference ({result.failures()}): "
                 "run `python3 workbook.py test` and report the failure."]
     return []
