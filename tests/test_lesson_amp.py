@@ -156,3 +156,42 @@ def test_debug_in_fp32_separates_precision_from_range_bugs():
     assert verdicts["#181 bf16 decay, the buggy line in fp32"].endswith("gone")
     assert "non-finite" in verdicts["#77 exclusive reference, fp32, decay 100"]
     assert "non-finite" in verdicts["#150 a, b ~ rand, fp32"]
+
+
+def _buggy_decay(w_raw):
+    return -math.exp(-0.5) * w_raw.sigmoid()  # the stub: bug="bf16_decay"
+
+
+def _fp32_decay(w_raw):
+    return -math.exp(-0.5) * w_raw.float().sigmoid()  # the solution: upcast before the sigmoid
+
+
+def _late_cast_decay(w_raw):
+    return (-math.exp(-0.5) * w_raw.sigmoid()).float()  # fp32 dtype, bf16 values
+
+
+def test_check_log_decay_rejects_the_buggy_line_and_accepts_the_fp32_one():
+    stub, late, fixed = (amp.check_log_decay(f, T=16) for f in (_buggy_decay, _late_cast_decay, _fp32_decay))
+    assert not stub and "w is bf16" in str(stub) and "receives w as bf16" in str(stub)
+    assert not late and "w is fp32" in str(late) and "not after" in str(late)
+    assert fixed and str(fixed).startswith("PASS") and "receives w as fp32" in str(fixed)
+
+
+def test_check_log_decay_reports_a_refused_dtype_instead_of_raising():
+    verdict = amp.check_log_decay(lambda w_raw: -math.exp(-0.5) * w_raw.double().sigmoid(), T=16)
+    assert not verdict and "TypeError" in str(verdict)
+
+
+def test_decay_errors_measure_the_bf16_rounding_against_float64():
+    x = amp.lora_grid(-8, 4, 4001).to(torch.bfloat16)
+    bug = amp.decay_errors(_buggy_decay(x), x)
+    assert 4e-3 < bug["max"] <= 2 * 2.0 ** -8 and 1e-3 < bug["mean"] < bug["max"]
+    assert amp.decay_errors(_fp32_decay(x), x)["max"] < 1e-6
+
+
+def test_amp_step_plugs_a_decay_line_into_the_layer():
+    ref = amp.amp_step(None, T=16)
+    plugged = amp.amp_step(None, T=16, log_decay=_fp32_decay)
+    assert torch.equal(plugged.w, ref.w) and torch.equal(plugged.output, ref.output)
+    assert ref.lora.dtype == torch.bfloat16 and ref.lora.shape == (1, 16, 64)
+    assert amp.amp_step(None, T=16, log_decay=_buggy_decay).dtypes["w"] == "bf16"

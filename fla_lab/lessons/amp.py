@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import matplotlib
 import torch
 from torch import nn
 
-from fla_lab import reference, viz, widgets
+from fla_lab import exercises, reference, viz, widgets
 from fla_lab.layers import RWKV7Attention
 from fla_lab.layers.rwkv7 import log_decay_from_lora
 
@@ -80,20 +81,26 @@ def cumulative_decay_varying(x: float, spread: float, T: int, dtype: torch.dtype
 
 
 def plot_rounding_error(dtype: torch.dtype = torch.bfloat16):
+    """Left: |w_low - w_fp32| against the LoRA output, under the bound of two roundings (the sigmoid, then the
+    product), each at most the unit roundoff u = eps/2 relative: 2 u |w|. Right: the signed relative error."""
     x = lora_grid(n=20001)
     low, fixed = log_decays(x, dtype)
     xs = x.to(dtype).double().numpy()
+    u = torch.finfo(dtype).eps / 2
+    name = viz.DTYPE_NAMES[dtype]
     fig, (left, right) = viz.figure(ncols=2, width=4.6, height=3.3)
     left.plot(xs, (low - fixed).abs().clamp(min=1e-12).numpy(), ".", ms=1, color=viz.DTYPE_COLORS[dtype])
-    left.plot(xs, fixed.abs().numpy() * torch.finfo(dtype).eps / 2, color="k", lw=0.8,
-              label=f"half a {viz.DTYPE_NAMES[dtype]} ulp of |w|")
+    left.plot(xs, fixed.abs().numpy() * 2 * u, color="k", lw=0.8, label=f"2 u |w|, u = {u:.1e} ({name})")
     left.set(yscale="log", ylim=(1e-9, 1e-2), xlabel="decay-LoRA output x", ylabel="|w_low - w_fp32|")
-    left.set_title(f"{viz.DTYPE_NAMES[dtype]} sigmoid: absolute error per step", fontsize=10)
-    left.legend(fontsize=7)
+    left.set_title(f"{name} sigmoid: absolute error per step", fontsize=10)
+    left.legend(fontsize=7, title="two roundings at most", title_fontsize=7)
     right.plot(xs, (100 * (low - fixed) / fixed.abs()).numpy(), ".", ms=1, color=viz.DTYPE_COLORS[dtype])
     right.axhline(0, color="k", lw=0.6)
+    for sign in (1, -1):
+        right.axhline(sign * 200 * u, color="k", lw=0.8, ls="--", label="± 2 u" if sign > 0 else None)
     right.set(xlabel="decay-LoRA output x", ylabel="(w_low - w_fp32) / |w_fp32|  (%)",
-              title=f"{viz.DTYPE_NAMES[dtype]} rounding: > 0 decays too slowly")
+              title=f"{name} rounding: > 0 decays too slowly")
+    right.legend(fontsize=7, loc="lower right")
     return fig
 
 
@@ -105,11 +112,13 @@ def plot_cumulative_decay(xs=(-8.0, -7.0, -6.0, -5.0, -4.0), T_max: int = 8192, 
     for i, x in enumerate(xs):
         rel, decay = cumulative_decay(x, T, dtype)
         color = matplotlib.colormaps["plasma"](i / max(len(xs) - 1, 1))
-        left.plot(T, 100 * rel.abs().numpy(), color=color, label=f"x = {x:g} ({'+' if rel[-1] > 0 else '-'})")
+        positive = bool(rel[-1] > 0)  # solid: decays too slowly; dashed: too fast (some curves overlap otherwise)
+        left.plot(T, 100 * rel.abs().numpy(), color=color, ls="-" if positive else "--",
+                  label=f"x = {x:g} ({'+' if positive else '-'})")
         right.plot(T, decay.numpy(), color=color, label=f"x = {x:g}")
     left.set(xscale="log", yscale="log", xlabel="steps T", ylabel="|relative error| of exp(sum w)  (%)",
              title=f"{viz.DTYPE_NAMES[dtype]} sigmoid: the bias compounds ~ T")
-    left.legend(fontsize=7, title="sign at T_max", title_fontsize=7)
+    left.legend(fontsize=7, title="sign: + solid, - dashed", title_fontsize=7)
     right.axhline(1e-6, color="k", ls=":", lw=0.8)
     right.text(1.2, 2e-6, "below 1e-6: the token is forgotten anyway", fontsize=7)
     right.set(xscale="log", yscale="log", ylim=(1e-12, 2), xlabel="steps T", ylabel="cumulative decay exp(sum w)",
@@ -306,11 +315,16 @@ class AMPStep:
     w: torch.Tensor  # the log-decay the kernel received, as fp32
     output: torch.Tensor  # the layer output, float64 on the CPU
     finite: bool  # output, input gradient and every parameter gradient
+    lora: torch.Tensor | None = None  # the decay LoRA's output the log-decay was computed from, as the LoRA gave it
 
 
-def amp_step(bug: str | None, T: int = 256, hidden_size: int = 64, seed: int = 0) -> AMPStep:
+def amp_step(bug: str | None, T: int = 256, hidden_size: int = 64, seed: int = 0,
+             log_decay: Callable[[torch.Tensor], torch.Tensor] | None = None) -> AMPStep:
     """A real AMP training step on the device fla_lab runs its kernels on (CUDA autocast on a GPU, CPU autocast
-    under the interpreter), with a spy on the layer's op that records what reaches `chunk_rwkv7`."""
+    under the interpreter), with a spy on the layer's op that records what reaches `chunk_rwkv7`.
+
+    `log_decay`, if given, replaces the layer's decay line: the layer's `log_decay` method then returns
+    `log_decay(w_lora(xw))`, as `log_decay_from_lora` does."""
     from fla_lab import runtime
     from fla_lab.lessons.init import open_output
 
@@ -324,13 +338,17 @@ def amp_step(bug: str | None, T: int = 256, hidden_size: int = 64, seed: int = 0
         return op(r, w, k, v, a, b, **kwargs)
 
     layer.attention_op = spy
+    layer.w_lora.register_forward_hook(lambda module, args, out: seen.update(lora=out.detach()))
+    if log_decay is not None:
+        layer.log_decay = lambda xw: log_decay(layer.w_lora(xw))
     x = torch.randn(1, T, hidden_size, generator=torch.Generator().manual_seed(seed + 5)).to(dev).requires_grad_()
     with torch.autocast(dev, dtype=torch.bfloat16):
         out = layer(x)[0]
     out.float().square().mean().backward()
     grads = [x.grad] + [p.grad for p in layer.parameters()]
     finite = bool(torch.isfinite(out).all()) and all(g is not None and bool(torch.isfinite(g).all()) for g in grads)
-    return AMPStep(dev, seen["dtypes"], seen["w"].cpu(), out.detach()[0].double().cpu(), finite)
+    return AMPStep(dev, seen["dtypes"], seen["w"].cpu(), out.detach()[0].double().cpu(), finite,
+                   seen["lora"].cpu())
 
 
 def amp_step_comparison(T: int = 256, hidden_size: int = 64, seed: int = 0) -> dict[str, object]:
@@ -345,7 +363,7 @@ def amp_step_comparison(T: int = 256, hidden_size: int = 64, seed: int = 0) -> d
 
 
 def debug_in_fp32() -> dict[str, str]:
-    """The report's advice, "debug in fp32 first", tried on three bugs: does an all-fp32 run make the failure go
+    """A common advice, "debug in fp32 first", tried on three bugs: does an all-fp32 run make the failure go
     away (a precision bug) or not (a range or contract bug)?"""
     from fla_lab import check, harness, ops
     from fla_lab.lessons import decay_contract
@@ -360,3 +378,57 @@ def debug_in_fp32() -> dict[str, str]:
     return {"#181 bf16 decay, the buggy line in fp32": f"relative error of w {bias:.1e}: gone",
             "#77 exclusive reference, fp32, decay 100": f"output {check.nonfinite_census(o77)}",
             "#150 a, b ~ rand, fp32": f"output {o150}"}
+
+
+# ---------------------------------------------------------------- exercise: write the decay line yourself
+
+def decay_errors(w: torch.Tensor, lora: torch.Tensor) -> dict[str, float]:
+    """Per-step error of log-decays `w` computed from LoRA outputs `lora`, against the official formula in float64
+    on the same (already rounded) LoRA outputs: max |relative error|, mean |relative error|, mean signed relative
+    error (the bias: > 0 decays too slowly)."""
+    ref = official_log_decay(lora)
+    rel = (w.double().reshape(ref.shape) - ref) / ref.abs()
+    return {"max": float(rel.abs().max()), "mean": float(rel.abs().mean()), "bias": float(rel.mean())}
+
+
+def check_log_decay(candidate: Callable[[torch.Tensor], torch.Tensor], T: int = 32) -> exercises.Verdict:
+    """The learner's decay line `candidate(w_raw) -> w`, run as in a bf16 AMP model, against float64.
+
+    1. On bf16 LoRA outputs x in [-8, 4] under `torch.autocast(device, bf16)` (CPU autocast under the interpreter,
+       CUDA autocast on a GPU): the dtype that would reach the kernel (fp32 wanted) and the per-step error of w.
+    2. In the real layer (`RWKV7Attention("chunk")`, fp32 weights, one autocast forward and backward of T steps),
+       through its `log_decay` seam: the dtype and error of the w that `chunk_rwkv7` receives, and finiteness.
+    Tolerance: fla_lab's fp32 forward tolerance (`check.tolerance(torch.float32).fwd`)."""
+    from fla_lab import check, runtime
+
+    dev = runtime.device()
+    tol = check.tolerance(torch.float32).fwd
+    x = lora_grid(-8, 4, 4001).to(dev).to(torch.bfloat16)
+    with torch.autocast(dev, dtype=torch.bfloat16), torch.no_grad():
+        w = candidate(x)
+    grid = decay_errors(w.float().cpu(), x.cpu())
+    facts = [
+        (w.dtype == torch.float32, f"x in [-8, 4], bf16 under {dev} autocast: w is {viz.DTYPE_NAMES.get(w.dtype, w.dtype)}"),
+        exercises.error_fact("per-step relative bias of w, max |.|", grid["max"], tol),
+        exercises.error_fact("per-step relative bias of w, mean |.|", grid["mean"], tol),
+    ]
+    try:
+        step = amp_step(None, T=T, log_decay=candidate)
+    except Exception as err:  # e.g. a dtype the kernel's input checks refuse: a verdict, not a traceback
+        facts.append((False, f"in the layer (T = {T}): {type(err).__name__}: {str(err).splitlines()[0][:120]}"))
+    else:
+        facts += [
+            (step.dtypes["w"] == "fp32", f"in the layer (T = {T}): chunk_rwkv7 receives w as {step.dtypes['w']}"),
+            exercises.error_fact("in the layer: per-step relative bias of w, max |.|",
+                                 decay_errors(step.w, step.lora)["max"], tol),
+            (step.finite, f"in the layer: output and every gradient finite: {step.finite}"),
+        ]
+    if w.dtype == torch.float32 and grid["max"] > tol:
+        hint = "w is fp32 but was rounded to bf16 on the way: upcast before the sigmoid, not after it"
+    elif grid["max"] <= tol:
+        hint = "the values are right: return them as fp32, the dtype the kernel takes for w"
+    else:
+        hint = ("under autocast the LoRA output is bf16, and the sigmoid of a bf16 tensor is rounded to bf16: "
+                "upcast w_raw to fp32 before the sigmoid (the kernel takes an fp32 w)")
+    return exercises.Verdict("RWKV-7 log-decay in fp32 under autocast", all(ok for ok, _ in facts),
+                             [line for _, line in facts], hint)
