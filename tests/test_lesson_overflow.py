@@ -158,3 +158,55 @@ def test_explorer_controls_drive_plot_setting(monkeypatch):
     dtype.value = torch.float16
     decay.value = 1e3
     assert calls[-1] == (pytest.approx(1e3), torch.float16, 16)
+
+
+# ---------------------------------------------------------------------------------------------------- exercise
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+
+@triton.jit
+def inclusive_reference(gi, i_start, o_k, HK: tl.constexpr):  # the notebook's stub: de4235fd's row
+    return gi + i_start * HK + o_k
+
+
+@triton.jit
+def exclusive_reference(gi, i_start, o_k, HK: tl.constexpr):  # 0c1c0b65's row
+    return gi + (i_start - 1) * HK + o_k
+
+
+@triton.jit
+def previous_subchunk_start(gi, i_start, o_k, HK: tl.constexpr):  # too early: above the keys of sub-chunk i - 1
+    return gi + (i_start - 16) * HK + o_k
+
+
+def test_check_rejects_the_inclusive_row_and_accepts_the_fix():
+    stub = overflow.check_reference_row(inclusive_reference)
+    assert not stub.passed and "NOT YET" in str(stub)
+    assert "strong decay (m = 100): 64 of 1536 scores non-finite, first bad row t = 16" in stub.facts
+    assert "weak decay (m = 0.1): error" in str(stub) and "<= 2.0e-05" in stub.facts[1]  # weak decay hides it
+    fixed = overflow.check_reference_row(exclusive_reference)
+    assert fixed.passed, str(fixed)
+    assert not overflow.check_reference_row(previous_subchunk_start).passed
+
+
+@pytest.mark.parametrize("gn, bug", [(inclusive_reference, BUG), (exclusive_reference, None)])
+def test_lesson_kernel_builds_the_real_kernels_blocks(gn, bug):
+    """The lesson kernel is the real score stage's inter-sub-chunk part: same blocks, same NaN pattern."""
+    from fla_lab.ops.common.chunk_pass import key_side_scores
+
+    x = overflow.inputs(100.0, T=128)
+    ours = overflow.exercise_scores(gn, x)
+    real = key_side_scores(x["r"], x["k"], x["w"], x["u"], 64, bug_exclusive_reference=bug == BUG)[0, :, 0]
+    t = torch.arange(128)
+    earlier = (t[None, :64] // 16) < ((t % 64) // 16)[:, None]  # [T, BT] chunk-local columns of earlier sub-chunks
+    assert torch.equal(torch.isfinite(ours[earlier]), torch.isfinite(real[earlier]))
+    finite = torch.isfinite(real[earlier])
+    assert torch.allclose(ours[earlier][finite], real[earlier][finite], rtol=1e-5, atol=1e-6)
+    assert (ours[~earlier] == 0).all()
+
+
+def test_exact_scores_agree_with_the_fixed_lesson_kernel_at_every_decay():
+    for decay in (0.1, 10.0, 1e4):
+        r = overflow.scores_report(exclusive_reference, decay, T=128)
+        assert r["nonfinite"] == 0 and r["error"] < 2e-6 and r["scores"] == 3072

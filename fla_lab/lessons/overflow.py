@@ -14,8 +14,10 @@ import math
 import pathlib
 
 import torch
+import triton
+import triton.language as tl
 
-from fla_lab import bugs, check, harness, reference, viz, widgets
+from fla_lab import bugs, check, exercises, harness, reference, viz, widgets
 
 BUG = "exclusive_reference"
 NAMES = ("r", "k", "v", "w")
@@ -284,6 +286,112 @@ def gla_check(decay: float = 1e4, chunk_size: int = 64, T: int = 64, K: int = 16
     x = harness.gated_inputs(1, T, 1, K, K, decay=decay, seed=0)
     ref = lambda q, k, v, g, **kw: reference.recurrent_gla(q, k, v, g, **kw)  # noqa: E731
     return harness.compare(functools.partial(chunk_gla, chunk_size=chunk_size), ref, x)
+
+
+# ---------------------------------------------------------------------------------------------------- exercise
+# The learner writes the reference row. `inter_subchunk_scores_kernel` is the part of the real score stage
+# (`chunk_stages.gated_scores_kernel`, RWKV6 branch) that the reference row decides: the blocks of A pairing a query
+# sub-chunk with each earlier key sub-chunk of its chunk, one `tl.dot` each. Same index and pointer maths as the
+# real kernel, one sequence and one head, K = 16 channels in one block (every dot dimension is 16).
+
+EXERCISE = "the reference row gn of an RWKV6 sub-chunk block"
+EXERCISE_DECAYS = {"strong": 100.0, "weak": 0.1}  # the decay knob m of `inputs`: per-step log-decay -m * U(0.05, 1)
+
+
+@triton.jit
+def inter_subchunk_scores_kernel(q, k, gi, A, T, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+                                 GN_POINTER: tl.constexpr):
+    """`A[t, s] = sum_i q_t[i] k_s[i] exp(ge_t[i] - gi_s[i])` for the rows t of one query sub-chunk and the keys s of
+    every earlier sub-chunk of its chunk. q, k, gi are [T, K] (gi: chunk-local inclusive cumulative log-decay,
+    fp32), A is [T, BT] with chunk-local columns. `GN_POINTER(gi, i_start, o_k, HK)` is the learner's helper: the
+    pointers to the reference row gn, as in `chunk_stages.load_reference_decay`."""
+    NC: tl.constexpr = BT // BC
+    i_tc = tl.program_id(0)
+    i_t, i_i = i_tc // NC, i_tc % NC  # chunk, and sub-chunk within it
+    t_first = i_t * BT
+    i_start = t_first + i_i * BC  # this query sub-chunk's first row
+    if i_i == 0:
+        return  # a chunk's first sub-chunk has no earlier keys in the chunk (the state carries the past)
+    o_c = tl.arange(0, BC)
+    o_i = i_start + o_c
+    m_i = o_i < T
+    o_k = tl.arange(0, K)
+    m_k = o_k < K
+    m_ik = m_i[:, None] & m_k[None, :]
+    b_q = tl.load(q + o_i[:, None] * K + o_k[None, :], mask=m_ik, other=0).to(tl.float32)
+    # RWKV6's queries read the exclusive decay ge[t] = gi[t - 1] (0 on the chunk's first row)
+    b_gq = tl.load(gi + (o_i[:, None] - 1) * K + o_k[None, :], mask=m_ik & (o_i[:, None] > t_first), other=0)
+    b_gn = tl.load(GN_POINTER(gi, i_start, o_k, K), mask=m_k, other=0)
+    for i_j in range(0, i_i):  # earlier key sub-chunks: one dot each around the reference row
+        o_j = t_first + i_j * BC + o_c
+        b_kt = tl.load(k + o_j[None, :] * K + o_k[:, None], mask=m_k[:, None], other=0).to(tl.float32)
+        b_gkt = tl.load(gi + o_j[None, :] * K + o_k[:, None], mask=m_k[:, None], other=0)
+        b_qg = b_q * tl.exp(tl.where(m_ik, b_gq - b_gn[None, :], 0))  # query factor exp(ge[t] - gn)
+        b_kg = b_kt * tl.exp(b_gn[:, None] - b_gkt)  # key factor exp(gn - gi[s])
+        tl.store(A + o_i[:, None] * BT + (i_j * BC + o_c)[None, :],
+                 tl.dot(b_qg, b_kg, input_precision="ieee"), mask=m_i[:, None])
+
+
+def chunk_cumsum(w: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    """Chunk-local inclusive cumulative sum of a [T, K] log-decay, in w's dtype (T a multiple of chunk_size)."""
+    T, K = w.shape
+    return w.reshape(T // chunk_size, chunk_size, K).cumsum(1).reshape(T, K)
+
+
+def exercise_scores(gn_pointer, x: dict[str, torch.Tensor], chunk_size: int = 64) -> torch.Tensor:
+    """`inter_subchunk_scores_kernel` with the learner's `gn_pointer` on `inputs(...)` (head 0): A [T, chunk_size],
+    zero outside the blocks that pair a sub-chunk with an earlier one."""
+    q, k = (x[n][0, :, 0].float().contiguous() for n in ("r", "k"))
+    T, K = q.shape
+    if T % chunk_size or chunk_size % BC or K < 16 or K & (K - 1):
+        raise ValueError(f"T = {T} must be a multiple of chunk_size = {chunk_size} (a multiple of {BC}), "
+                         f"K = {K} a power of two >= 16")
+    gi = chunk_cumsum(x["w"][0, :, 0].float(), chunk_size).contiguous()  # fp32, as chunk_cumsum_kernel
+    A = torch.zeros(T, chunk_size)
+    inter_subchunk_scores_kernel[(T // BC,)](q, k, gi, A, T, K, chunk_size, BC, gn_pointer)
+    return A
+
+
+def exact_inter_subchunk_scores(x: dict[str, torch.Tensor], chunk_size: int = 64) -> torch.Tensor:
+    """The same blocks in float64 without any split: `sum_i q_t[i] k_s[i] exp(ge_t[i] - gi_s[i])`."""
+    q, k, w = (x[n][0, :, 0].double() for n in ("r", "k", "w"))
+    T = q.shape[0]
+    gi = chunk_cumsum(w, chunk_size)
+    ge = gi - w  # exclusive: gi[t - 1] inside the chunk, 0 on its first row
+    t = torch.arange(T)
+    earlier = ((t[:, None] // chunk_size == t[None, :] // chunk_size)  # same chunk, earlier sub-chunk
+               & (t[None, :] // BC < t[:, None] // BC))
+    exponent = torch.where(earlier[:, :, None], ge[:, None, :] - gi[None, :, :], -math.inf)
+    full = torch.einsum("tc,sc,tsc->ts", q, k, exponent.exp())  # [T, T]
+    return torch.stack([full[i, (i // chunk_size) * chunk_size:][:chunk_size] for i in range(T)])
+
+
+def scores_report(gn_pointer, decay: float, T: int = 64, chunk_size: int = 64) -> dict:
+    """Run the learner's reference row at one decay knob: error vs float64, non-finite count, first bad row."""
+    x = inputs(decay, T)
+    got, exact = exercise_scores(gn_pointer, x, chunk_size), exact_inter_subchunk_scores(x, chunk_size)
+    bad = ~torch.isfinite(got)
+    rows = torch.nonzero(bad.any(-1)).flatten().tolist()
+    n_scores = int(sum(BC * (i % (chunk_size // BC)) * BC for i in range(T // BC)))
+    return {"error": check.rel_error(got, exact), "nonfinite": int(bad.sum()), "scores": n_scores,
+            "bad rows": rows, "first bad row": rows[0] if rows else None}
+
+
+def check_reference_row(gn_pointer, T: int = 64, chunk_size: int = 64) -> exercises.Verdict:
+    """PASS when the learner's `gn_pointer` gives finite scores within the fp32 tolerance of the float64
+    computation at strong (m = 100) and weak (m = 0.1) decay."""
+    tol = check.tolerance(torch.float32).fwd
+    errors, extra = {}, []
+    for name, decay in EXERCISE_DECAYS.items():
+        r = scores_report(gn_pointer, decay, T, chunk_size)
+        errors[f"{name} decay (m = {decay:g})"] = r["error"]
+        where = f", first bad row t = {r['first bad row']}" if r["nonfinite"] else ""
+        extra.append((r["nonfinite"] == 0,
+                      f"{name} decay (m = {decay:g}): {r['nonfinite']} of {r['scores']} scores non-finite{where}"))
+    return exercises.verdict_from_errors(
+        EXERCISE, errors, tol, extra=extra,
+        hint="the first query row of a sub-chunk computes exp(ge[start] - gn): pick the row whose cumulative decay "
+             "lies between every query's ge[t] and every earlier key's gi[s]")
 
 
 # ---------------------------------------------------------------------------------------------------- sweep
