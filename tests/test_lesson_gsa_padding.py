@@ -2,11 +2,14 @@
 chunk's sub-chunks whose cumulative decay passes -88.72, and every earlier row of dg), a full chunk never fires, the
 threshold is 88.72 over the summed rows, the forward direction never exponentiates a positive number, the users'
 clamp does not reach the cumulative decay, the fixed kernel matches the float64 spec, and the explorer runs only on
-demand. Kernel calls stay at T <= 64 (the layer's at T = 20)."""
+demand, and the exercise's check rejects the buggy exponent and accepts a masked one. Kernel calls stay at T <= 64
+(the layer's at T = 20)."""
 import math
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from fla_lab import bugs, check
 from fla_lab.lessons import gsa_padding as lesson
@@ -223,3 +226,46 @@ def test_explorer_runs_on_demand(monkeypatch):
     assert calls == []
     ui.manual_button.click()
     assert calls == [(torch.bfloat16, pytest.approx(1e3), 0)]
+
+
+# ---------------------------------------------------------------------------------------------------- exercise
+
+
+@triton.jit
+def masked_exponent(b_gq, b_gn, valid):
+    return tl.where(valid, b_gq - b_gn, 0)
+
+
+@triton.jit
+def later_rows_dropped(b_gq, b_gn, valid):  # "no NaN" by throwing the later rows away: must not pass
+    return tl.where(valid, float("-inf"), float("-inf")) + 0 * b_gq
+
+
+def test_exercise_check_rejects_the_bug_and_accepts_the_mask():
+    stub = lesson.check_padded_exponent(lesson.buggy_exponent)
+    assert not stub and "non-finite 720 of 720" in str(stub) and "NOT YET" in str(stub)
+    assert "ds (T = 45, m = 1): non-finite 0 of 720" in str(stub)  # at weak decay the bug is invisible
+    good = lesson.check_padded_exponent(masked_exponent)
+    assert good and str(good).startswith("PASS")
+    assert not lesson.check_padded_exponent(later_rows_dropped)
+    assert not lesson.check_padded_exponent(lambda b_gq, b_gn, valid: b_gq - b_gn)  # not @triton.jit
+
+
+def test_exercise_kernel_fails_where_the_real_kernel_does():
+    ds = lesson.slot_write_grad(lesson.buggy_exponent, 45, 5.0)[None, :, None, :]
+    real = lesson.kernel_run(T=45, decay=5.0)
+    assert torch.equal(nonfinite(ds), nonfinite(real["ds"]))
+    assert torch.equal(nonfinite(ds), lesson.predicted_nonfinite(real["g"])["ds"])
+
+
+def test_exercise_reference_is_the_dense_sum():
+    T, decay = 45, 3.0
+    x = lesson.exercise_inputs(T, decay)
+    q, k, do = (x[n][0, :, 0].double() for n in ("q", "k", "do"))
+    gi = x["g"][0, :, 0].double().cumsum(0)
+    causal = torch.ones(T, T, dtype=torch.bool).tril()[..., None]  # t >= s
+    decay_ts = torch.where(causal, (gi[:, None, :] - gi[None, :, :]).clamp(max=0).exp(), 0)  # exp(gi_t - gi_s)
+    dense = torch.einsum("ts,tm,tsm->sm", x["scale"] * q @ k.T, do, decay_ts)
+    assert torch.allclose(lesson.slot_write_grad_reference(T, decay), dense, rtol=1e-10, atol=1e-12)
+    fixed = lesson.slot_write_grad(masked_exponent, T, decay)
+    assert check.rel_error(fixed, dense) < 1e-5

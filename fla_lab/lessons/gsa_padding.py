@@ -18,6 +18,8 @@ import warnings
 from dataclasses import dataclass
 
 import torch
+import triton
+import triton.language as tl
 
 from fla_lab import bugs, check, harness, runtime, viz, widgets
 from fla_lab.lessons.overflow import decade, spans, summary  # noqa: F401  (decade, summary: for the notebook)
@@ -582,3 +584,126 @@ def explorer():
                          dtype=widgets.dtype_choice(),
                          decay=widgets.log_slider("decay knob m (g = -m·U)", 5.0, -3, 4),
                          remainder=widgets.int_slider("T mod 64", 45, 0, 63))
+
+
+# ---------------------------------------------------------------------------------------------------- exercise
+# The learner writes the fix. `slot_write_grad_kernel` is the value-side slot computation of one partial last chunk,
+# reduced to what the bug needs: pass 1's slot-write gradient `ds_s = sum_{t >= s} A[t, s] do_t exp(gi_t - gi_s)`
+# (no state between chunks, B = H = 1), with the same sub-chunk split, reference row and masked loads as
+# `cols_from_later_subchunks` in `slot_rows_kernel`. The exponent of the later rows' factor is the learner's
+# `@triton.jit` helper, passed in the `tl.constexpr` slot EXPONENT.
+
+EXERCISE = "exponent of the later rows, fit for rows past T"
+EXERCISE_SETTINGS = ((45, 30.0), (45, 1.0))  # (T, decay knob m): a partial chunk at strong, then weak, slot decay
+EXERCISE_SLOTS = 16
+
+
+@triton.jit
+def buggy_exponent(b_gq, b_gn, valid):
+    """What the kernel had before 737550ff: the exponent of exp(gi_t - gn), rows past T included (their gi_t is 0)."""
+    return b_gq - b_gn
+
+
+@triton.jit
+def slot_write_grad_kernel(A, DO, GI, DS, T, M: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+                           BM: tl.constexpr, EXPONENT: tl.constexpr):
+    """`ds_s = sum_{t >= s} A[t, s] do_t exp(gi_t - gi_s)` for the rows s of sub-chunk `program_id(0)` of one chunk
+    of T <= BT rows. A `[T, BT]` (scores with the scale, chunk-local columns), DO, GI, DS `[T, M]`, fp32."""
+    i_i = tl.program_id(0)
+    NC: tl.constexpr = BT // BC
+    i_start = i_i * BC
+    if i_start >= T:  # a sub-chunk wholly past T has no rows to write
+        return
+    o_c = tl.arange(0, BC)
+    o_i = i_start + o_c  # the rows s of this sub-chunk
+    m_i = o_i < T
+    o_m = tl.arange(0, BM)
+    m_m = o_m < M
+    m_im = m_i[:, None] & m_m[None, :]
+    b_gs = tl.load(GI + o_i[:, None] * M + o_m[None, :], mask=m_im, other=0)
+    b_ds = tl.zeros([BC, BM], dtype=tl.float32)
+    if i_i + 1 < NC:  # later sub-chunks: one tl.dot each, the decay split at gn (cols_from_later_subchunks)
+        b_gn = tl.load(GI + (tl.minimum(i_start + BC, T) - 1) * M + o_m, mask=m_m, other=0)  # last valid row of i
+        for i_j in range(i_i + 1, NC):
+            o_j = i_j * BC + o_c  # the later rows t: in a partial chunk some (or all) lie past T
+            m_jm = (o_j < T)[:, None] & m_m[None, :]
+            b_do = tl.load(DO + o_j[:, None] * M + o_m[None, :], mask=m_jm, other=0)  # 0 past T
+            b_gq = tl.load(GI + o_j[:, None] * M + o_m[None, :], mask=m_jm, other=0)  # 0 past T
+            b_at = tl.load(A + o_j[None, :] * BT + o_i[:, None], mask=(o_j < T)[None, :] & m_i[:, None], other=0)
+            b_e = EXPONENT(b_gq, b_gn[None, :], m_jm)  # the learner's helper
+            b_ds += tl.dot(b_at, b_do * tl.exp(b_e), input_precision="ieee")
+        b_ds *= tl.exp(tl.where(m_im, b_gn[None, :] - b_gs, 0))  # exp(gn - gi_s) <= 1
+    # the diagonal block: pairs t >= s inside the sub-chunk, exponent masked before exp (never the bug)
+    b_do_i = tl.load(DO + o_i[:, None] * M + o_m[None, :], mask=m_im, other=0)
+    b_a = tl.load(A + o_i[:, None] * BT + o_i[None, :], mask=m_i[:, None] & m_i[None, :], other=0)  # A[t, s]
+    causal = ((o_c[:, None] >= o_c[None, :]) & m_i[:, None])[:, :, None]  # [t, s, 1]
+    b_w = tl.where(causal, tl.exp(tl.where(causal, b_gs[:, None, :] - b_gs[None, :, :], 0)), 0)
+    b_ds += tl.sum(b_w * b_a[:, :, None] * b_do_i[:, None, :], axis=0)
+    tl.store(DS + o_i[:, None] * M + o_m[None, :], b_ds, mask=m_im)
+
+
+def show_exercise_kernel() -> None:
+    """The source of the exercise's kernel, where the learner's helper is called."""
+    import inspect
+
+    print(inspect.getsource(slot_write_grad_kernel.fn))
+
+
+def exercise_inputs(T: int, decay: float, seed: int = 0) -> dict[str, torch.Tensor]:
+    """One partial chunk of pass 1 (`T < 64`, B = H = 1, K = M = 16): the queries, keys and gate of
+    `inputs(T, decay)` (the notebook's kernel runs), a random cotangent `do` of the slot scores, and the scale."""
+    x = inputs(T, decay, seed)
+    do = torch.randn(x["g"].shape, generator=torch.Generator().manual_seed(seed + 1))
+    return {"q": x["q"], "k": x["k"], "g": x["g"], "do": do, "scale": x["q"].shape[-1] ** -0.5}
+
+
+def slot_write_grad(exponent, T: int, decay: float, seed: int = 0) -> torch.Tensor:
+    """`slot_write_grad_kernel` with `exponent` in its EXPONENT slot, on `exercise_inputs(T, decay)`: ds `[T, M]`."""
+    x = exercise_inputs(T, decay, seed)
+    q, k, g, do = (x[n][0, :, 0].float().contiguous() for n in ("q", "k", "g", "do"))
+    A = torch.zeros(T, CHUNK)
+    A[:, :T] = (x["scale"] * q @ k.T).tril()  # plain scores, causal, chunk-local columns
+    gi = chunk_cumsum(x["g"])[0, :, 0].contiguous()
+    ds = torch.zeros(T, g.shape[-1])
+    slot_write_grad_kernel[(triton.cdiv(CHUNK, BC),)](A, do, gi, ds, T, M=g.shape[-1], BT=CHUNK, BC=BC,
+                                                      BM=triton.next_power_of_2(g.shape[-1]), EXPONENT=exponent)
+    return ds
+
+
+def slot_write_grad_reference(T: int, decay: float, seed: int = 0) -> torch.Tensor:
+    """The float64 spec of ds: pass 1 of GSA, where each slot m alone is a GLA recurrence with the gate g[m] on every
+    key channel and the slot write s[m] as its only value channel (`reference.recurrent_gla`, one head per slot),
+    differentiated by autograd. `[T, M]`."""
+    from fla_lab import reference
+
+    x = exercise_inputs(T, decay, seed)
+    q, k, g, do = (x[n].double() for n in ("q", "k", "g", "do"))
+    B, _, _, K = q.shape
+    M = g.shape[-1]
+    s = torch.zeros(B, T, M, 1, dtype=torch.float64, requires_grad=True)  # ds does not depend on s's value
+    heads = lambda t: t.expand(B, T, M, K)  # noqa: E731  (one head per slot)
+    o, _ = reference.recurrent_gla(heads(q), heads(k), s, g[0, :, 0][None, :, :, None].expand(B, T, M, K),
+                                   scale=x["scale"])
+    (ds,) = torch.autograd.grad(o, s, do[:, :, 0, :, None])
+    return ds[0, :, :, 0]
+
+
+def check_padded_exponent(candidate) -> "exercises.Verdict":
+    """Run `candidate` (a `@triton.jit` helper `(b_gq, b_gn, valid) -> exponent`) in the exercise kernel on a
+    partial chunk (T = 45) at strong slot decay (m = 30) and at weak decay (m = 1), against the float64 spec:
+    PASS when ds is finite and within the fp32 gradient tolerance in both."""
+    from fla_lab import exercises
+
+    if not isinstance(candidate, triton.runtime.KernelInterface):
+        return exercises.Verdict(EXERCISE, False, [f"{getattr(candidate, '__name__', candidate)} is not a "
+                                                    "@triton.jit function"], "decorate the helper with @triton.jit")
+    tol = check.tolerance(torch.float32).grad
+    errors, extra = {}, []
+    for T, decay in EXERCISE_SETTINGS:
+        ds = slot_write_grad(candidate, T, decay)
+        bad = int((~torch.isfinite(ds)).sum())
+        extra.append((bad == 0, f"ds (T = {T}, m = {decay:g}): non-finite {bad} of {ds.numel()}"))
+        errors[f"ds (T = {T}, m = {decay:g})"] = check.rel_error(ds, slot_write_grad_reference(T, decay))
+    hint = ("rows past T load gi_t = 0 and do_t = 0; make their exponent harmless (`valid` says which rows are "
+            "real) and leave every real row's exponent as it is")
+    return exercises.verdict_from_errors(EXERCISE, errors, tol, hint, extra)
