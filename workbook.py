@@ -3,12 +3,15 @@
 
     python3 workbook.py lab       # set up if needed, then open JupyterLab at notebooks/00_start_here.ipynb
     python3 workbook.py test      # set up if needed, then unit tests, every notebook under nbval, browser test
+                                  # (with an NVIDIA GPU also: the unit tests on CUDA, every notebook run on it)
+    python3 workbook.py phases [--gpu|--cpu]   # print the test phases this machine (or a GPU/CPU one) runs
     python3 workbook.py setup     # only the set-up (virtual environment, pinned packages, Jupyter kernel)
     python3 workbook.py execute [NOTEBOOK ...]   # re-execute and save notebooks in the CPU environment
     python3 workbook.py bench     # GPU benchmark beside flash-linear-attention (needs CUDA + fla installed)
 
-Needs only Python >= 3.10 and pip. Idempotent: a stamp in .venv records what was installed, so a second run
-skips straight to the work. Without an NVIDIA GPU the CPU build of torch is installed (no CUDA downloads).
+Needs only Python >= 3.10 with its venv module (Debian: python3-venv). Idempotent: a stamp in .venv records what
+was installed, so a second run skips straight to the work. Without an NVIDIA GPU the CPU build of torch is
+installed (no CUDA downloads).
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
@@ -29,6 +33,7 @@ CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 KERNEL_NAME = "fla-lab"
 SANITIZE = ROOT / "tests" / "nbval_sanitize.cfg"
 ARTIFACTS = ROOT / "artifacts"
+GPU_NOTEBOOKS = ARTIFACTS / "notebooks-gpu"  # notebooks executed on the GPU (outputs not compared, not saved back)
 
 
 def say(msg: str) -> None:
@@ -71,13 +76,59 @@ def install_torch(gpu: bool) -> None:
     pip("--no-deps", TORCH, "--index-url", CPU_TORCH_INDEX)
 
 
+def venv_problem(python: str = sys.executable) -> str | None:
+    """Why `python -m venv` cannot make a virtual environment with pip here, or None.
+
+    Debian and Ubuntu ship `venv` without `ensurepip` (it is in python3-venv / python3.X-venv); `python -m venv`
+    then fails half-way and leaves a directory with bin/python but no pip. Ask before creating anything.
+    """
+    probe = subprocess.run([python, "-c", "import sys, venv, ensurepip; ensurepip.version(); "
+                            "print('%d.%d' % sys.version_info[:2])"], capture_output=True, text=True)
+    if probe.returncode == 0:
+        return None
+    version = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                             capture_output=True, text=True).stdout.strip() or "3"
+    detail = (probe.stderr.strip().splitlines() or ["no detail"])[-1]
+    return (f"cannot create the virtual environment: {python} (Python {version}) has no working venv/ensurepip "
+            f"({detail}). On Debian/Ubuntu install it with `sudo apt install python3-venv` (or "
+            f"`sudo apt install python{version}-venv`), then run this command again.")
+
+
+def venv_complete(venv: Path = VENV) -> bool:
+    """A finished virtual environment: its python and pip are there (a failed `python -m venv` leaves no pip)."""
+    return ((venv / "pyvenv.cfg").exists() and (venv / "bin" / "python").exists()
+            and any(venv.glob("lib/python*/site-packages/pip/__init__.py")))
+
+
+def create_venv(venv: Path = VENV, python: str = sys.executable) -> None:
+    """Create `venv` with pip, or exit with the reason; never leave a half-made one behind for the next run."""
+    if venv.exists() and not venv_complete(venv):
+        say(f"removing the incomplete virtual environment {venv} (left by a failed creation)")
+        shutil.rmtree(venv)
+    if venv.exists():
+        return
+    problem = venv_problem(python)
+    if problem:
+        sys.exit(f"[workbook] {problem}")
+    say(f"creating the virtual environment {venv}/")
+    try:
+        made = subprocess.run([python, "-m", "venv", str(venv)], capture_output=True, text=True)
+        ok = made.returncode == 0 and venv_complete(venv)
+    except BaseException:  # Ctrl-C half-way: remove it too
+        shutil.rmtree(venv, ignore_errors=True)
+        raise
+    if not ok:
+        shutil.rmtree(venv, ignore_errors=True)
+        output = (made.stdout + made.stderr).strip()
+        sys.exit(f"[workbook] `{python} -m venv {venv}` failed (exit {made.returncode}); the half-made {venv} was "
+                 f"removed. Its output:\n{output}\nOn Debian/Ubuntu, `sudo apt install python3-venv` is the usual fix.")
+
+
 def setup() -> None:
     if sys.version_info < (3, 10):
         sys.exit(f"fla_lab needs Python >= 3.10, this is {sys.version.split()[0]}")
     gpu = has_nvidia_gpu()
-    if not PY.exists():
-        say(f"creating the virtual environment {VENV.relative_to(ROOT)}/")
-        run([sys.executable, "-m", "venv", VENV])
+    create_venv(VENV)
     if STAMP.exists() and STAMP.read_text() == wanted_stamp(gpu):
         return
     install_torch(gpu)
@@ -91,20 +142,31 @@ def setup() -> None:
     say("set-up done")
 
 
-def ensure_chromium() -> str:
-    """The browser test drives Debian's Chromium; install it when missing (root or sudo)."""
+def ensure_chromium() -> tuple[str | None, str | None]:
+    """The browser test drives Debian's Chromium; install it when missing (root or sudo).
+
+    Returns (path, None), or (None, reason) when it is missing and cannot be installed: the caller runs the
+    other phases, skips the browser test and fails at the end with the reason.
+    """
     path = shutil.which("chromium") or "/usr/bin/chromium"
     if Path(path).exists():
-        return path
-    apt = ["apt-get", "install", "-y", "-q", "chromium"]
+        return path, None
+    manual = "install Debian's `chromium` package (apt-get install chromium) and run again"
     prefix = [] if os.geteuid() == 0 else (["sudo", "-n"] if shutil.which("sudo") else None)
-    if prefix is None or not shutil.which("apt-get"):
-        sys.exit("the browser test needs Chromium at /usr/bin/chromium: install Debian's `chromium` package "
-                 "(apt-get install chromium) and run again")
+    if prefix is None:
+        return None, f"Chromium is missing at /usr/bin/chromium and this user is neither root nor has sudo: {manual}"
+    if not shutil.which("apt-get"):
+        return None, f"Chromium is missing at /usr/bin/chromium and there is no apt-get: {manual}"
     say("installing Debian's chromium for the browser test")
-    run(prefix + ["apt-get", "update", "-q"], stdout=subprocess.DEVNULL)
-    run(prefix + apt, stdout=subprocess.DEVNULL)
-    return "/usr/bin/chromium"
+    for cmd in (prefix + ["apt-get", "update", "-q"], prefix + ["apt-get", "install", "-y", "-q", "chromium"]):
+        done = run(cmd, check=False, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if done.returncode != 0:
+            tail = " ".join((done.stderr or "").strip().splitlines()[-2:])
+            return None, (f"Chromium is missing and `{' '.join(cmd)}` failed (exit {done.returncode}: "
+                          f"{tail or 'no message'}): {manual}")
+    if not Path("/usr/bin/chromium").exists():
+        return None, f"apt-get installed no /usr/bin/chromium: {manual}"
+    return "/usr/bin/chromium", None
 
 
 def notebooks() -> list[Path]:
@@ -117,11 +179,72 @@ def test_env() -> dict:
     return env
 
 
-def pytest_phase(name: str, args: list) -> tuple[int, dict]:
+@dataclass(frozen=True)
+class Phase:
+    """One step of the test command. `device` is "cpu" (CUDA hidden: the interpreter computes exactly as in CI,
+    where the saved outputs come from) or "gpu" (CUDA visible: compiled kernels). `kind` is "pytest" (args are
+    pytest's) or "execute" (args are the notebooks, run with nbconvert into `out`, outputs not compared)."""
+    name: str
+    kind: str
+    device: str
+    args: tuple = ()
+    out: Path | None = None
+    skip: str | None = None  # why it does not run (it then fails the command at the end)
+
+
+def phase_env(phase: Phase, base: dict | None = None) -> dict:
+    """The environment `phase` runs in: CPU phases hide CUDA, GPU phases see it (a user's own choice of GPU,
+    CUDA_VISIBLE_DEVICES=1 say, is kept; an empty value, which hides every GPU, is dropped)."""
+    env = dict(test_env() if base is None else base)
+    env.pop("TRITON_INTERPRET", None)
+    if phase.device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    elif env.get("CUDA_VISIBLE_DEVICES", None) == "":
+        del env["CUDA_VISIBLE_DEVICES"]
+    if phase.kind == "execute" and phase.out is not None:
+        env["FLA_LAB_FIGURES_DIR"] = str(phase.out / "figures")  # the repository's figures/ stay the CPU ones
+    return env
+
+
+def plan_phases(gpu: bool, browser_problem: str | None = None, extra: list[str] | tuple = (),
+                n_workers: str = "2", nbs: list[Path] | None = None) -> list[Phase]:
+    """The test command's phases, in order. On a CPU machine (CI): unit tests, notebooks under nbval, browser,
+    all in the CPU environment. With an NVIDIA GPU two more: the same unit tests on CUDA, then every notebook
+    executed top to bottom on the GPU (GPU-only cells included) into artifacts/notebooks-gpu/, not compared
+    (its outputs differ from the CPU ones by design). `browser_problem` (Chromium missing) skips the browser."""
+    nbs = notebooks() if nbs is None else nbs
+    unit = ("tests", "--ignore=tests/browser", "-n", n_workers, "-q", *extra)
+    phases = [
+        Phase("unit", "pytest", "cpu", unit),
+        Phase("notebooks", "pytest", "cpu", ("--nbval", "--nbval-current-env", f"--nbval-sanitize-with={SANITIZE}",
+                                             "-n", n_workers, "--dist", "loadscope", "-q", *map(str, nbs))),
+    ]
+    if gpu:
+        phases += [Phase("unit-cuda", "pytest", "gpu", unit),
+                   Phase("notebooks-gpu", "execute", "gpu", tuple(map(str, nbs)), out=GPU_NOTEBOOKS)]
+    phases.append(Phase("browser", "pytest", "cpu", ("tests/browser", "-q"), skip=browser_problem))
+    return phases
+
+
+def describe_phase(phase: Phase) -> str:
+    env = phase_env(phase, base={})
+    where = ("CUDA hidden (CUDA_VISIBLE_DEVICES=''), Triton interpreter" if phase.device == "cpu"
+             else "CUDA visible, compiled kernels")
+    what = (f"pytest {' '.join(a for a in phase.args if not a.endswith('.ipynb'))}" if phase.kind == "pytest"
+            else f"jupyter nbconvert --execute into {phase.out}/ (outputs not compared)")
+    n_nb = sum(a.endswith(".ipynb") for a in phase.args)
+    what += f" [{n_nb} notebooks]" if n_nb else ""
+    skip = f"  SKIPPED: {phase.skip}" if phase.skip else ""
+    figures = f"; figures to {env['FLA_LAB_FIGURES_DIR']}" if "FLA_LAB_FIGURES_DIR" in env else ""
+    return f"{phase.name:14s} {where}: {what}{figures}{skip}"
+
+
+def pytest_phase(name: str, args: list, env: dict | None = None) -> tuple[int, dict]:
     ARTIFACTS.mkdir(exist_ok=True)
     report = ARTIFACTS / f"junit-{name}.xml"
     say(f"--- {name} ---")
-    code = run([PY, "-m", "pytest", *args, f"--junitxml={report}"], check=False, env=test_env()).returncode
+    code = run([PY, "-m", "pytest", *args, f"--junitxml={report}"], check=False,
+               env=test_env() if env is None else env).returncode
     counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
     if report.exists():
         for suite in ET.parse(report).getroot().iter("testsuite"):
@@ -130,28 +253,65 @@ def pytest_phase(name: str, args: list) -> tuple[int, dict]:
     return code, counts
 
 
+def execute_phase(phase: Phase, env: dict) -> tuple[int, dict]:
+    """Run each notebook top to bottom with nbconvert into phase.out (cells tagged raises-exception may raise)."""
+    say(f"--- {phase.name} ---")
+    phase.out.mkdir(parents=True, exist_ok=True)
+    counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    for nb in map(Path, phase.args):
+        counts["tests"] += 1
+        target = phase.out / nb.name
+        say(f"executing {nb.name} -> {target.relative_to(ROOT) if target.is_relative_to(ROOT) else target}")
+        done = run([PY, "-m", "jupyter", "nbconvert", "--to", "notebook", "--execute", "--output-dir", phase.out,
+                    "--ExecutePreprocessor.timeout=1200", "--ExecutePreprocessor.kernel_name=python3", nb],
+                   check=False, env=env, cwd=nb.parent)
+        if done.returncode != 0:
+            counts["failures"] += 1
+            say(f"FAILED: {nb.name} did not run to the end on the GPU (nbconvert exit {done.returncode})")
+    return (1 if counts["failures"] else 0), counts
+
+
 def test(extra: list[str]) -> int:
     setup()
-    ensure_chromium()
+    gpu = has_nvidia_gpu()
+    _, browser_problem = ensure_chromium()
+    if browser_problem:
+        say(f"the browser test cannot run: {browser_problem}; running the other phases, failing at the end")
     n_workers = "2" if (os.cpu_count() or 1) >= 2 else "1"
-    phases = [
-        ("unit", ["tests", "--ignore=tests/browser", "-n", n_workers, "-q", *extra]),
-        ("notebooks", ["--nbval", "--nbval-current-env", f"--nbval-sanitize-with={SANITIZE}",
-                       "-n", n_workers, "--dist", "loadscope", "-q", *map(str, notebooks())]),
-        ("browser", ["tests/browser", "-q"]),
-    ]
+    phases = plan_phases(gpu, browser_problem, extra, n_workers)
+    if gpu:
+        say("NVIDIA GPU found: saved outputs are compared in the CPU environment, then the unit tests run on CUDA "
+            "and every notebook runs on the GPU")
     total = {"passed": 0, "failed": 0, "skipped": 0}
     worst = 0
-    for name, args in phases:
-        code, c = pytest_phase(name, args)
-        if code not in (0, 5) or (code == 5 and name != "browser"):
+    for phase in phases:
+        if phase.skip:
+            say(f"--- {phase.name}: skipped ({phase.skip}) ---")
+            worst = worst or 1
+            continue
+        env = phase_env(phase)
+        if phase.kind == "execute":
+            code, c = execute_phase(phase, env)
+        else:
+            code, c = pytest_phase(phase.name, list(phase.args), env)
+        if code not in (0, 5) or (code == 5 and phase.name != "browser"):
             worst = worst or code or 1
         failed = c["failures"] + c["errors"]
         total["failed"] += failed
         total["skipped"] += c["skipped"]
         total["passed"] += c["tests"] - failed - c["skipped"]
     print(f"workbook: {total['passed']} passed, {total['failed']} failed, {total['skipped']} skipped")
+    if browser_problem:
+        print(f"workbook: FAILED: the browser test did not run: {browser_problem}")
     return worst
+
+
+def phases_command(extra: list[str]) -> int:
+    gpu = "--gpu" in extra or ("--cpu" not in extra and has_nvidia_gpu())
+    print(f"test phases on a {'GPU' if gpu else 'CPU'} machine, in order:")
+    for phase in plan_phases(gpu):
+        print("  " + describe_phase(phase))
+    return 0
 
 
 def execute(paths: list[str]) -> int:
@@ -212,7 +372,7 @@ def main(argv: list[str]) -> int:
     if command == "setup":
         setup()
         return 0
-    handlers = {"test": test, "execute": execute, "lab": lab, "bench": bench}
+    handlers = {"test": test, "execute": execute, "lab": lab, "bench": bench, "phases": phases_command}
     if command not in handlers:
         print(__doc__)
         return 0 if command in ("help", "-h", "--help") else 2

@@ -1,0 +1,241 @@
+"""workbook.py without a GPU, a fresh machine or a browser: the phase plan, the venv checks, a missing Chromium.
+
+The GPU path is checked as a plan (which phases, in which environment, running what): the same functions the
+test command runs on a GPU box. Nothing here touches the real .venv, the notebooks or the network.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def wb():
+    spec = importlib.util.spec_from_file_location("fla_lab_workbook", ROOT / "workbook.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(spec.name, None)
+
+
+NBS = [ROOT / "notebooks" / "00_x.ipynb", ROOT / "notebooks" / "05_y.ipynb"]
+
+
+# ------------------------------------------------------------------ the phases, CPU and GPU
+
+def test_cpu_plan_is_ci(wb):
+    phases = wb.plan_phases(gpu=False, nbs=NBS)
+    assert [p.name for p in phases] == ["unit", "notebooks", "browser"]
+    assert all(p.device == "cpu" and p.kind == "pytest" and p.skip is None for p in phases)
+    unit, nbval, browser = phases
+    assert unit.args == ("tests", "--ignore=tests/browser", "-n", "2", "-q")
+    assert "--nbval" in nbval.args and "--nbval-current-env" in nbval.args and "--dist" in nbval.args
+    assert [a for a in nbval.args if a.endswith(".ipynb")] == list(map(str, NBS))
+    assert browser.args == ("tests/browser", "-q")
+
+
+def test_gpu_plan_adds_cuda_unit_tests_and_gpu_notebook_run(wb):
+    phases = wb.plan_phases(gpu=True, extra=["-k", "gla"], nbs=NBS)
+    names = [p.name for p in phases]
+    assert names == ["unit", "notebooks", "unit-cuda", "notebooks-gpu", "browser"]
+    by = {p.name: p for p in phases}
+    # saved outputs are compared in the CPU environment only
+    assert by["notebooks"].device == "cpu" and "--nbval" in by["notebooks"].args
+    assert by["unit"].device == "cpu" and by["browser"].device == "cpu"
+    # the same unit tests (and the user's extra args) on CUDA
+    assert by["unit-cuda"].device == "gpu" and by["unit-cuda"].args == by["unit"].args
+    assert by["unit"].args[-2:] == ("-k", "gla")
+    # every notebook executed on the GPU into artifacts/, not compared
+    run = by["notebooks-gpu"]
+    assert run.kind == "execute" and run.device == "gpu" and run.args == tuple(map(str, NBS))
+    assert run.out == wb.ARTIFACTS / "notebooks-gpu"
+    assert not any("nbval" in a for a in run.args)
+
+
+def test_phase_environments(wb):
+    base = {"PATH": "/bin", "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+    by = {p.name: p for p in wb.plan_phases(gpu=True, nbs=NBS)}
+    for name in ("unit", "notebooks", "browser"):
+        env = wb.phase_env(by[name], base)
+        assert env["CUDA_VISIBLE_DEVICES"] == "" and "TRITON_INTERPRET" not in env, name
+        assert "FLA_LAB_FIGURES_DIR" not in env
+    for name in ("unit-cuda", "notebooks-gpu"):
+        env = wb.phase_env(by[name], base)
+        assert "CUDA_VISIBLE_DEVICES" not in env and "TRITON_INTERPRET" not in env, name
+    # a user's choice of GPU stays; CPU phases still hide every GPU
+    assert wb.phase_env(by["unit-cuda"], {"CUDA_VISIBLE_DEVICES": "1"})["CUDA_VISIBLE_DEVICES"] == "1"
+    assert wb.phase_env(by["unit"], {"CUDA_VISIBLE_DEVICES": "1"})["CUDA_VISIBLE_DEVICES"] == ""
+    # GPU figures go to the artifacts, the repository's figures/ keep the CPU ones
+    figures = wb.phase_env(by["notebooks-gpu"], base)["FLA_LAB_FIGURES_DIR"]
+    assert Path(figures) == wb.ARTIFACTS / "notebooks-gpu" / "figures"
+    assert base == {"PATH": "/bin", "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}  # not modified
+
+
+def test_execute_phase_runs_nbconvert_without_comparing(wb, monkeypatch, tmp_path):
+    calls = []
+
+    def fake_run(cmd, check=True, **kw):
+        calls.append(([str(c) for c in cmd], kw))
+        return type("Done", (), {"returncode": 1 if "05_y" in str(cmd[-1]) else 0})()
+
+    monkeypatch.setattr(wb, "run", fake_run)
+    phase = wb.Phase("notebooks-gpu", "execute", "gpu", tuple(map(str, NBS)), out=tmp_path / "gpu")
+    code, counts = wb.execute_phase(phase, {"X": "1"})
+    assert code == 1 and counts == {"tests": 2, "failures": 1, "errors": 0, "skipped": 0}
+    cmd, kw = calls[0]
+    assert cmd[1:6] == ["-m", "jupyter", "nbconvert", "--to", "notebook"]
+    assert "--execute" in cmd and "--inplace" not in cmd
+    assert cmd[cmd.index("--output-dir") + 1] == str(tmp_path / "gpu")
+    assert kw["env"] == {"X": "1"} and kw["cwd"] == NBS[0].parent
+
+
+def test_phases_command_prints_the_gpu_plan(wb, capsys):
+    assert wb.main(["phases", "--gpu"]) == 0
+    out = capsys.readouterr().out
+    assert "unit-cuda" in out and "notebooks-gpu" in out and "CUDA hidden" in out and "CUDA visible" in out
+
+
+# ------------------------------------------------------------------ the test command with a missing browser
+
+def test_missing_browser_runs_other_phases_then_fails(wb, monkeypatch, capsys):
+    ran = []
+    monkeypatch.setattr(wb, "setup", lambda: None)
+    monkeypatch.setattr(wb, "has_nvidia_gpu", lambda: False)
+    monkeypatch.setattr(wb, "ensure_chromium", lambda: (None, "apt-get failed: no network"))
+
+    def fake_pytest(name, args, env=None):
+        ran.append((name, env.get("CUDA_VISIBLE_DEVICES")))
+        return 0, {"tests": 3, "failures": 0, "errors": 0, "skipped": 0}
+
+    monkeypatch.setattr(wb, "pytest_phase", fake_pytest)
+    assert wb.test([]) == 1
+    assert ran == [("unit", ""), ("notebooks", "")]
+    out = capsys.readouterr().out
+    assert "6 passed, 0 failed" in out and "browser test did not run: apt-get failed: no network" in out
+
+
+def test_gpu_test_command_runs_five_phases(wb, monkeypatch):
+    ran = []
+    monkeypatch.setattr(wb, "setup", lambda: None)
+    monkeypatch.setattr(wb, "has_nvidia_gpu", lambda: True)
+    monkeypatch.setattr(wb, "ensure_chromium", lambda: ("/usr/bin/chromium", None))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    counts = {"tests": 1, "failures": 0, "errors": 0, "skipped": 0}
+    monkeypatch.setattr(wb, "pytest_phase", lambda name, args, env=None: (
+        ran.append((name, env.get("CUDA_VISIBLE_DEVICES", "<unset>"))) or (0, counts)))
+    monkeypatch.setattr(wb, "execute_phase", lambda phase, env: (
+        ran.append((phase.name, env.get("CUDA_VISIBLE_DEVICES", "<unset>"))) or (0, counts)))
+    assert wb.test([]) == 0
+    assert ran == [("unit", ""), ("notebooks", ""), ("unit-cuda", "<unset>"), ("notebooks-gpu", "<unset>"),
+                   ("browser", "")]
+
+
+def _no_chromium(wb, monkeypatch, euid, which):
+    monkeypatch.setattr(wb.Path, "exists", lambda self: False if str(self) == "/usr/bin/chromium" else
+                        os.path.exists(self))
+    monkeypatch.setattr(wb.os, "geteuid", lambda: euid)
+    monkeypatch.setattr(wb.shutil, "which", lambda name: which.get(name))
+
+
+def test_chromium_without_root_or_sudo_is_a_reason_not_an_exit(wb, monkeypatch):
+    _no_chromium(wb, monkeypatch, euid=1000, which={})
+    path, reason = wb.ensure_chromium()
+    assert path is None and "neither root nor has sudo" in reason and "apt-get install chromium" in reason
+
+
+def test_chromium_apt_failure_is_a_reason_not_an_exit(wb, monkeypatch):
+    _no_chromium(wb, monkeypatch, euid=0, which={"apt-get": "/usr/bin/apt-get"})
+    calls = []
+
+    def fake_run(cmd, check=True, **kw):
+        calls.append(cmd)
+        return type("Done", (), {"returncode": 100, "stderr": "E: Could not resolve 'deb.debian.org'\n"})()
+
+    monkeypatch.setattr(wb, "run", fake_run)
+    path, reason = wb.ensure_chromium()
+    assert path is None and "exit 100" in reason and "Could not resolve" in reason
+    assert calls == [["apt-get", "update", "-q"]]
+
+
+# ------------------------------------------------------------------ a fresh machine: venv without ensurepip
+
+@pytest.fixture
+def python_without_ensurepip(tmp_path):
+    """This Python, with an `ensurepip` that cannot be imported: Debian's python3 without python3-venv."""
+    shadow = tmp_path / "shadow"
+    (shadow / "ensurepip").mkdir(parents=True)
+    (shadow / "ensurepip" / "__init__.py").write_text("raise ImportError('No module named ensurepip')\n")
+    script = tmp_path / "python3"
+    script.write_text(f"#!/bin/sh\nPYTHONPATH={shadow} exec {sys.executable} \"$@\"\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return str(script)
+
+
+def test_venv_problem_names_the_package(wb, python_without_ensurepip):
+    assert wb.venv_problem(sys.executable) is None
+    problem = wb.venv_problem(python_without_ensurepip)
+    version = "%d.%d" % sys.version_info[:2]
+    assert "apt install python3-venv" in problem and f"python{version}-venv" in problem
+
+
+def test_create_venv_exits_before_creating_anything(wb, tmp_path, python_without_ensurepip):
+    venv = tmp_path / ".venv"
+    with pytest.raises(SystemExit) as exit_:
+        wb.create_venv(venv, python_without_ensurepip)
+    assert "python3-venv" in str(exit_.value.code)
+    assert not venv.exists()
+
+
+def test_half_made_venv_is_removed_and_not_reused(wb, tmp_path, monkeypatch, python_without_ensurepip):
+    venv = tmp_path / ".venv"
+    # what Debian's `python3 -m venv` leaves without python3-venv: a real venv without pip
+    made = wb.subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)])
+    assert made.returncode == 0 and (venv / "bin" / "python").exists()
+    assert not wb.venv_complete(venv)
+    # the next run removes it, then stops at the missing ensurepip instead of reusing it
+    with pytest.raises(SystemExit):
+        wb.create_venv(venv, python_without_ensurepip)
+    assert not venv.exists()
+
+
+def test_venv_failing_half_way_is_removed(wb, tmp_path):
+    """`-m venv` that makes bin/python and pyvenv.cfg, then fails (as Debian's does without ensurepip)."""
+    fake = tmp_path / "python3"
+    fake.write_text(f"""#!/bin/sh
+if [ "$1" = "-m" ] && [ "$2" = "venv" ]; then
+  mkdir -p "$3/bin" && ln -s {sys.executable} "$3/bin/python" && echo "home = /usr/bin" > "$3/pyvenv.cfg"
+  echo "The virtual environment was not created successfully because ensurepip is not available." >&2
+  exit 1
+fi
+exec {sys.executable} "$@"
+""")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    venv = tmp_path / ".venv"
+    with pytest.raises(SystemExit) as exit_:
+        wb.create_venv(venv, str(fake))
+    message = str(exit_.value.code)
+    assert "removed" in message and "ensurepip is not available" in message and "python3-venv" in message
+    assert not venv.exists()
+
+
+def test_complete_venv_is_kept(wb, tmp_path):
+    venv = tmp_path / ".venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("")
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (venv / "lib" / "python3.11" / "site-packages" / "pip").mkdir(parents=True)
+    (venv / "lib" / "python3.11" / "site-packages" / "pip" / "__init__.py").write_text("")
+    assert wb.venv_complete(venv)
+    wb.create_venv(venv, "/nonexistent/python")  # nothing to do: the interpreter is never asked
+    assert (venv / "pyvenv.cfg").exists()
+    assert wb.venv_complete(wb.VENV)  # the real one, as CI has it
