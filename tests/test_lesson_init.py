@@ -127,3 +127,76 @@ def test_plot_trace_draws_one_bar_per_stage():
     ax = fig.axes[0]
     assert len(ax.get_yticklabels()) == len(ax.patches) // 2
     assert "k_a" in ax.get_title()
+
+
+# ---------------------------------------------------------------- the exercise: the learner writes the skipped init
+
+@torch.no_grad()
+def historical_init(layer):
+    """The notebook's stub: the routine before d49c52f6, whose nn.Parameter branch Module.apply never reaches."""
+    def init(module):
+        if isinstance(module, torch.nn.Parameter):
+            torch.nn.init.xavier_uniform_(module, gain=2 ** -2.5)
+    layer.apply(init)
+
+
+def formula_init(depth_aware=True):
+    @torch.no_grad()
+    def init(layer):
+        C, l, L = layer.hidden_size, layer.layer_idx, layer.num_hidden_layers
+        c = torch.arange(C, dtype=torch.float32)  # fp32 on purpose: a few ulps from the fixed path is a pass
+        rho1 = 1 - l / L if depth_aware else 1.0
+        for name, power in {"x_r": 0.2, "x_w": 0.9, "x_k": 0.7, "x_v": 0.7, "x_a": 0.9, "x_g": 0.2}.items():
+            getattr(layer, name).copy_((1 - (c / C) ** (power * rho1)).view(1, 1, C))
+        layer.k_k.copy_(0.71 - 0.1 * (c / (C - 1) - 0.5))
+        layer.k_a.fill_(1.02)
+        layer.r_k.fill_(-0.04)
+    return init
+
+
+def test_check_rejects_the_historical_init():
+    verdict = lesson.check_initialisation(historical_init)
+    assert not verdict.passed and str(verdict).startswith("NOT YET")
+    text = str(verdict)
+    assert "output vs float64: error nan" in text and "the 31 other parameters" in text
+
+
+def test_check_accepts_the_formulas_in_fp32():
+    verdict = lesson.check_initialisation(formula_init())
+    assert verdict.passed, str(verdict)
+    assert "49 of 49" in str(verdict)
+
+
+def test_check_rejects_an_init_that_ignores_the_depth():
+    verdict = lesson.check_initialisation(formula_init(depth_aware=False))
+    assert not verdict.passed
+    failing = [line for line in verdict.facts if " > " in line]
+    assert failing and all(line.startswith(("x_r", "x_w", "x_k", "x_v", "x_a", "x_g")) for line in failing)
+
+
+def test_check_rejects_resetting_the_whole_layer():
+    # the fixed path's own reset sets the nine right but also replaces the other weights: not what was asked
+    verdict = lesson.check_initialisation(lambda layer: layer.reset_official(layer.num_hidden_layers))
+    assert not verdict.passed
+    failing = [line for line in verdict.facts if " > " in line or line.endswith(" of 31")]
+    assert len(failing) == 1 and "other parameters" in failing[0] and not failing[0].endswith("31 of 31")
+
+
+def test_check_leaves_the_global_random_state_alone():
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    lesson.exercise_layer(0, 64)
+    lesson.fixed_path_vectors(0, 64)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_float64_twin_is_exact_for_the_same_weights():
+    layer = lesson.exercise_layer(0, 64)
+    formula_init()(layer)
+    twin = lesson.float64_twin(layer)
+    assert twin.x_r.dtype == torch.float64 and layer.x_r.dtype == torch.float32
+    x = lesson.layer_input(T=4, hidden_size=64, dtype=torch.float64, B=1)
+    o, grads = lesson.forward_backward(twin, x)
+    o_ref, _ = lesson.forward_backward(twin, x)
+    assert torch.equal(o, o_ref) and set(grads) == {"input", *dict(layer.named_parameters())}

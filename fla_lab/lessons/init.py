@@ -2,10 +2,13 @@
 
 Everything runs the real layer (`fla_lab.layers.RWKV7Attention`): `bug="uninitialized_params"` rebuilds it as it was
 before d49c52f6 (x_r..x_g, k_k, k_a, r_k from `torch.empty`, emulated by reproducible garbage), the default is
-the official initialisation of `fla_lab.layers.init`.
+the official initialisation of `fla_lab.layers.init`. The notebook's exercise has the learner write the
+initialisation of those nine vectors; `check_initialisation` compares it with the layer's fixed path and runs the
+layer against its float64 twin.
 """
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 
@@ -13,7 +16,8 @@ import matplotlib
 import torch
 from torch import nn
 
-from fla_lab import check, viz, widgets
+from fla_lab import check, harness, reference, viz, widgets
+from fla_lab.exercises import Verdict, error_fact, verdict_from_errors
 from fla_lab.layers import RWKV7Attention
 from fla_lab.layers import init as official
 
@@ -319,3 +323,99 @@ def forward_backward_census(layer: RWKV7Attention, x: torch.Tensor) -> dict[str,
     for name, p in layer.named_parameters():
         result[f"d {name}"] = check.nonfinite_census(p.grad if p.grad is not None else torch.zeros(1))
     return result
+
+
+# ---------------------------------------------------------------- exercise: write the initialisation #150 skipped
+
+MIX_POWERS = dict(official.RWKV7_MIX_POWERS)  # x_r..x_g: mu = 1 - (c/C)^(power * rho1)
+EXERCISE_LAYERS = (0, 7)  # layer 0 has rho1 = 1; a deeper layer checks that the depth is used
+VECTOR_TOL = 1e-6  # fp32 formulas vs the fixed path's float64-then-rounded values differ by a few ulps at most
+
+
+def exercise_layer(layer_idx: int = 0, hidden_size: int = 128, seed: int = 0) -> RWKV7Attention:
+    """The layer as #150 met it (the nine vectors hold the garbage, the rest the historical init), in fp32,
+    told its depth so that an init function can read `layer_idx` and `num_hidden_layers`. Seeded: the same
+    weights in every call."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return RWKV7Attention("chunk", hidden_size=hidden_size, layer_idx=layer_idx, num_hidden_layers=DEPTH,
+                              bug="uninitialized_params")
+
+
+def fixed_path_vectors(layer_idx: int = 0, hidden_size: int = 128) -> dict[str, torch.Tensor]:
+    """The nine vectors as the layer's fixed path (`RWKV7Attention.reset_official`) sets them."""
+    with torch.random.fork_rng(devices=[]):
+        fixed = RWKV7Attention("chunk", hidden_size=hidden_size, layer_idx=layer_idx, num_hidden_layers=DEPTH)
+    return {name: getattr(fixed, name).detach() for name in vector_parameters()}
+
+
+def float64_twin(layer: RWKV7Attention) -> RWKV7Attention:
+    """A float64 copy of `layer` whose recurrence runs in `reference.recurrent_rwkv7`: the exact answer for the
+    same weights (the layer's own PyTorch code around it, in float64)."""
+    twin = copy.deepcopy(layer).double()
+    twin.attention_op = reference.recurrent_rwkv7
+    return twin
+
+
+def forward_backward(layer: RWKV7Attention, x: torch.Tensor, seed: int = 0):
+    """Output and gradients (input and every parameter, by name) of `sum(o * do)`, `do` a seeded random
+    cotangent (`harness.cotangents`), so that every gradient is exercised."""
+    layer.zero_grad(set_to_none=True)
+    x = x.detach().clone().requires_grad_(True)
+    o, *_ = layer(x)
+    do, _ = harness.cotangents(o.shape, {}, seed)
+    (o * do.to(o.dtype)).sum().backward()
+    grads = {"input": x.grad}
+    grads.update({name: p.grad if p.grad is not None else torch.zeros_like(p) for name, p in layer.named_parameters()})
+    return o.detach(), grads
+
+
+def _worst(errors: dict[str, float]) -> float:
+    """The largest error, NaN counting as the worst."""
+    values = list(errors.values())
+    return math.nan if any(math.isnan(e) for e in values) else max(values)
+
+
+def check_initialisation(candidate, hidden_size: int = 128, T: int = 16) -> Verdict:
+    """Run `candidate(layer)` on layers built with the bug on (layers 0 and 7 of `DEPTH`) and check that
+    - each of the nine vectors equals what the fixed path sets (largest |difference| over both layers);
+    - every parameter is finite and |x| <= HUGE, and the others (LoRAs, projections, norm) are untouched;
+    - layer 0's output and gradients (fp32, the real `chunk_rwkv7` kernel) match its float64 twin."""
+    vector_err = {name: [] for name in vector_parameters()}  # |yours - fixed path|, one per layer
+    finite = untouched = 0
+    n_params = n_others = 0
+    layers = {}
+    for l in EXERCISE_LAYERS:
+        layer = exercise_layer(l, hidden_size)
+        before = {n: p.detach().clone() for n, p in layer.named_parameters() if n not in vector_parameters()}
+        candidate(layer)
+        layers[l] = layer
+        want = fixed_path_vectors(l, hidden_size)
+        for name in vector_parameters():
+            diff = (getattr(layer, name).detach().double() - want[name].double()).abs().max()
+            vector_err[name].append(float(diff))
+        rows = parameter_census(layer)
+        finite += sum(not r.garbage for r in rows)
+        n_params += len(rows)
+        untouched += sum(torch.equal(layer.get_parameter(n).detach(), p) for n, p in before.items())
+        n_others += len(before)
+    layer = layers[EXERCISE_LAYERS[0]]
+    x = layer_input(T, hidden_size, torch.float32, B=1)
+    o, grads = forward_backward(layer, x)
+    o_ref, grads_ref = forward_backward(float64_twin(layer), x.double())
+    tol = check.tolerance(torch.float32)
+    where = f"layers {' and '.join(map(str, EXERCISE_LAYERS))}"
+    extra = [
+        (finite == n_params, f"parameters finite and |x| <= {HUGE:g}: {finite} of {n_params} ({where})"),
+        (untouched == n_others, f"the {n_others} other parameters ({where}) left as they were: "
+                                f"{untouched} of {n_others}"),
+        error_fact("layer 0 output vs float64", check.rel_error(o, o_ref), tol.fwd),
+        error_fact(f"layer 0 gradients (input + {len(grads) - 1} parameters) vs float64, worst",
+                   _worst(check.grad_errors(grads_ref, grads)), tol.grad),
+    ]
+    errors = {f"{name} vs the fixed path": _worst(dict(enumerate(errs))) for name, errs in vector_err.items()}
+    return verdict_from_errors(
+        "the initialisation #150 skipped", errors, VECTOR_TOL, extra=extra,
+        hint="set the nine parameters themselves, and only them (layer.apply never hands your function a parameter): "
+             "under torch.no_grad(), copy the formulas into x_r..x_g, k_k, k_a and r_k; the mixes depend on "
+             "the depth through rho1 = 1 - layer_idx / num_hidden_layers")
