@@ -210,3 +210,14 @@ def test_exact_scores_agree_with_the_fixed_lesson_kernel_at_every_decay():
     for decay in (0.1, 10.0, 1e4):
         r = overflow.scores_report(exclusive_reference, decay, T=128)
         assert r["nonfinite"] == 0 and r["error"] < 2e-6 and r["scores"] == 3072
+
+
+@pytest.mark.parametrize("T", [64, 128])
+def test_a_first_row_fires_iff_its_own_decay_passes_88_72(T):
+    """The explorer's default (T = 64, m = 100) fires at rows 16 and 48, not 32: row 32's largest |w| is 72."""
+    tops = overflow.first_row_decays(100.0, T)
+    got = overflow.run_with_grads(overflow.inputs(100.0, T=T), BUG)
+    assert overflow.bad_rows(got["o"]) == [s for s, top in tops.items() if top > EXP_MAX]
+    if T == 64:
+        assert overflow.bad_rows(got["o"]) == [16, 48] and tops[32] < EXP_MAX
+    assert overflow.census(got)["ht"].count == 0

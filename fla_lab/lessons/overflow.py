@@ -30,7 +30,7 @@ GRADS = ("r", "k", "v", "w", "u", "initial_state")
 # The fixed kernel stayed finite (and within tolerance) up to m = 1e4 in every dtype and chunk size.
 GPU_THRESHOLDS = {"fp32": {16: math.inf, 32: 89.64, 64: 89.64}, "fp16": {16: math.inf, 32: 10.84, 64: 10.84},
                   "bf16": {16: math.inf, 32: 89.66, 64: 89.66}}
-SWEEP_DECAYS = (1e-3, 1e-1, 1.0, 10.0, 30.0, 90.0, 120.0, 300.0, 1e3, 1e4)
+SWEEP_DECAYS = (1e-3, 1e-1, 1.0, 10.0, 90.0, 100.0, 1e3, 1e4)  # 90 and 100 bracket T = 64's threshold, 92.7
 
 
 def inputs(decay: float, T: int = 64, K: int = 16, V: int = 16, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -50,23 +50,33 @@ def sub_chunk_starts(T: int, chunk_size: int) -> list[int]:
     return [c + i for c in range(0, T, chunk_size) for i in range(BC, chunk_size, BC) if c + i < T]
 
 
+def first_row_decays(decay: float, T: int = 64, chunk_size: int = 64, K: int = 16, seed: int = 0) -> dict[int, float]:
+    """{first row of a later sub-chunk: the largest |w| over its channels} for `inputs(decay, T, K)`.
+
+    The buggy query factor on that row is exp(|w|) per channel: the row turns non-finite iff this exceeds 88.72.
+    """
+    w = inputs(decay, T, K, K, seed)["w"][0, :, 0]
+    return {s: float(-w[s].min()) for s in sub_chunk_starts(T, chunk_size)}
+
+
 # ---------------------------------------------------------------------------------------------------- reproduce
 
 
 def run_with_grads(x: dict[str, torch.Tensor], bug: str | None, chunk_size: int = 64,
                    dtype: torch.dtype = torch.float32, seed: int = 0) -> dict[str, torch.Tensor]:
-    """The kernel's output `o` and every input gradient (`d<name>`) under a random cotangent, in fp32."""
+    """The kernel's output `o`, final state `ht` and every input gradient (`d<name>`) under a random cotangent of
+    `o`, in fp32."""
     ours = {n: (t if n == "initial_state" else t.to(dtype)).detach().clone().requires_grad_(True)
             for n, t in x.items()}
-    o, _ = chunk_op(bug, chunk_size)(**ours)
+    o, ht = chunk_op(bug, chunk_size)(**ours, output_final_state=True)
     do = torch.randn(o.shape, generator=torch.Generator().manual_seed(seed + 1)).to(o.dtype)
     (o * do).sum().backward()
-    return {"o": o.detach().float(), **{f"d{n}": ours[n].grad.float() for n in GRADS}}
+    return {"o": o.detach().float(), "ht": ht.detach().float(), **{f"d{n}": ours[n].grad.float() for n in GRADS}}
 
 
 def census(tensors: dict[str, torch.Tensor]) -> dict[str, check.Census]:
     """`check.nonfinite_census` of each tensor (time-major ones `[B, T, H, D]` report the first time step)."""
-    dims = {"du": ("h", "k"), "dinitial_state": ("b", "h", "k", "v")}
+    dims = {"du": ("h", "k"), "ht": ("b", "h", "k", "v"), "dinitial_state": ("b", "h", "k", "v")}
     return {n: check.nonfinite_census(t, dims.get(n, ("b", "t", "h", "d"))) for n, t in tensors.items()}
 
 
@@ -428,13 +438,14 @@ def worst_grad(errors: dict[str, float]) -> float:
     return math.inf if any(not math.isfinite(e) for e in grads) else max(grads)
 
 
-def plot_sweep(results: dict, chunk_size: int = 64):
+def plot_sweep(results: dict, chunk_size: int = 64, T: int = 64):
     import numpy as np
 
     dtypes = sorted({d for d, _, _ in results}, key=["fp32", "fp16", "bf16"].index)
     decays = sorted({m for _, _, m in results})
     fig, axes = viz.figure(ncols=len(dtypes), width=3.9, height=3.5)
     top = 10.0
+    threshold = predicted_threshold(chunk_size, T)  # in knob units, for the sweep's inputs
     for ax, name in zip(axes, dtypes):
         for bug, color, label, lw in ((BUG, "#d62728", "bug", 3.5), (None, "#1f77b4", "fixed", 1.2)):
             for key, style, what in (("o", "-", "o"), ("grad", "--", "worst grad")):
@@ -446,12 +457,13 @@ def plot_sweep(results: dict, chunk_size: int = 64):
                 if (~ok).any():
                     ax.plot(np.array(decays)[~ok], np.full((~ok).sum(), top), "x", ms=8, color=color,
                             label=f"{label}: non-finite" if key == "o" else None)
-        ax.axhline(check.tolerance(viz.DTYPES[name]).grad, color="grey", ls=":", lw=0.8, label="tolerance")
-        ax.axvline(FP32_EXP_MAX, color="k", lw=0.6, alpha=0.5)
+        ax.axhline(check.tolerance(viz.DTYPES[name]).grad, color="grey", ls=":", lw=0.8, label="gradient tolerance")
+        ax.axvline(threshold, color="k", lw=0.6, alpha=0.5)
         ax.set(xscale="log", yscale="log", ylim=(1e-9, 40), xlabel="decay knob m: w = -m·U(0.05, 1)",
                ylabel="rel. error vs float64 reference", title=f"{name}, chunk {chunk_size}")
     axes[-1].legend(fontsize=6, loc="lower left", ncol=2)
-    fig.suptitle("chunk_rwkv6 against the exact recurrence: x = NaN/inf (the vertical line: 88.7)", fontsize=10)
+    fig.suptitle(f"chunk_rwkv6 against the exact recurrence, T = {T}: x = NaN/inf; vertical line: the bug's "
+                 f"threshold for these inputs, m = {threshold:.1f} (88.72 / max U on a first row)", fontsize=9)
     return fig
 
 
@@ -476,11 +488,14 @@ def plot_setting(decay: float = 100.0, dtype: torch.dtype = torch.float32, chunk
     fig, (left, right) = viz.figure(ncols=2, width=4.8, height=3.5)
     left.imshow(np.array(rows), aspect="auto", interpolation="nearest",
                 cmap=mcolors.ListedColormap(["#e8e8e8", "#d62728"]), vmin=0, vmax=1)
-    for s in sub_chunk_starts(T, chunk_size):
+    for s, top in first_row_decays(decay, T, chunk_size, K).items():
         left.axvline(s, color="k", lw=0.4, alpha=0.4)
+        left.text(s + 0.5, -0.6, f"{top:.3g}", fontsize=6, va="bottom",
+                  color="#d62728" if top > FP32_EXP_MAX else "k")
     left.set_yticks(range(len(labels)), labels, fontsize=7)
-    left.set(xlabel="time step t (lines: first rows of sub-chunks)",
-             title=f"non-finite rows (red), |w| up to {decay:g}")
+    left.set_ylim(len(labels) - 0.5, -1.3)
+    left.set(xlabel="time step t (lines: first rows of later sub-chunks,\nlabelled with their largest |w|; red > 88.7)",
+             title=f"non-finite rows (red), w = -{decay:g}·U(0.05, 1), T = {T}")
     left.title.set_fontsize(9)
     names = ["o", "ht", *GRADS]
     pos = np.arange(len(names))
@@ -490,7 +505,7 @@ def plot_setting(decay: float = 100.0, dtype: torch.dtype = torch.float32, chunk
         ok = np.isfinite(vals)
         right.bar(pos[ok] + offset, np.maximum(vals[ok], 1e-12), width=0.4, color=color, label=tag, log=True)
         right.plot(pos[~ok] + offset, np.full((~ok).sum(), 3.0), "x", color=color, ms=8)
-    right.axhline(check.tolerance(dtype).grad, color="grey", ls=":", lw=0.8, label="tolerance")
+    right.axhline(check.tolerance(dtype).grad, color="grey", ls=":", lw=0.8, label="gradient tolerance")
     right.set_xticks(pos, [n.replace("initial_state", "h0") for n in names], fontsize=7)
     right.set(ylim=(1e-12, 20), ylabel="rel. error vs reference (x: non-finite)",
               title=f"{viz.DTYPE_NAMES[dtype]}, chunk {chunk_size}")
