@@ -34,6 +34,14 @@ KERNEL_NAME = "fla-lab"
 SANITIZE = ROOT / "tests" / "nbval_sanitize.cfg"
 ARTIFACTS = ROOT / "artifacts"
 GPU_NOTEBOOKS = ARTIFACTS / "notebooks-gpu"  # notebooks executed on the GPU (outputs not compared, not saved back)
+GPU_SANITIZE = ARTIFACTS / "nbval_sanitize_gpu.cfg"  # SANITIZE + the torch build rule, written on a GPU machine
+# A GPU machine has torch's CUDA build: its CPU environment prints `torch 2.13.0+cu130` where the saved outputs
+# (CPU build) say `torch 2.13.0+cpu`. Same version, same CPU kernels: compare without the build tag.
+TORCH_BUILD_RULE = """
+[torch build tag (CUDA build in the CPU environment of a GPU machine; added by workbook.py)]
+regex: torch (\\d+\\.\\d+\\.\\d+)\\+[0-9A-Za-z.]+
+replace: torch \\1
+"""
 
 
 def say(msg: str) -> None:
@@ -214,9 +222,10 @@ def plan_phases(gpu: bool, browser_problem: str | None = None, extra: list[str] 
     (its outputs differ from the CPU ones by design). `browser_problem` (Chromium missing) skips the browser."""
     nbs = notebooks() if nbs is None else nbs
     unit = ("tests", "--ignore=tests/browser", "-n", n_workers, "-q", *extra)
+    sanitize = GPU_SANITIZE if gpu else SANITIZE
     phases = [
         Phase("unit", "pytest", "cpu", unit),
-        Phase("notebooks", "pytest", "cpu", ("--nbval", "--nbval-current-env", f"--nbval-sanitize-with={SANITIZE}",
+        Phase("notebooks", "pytest", "cpu", ("--nbval", "--nbval-current-env", f"--nbval-sanitize-with={sanitize}",
                                              "-n", n_workers, "--dist", "loadscope", "-q", *map(str, nbs))),
     ]
     if gpu:
@@ -282,6 +291,7 @@ def test(extra: list[str]) -> int:
     if gpu:
         say("NVIDIA GPU found: saved outputs are compared in the CPU environment, then the unit tests run on CUDA "
             "and every notebook runs on the GPU")
+        write_gpu_sanitize()
     total = {"passed": 0, "failed": 0, "skipped": 0}
     worst = 0
     for phase in phases:
@@ -304,6 +314,13 @@ def test(extra: list[str]) -> int:
     if browser_problem:
         print(f"workbook: FAILED: the browser test did not run: {browser_problem}")
     return worst
+
+
+def write_gpu_sanitize(path: Path | None = None) -> Path:
+    path = path or GPU_SANITIZE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(SANITIZE.read_text().rstrip("\n") + "\n" + TORCH_BUILD_RULE)
+    return path
 
 
 def phases_command(extra: list[str]) -> int:

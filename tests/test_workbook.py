@@ -62,6 +62,26 @@ def test_gpu_plan_adds_cuda_unit_tests_and_gpu_notebook_run(wb):
     assert not any("nbval" in a for a in run.args)
 
 
+def test_gpu_nbval_ignores_only_the_torch_build_tag(wb, tmp_path):
+    from nbval.plugin import get_sanitize_patterns
+
+    assert f"--nbval-sanitize-with={wb.SANITIZE}" in wb.plan_phases(gpu=False, nbs=NBS)[1].args
+    assert f"--nbval-sanitize-with={wb.GPU_SANITIZE}" in wb.plan_phases(gpu=True, nbs=NBS)[1].args
+    path = wb.write_gpu_sanitize(tmp_path / "gpu.cfg")
+    rules = get_sanitize_patterns(path.read_text())
+    base = get_sanitize_patterns(wb.SANITIZE.read_text())
+    assert rules[:len(base)] == base and len(rules) == len(base) + 1
+
+    def clean(text):
+        for regex, replace in rules:
+            text = __import__("re").sub(regex, replace, text)
+        return text
+
+    saved = "fla_lab: Triton interpreter on the CPU | torch 2.13.0+cpu | triton 3.7.1\n"
+    assert clean(saved) == clean(saved.replace("+cpu", "+cu130")) == saved.replace("+cpu", "")
+    assert clean(saved) != clean(saved.replace("2.13.0", "2.12.0"))  # a different torch still shows
+
+
 def test_phase_environments(wb):
     base = {"PATH": "/bin", "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
     by = {p.name: p for p in wb.plan_phases(gpu=True, nbs=NBS)}
