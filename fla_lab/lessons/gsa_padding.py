@@ -448,7 +448,7 @@ def plot_thresholds(measured: dict[tuple[int, float], bool] | None = None, init_
     ax.step(r, th, where="mid", color="#d62728", lw=1.2, label="88.72 / min(T mod 64, 48)")
     ax.axhline(USERS_CLAMP, color="k", ls="--", lw=0.9, label="users' clamp |f| < 20")
     if init_f is not None:
-        ax.axhline(init_f, color="#1f77b4", ls="-.", lw=0.9, label=f"the layer's |f| at f_proj = 0 ({init_f:.3f})")
+        ax.axhline(init_f, color="#1f77b4", ls="-.", lw=0.9, label=f"the layer's |f| at gate logit 0 ({init_f:.3f})")
     for (rem, g), nan in (measured or {}).items():
         ax.plot(rem, g, "x" if nan else "o", ms=7, color="#d62728" if nan else "#2ca02c", mfc="none",
                 label=f"kernel, T = {rem}, |g| = {g:g}: " + ("NaN" if nan else "finite"))
@@ -538,7 +538,7 @@ def plot_setting(dtype: torch.dtype = torch.float32, decay: float = 5.0, remaind
     pred = predicted_nonfinite(got["g"])
     fixed = fixed_comparison(T, float(decay), name)
     fig, axes = viz.figure(ncols=3, width=3.5, height=3.9)
-    cmap = mcolors.ListedColormap(["#eeeeee", "#d62728", "#bbbbbb"])
+    cmap = mcolors.ListedColormap(["white", "#d62728", "#bbbbbb"])  # finite, non-finite, past T
     for ax, key in zip(axes[:2], ("ds", "dg")):
         img = np.full((CHUNK, got[key].shape[-1]), 2)
         img[:T] = (~torch.isfinite(got[key][0, :, 0])).numpy().astype(int)
@@ -551,8 +551,8 @@ def plot_setting(dtype: torch.dtype = torch.float32, decay: float = 5.0, remaind
         for b in range(BC, CHUNK, BC):
             ax.axhline(b - 0.5, color="k", lw=0.5, ls=":")
         ax.set(xlabel="slot m", ylabel="time step t (dotted: sub-chunks)",
-               title=f"bug: {key} (red NaN/inf, grey past T)")
-        ax.title.set_fontsize(9)
+               title=f"bug: {key} (red: NaN/inf, white: finite, grey: past T)")
+        ax.title.set_fontsize(8)
     names = list(fixed.errors)
     vals = np.array([fixed.errors[n] for n in names])
     ok = np.isfinite(vals)
@@ -560,9 +560,12 @@ def plot_setting(dtype: torch.dtype = torch.float32, decay: float = 5.0, remaind
     right = axes[2]
     right.bar(pos[ok], np.maximum(vals[ok], 1e-12), color="#1f77b4", log=True, label="fixed kernel")
     right.plot(pos[~ok], np.full((~ok).sum(), 3.0), "x", color="#d62728", ms=8)
-    right.axhline(check.tolerance(dtype).grad, color="grey", ls=":", lw=0.8, label="gradient tolerance")
+    tol = check.tolerance(dtype)
+    right.axhline(tol.grad, color="grey", ls=":", lw=0.8, label=f"gradient tolerance {tol.grad:g}")
+    right.axhline(tol.fwd, color="grey", ls="--", lw=0.8, label=f"output tolerance {tol.fwd:g}")
     right.set_xticks(pos, [n.replace("initial_state", "h0") for n in names], fontsize=7, rotation=60)
     right.set(ylim=(1e-12, 10), ylabel="rel. error vs reference (x: non-finite)",
+              xlabel="o, ht: outputs; the others: gradients",
               title=f"fixed: {'all within tolerance' if fixed.ok else 'FAILING'}")
     right.title.set_fontsize(9)
     right.legend(fontsize=7, loc="upper left")
