@@ -143,7 +143,7 @@ def plot_chunk_factors(magnitude: float = 2.0, dtype: torch.dtype = torch.float3
         values = f[key].double()
         logs = torch.log10(values.clamp(min=1e-300)).numpy()
         ok = (torch.isfinite(values) & (values > 0)).numpy()
-        left.plot(pos[ok], logs[ok], style, color=color, label=label)
+        left.plot(pos, np.where(ok, logs, np.nan), style, color=color, label=label, marker="." if ok.sum() < chunk_size // 2 else None, ms=3)  # gaps where inf or 0
         for bad, level, marker, name in ((torch.isinf(values).numpy(), top, "x", "overflow: inf"),
                                          ((values == 0).numpy(), bottom, "v", "underflow: 0")):
             if bad.any():
