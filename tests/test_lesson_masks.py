@@ -1,9 +1,12 @@
-"""Notebook 04's module: the mask model and the kernel sweep classify known cases right; the explorer is live.
+"""Notebook 04's module: the mask model and the kernel sweep classify known cases right; the explorer is live;
+the exercise's check rejects the transposed mask and accepts the fix.
 
 Reproduces the catalogue entry "transposed_h0_mask" (upstream #18) with the real dq backward kernel.
 """
 import pytest
 import torch
+import triton
+import triton.language as tl  # noqa: F401  (the interpreter looks for triton.language in a jit'd helper's module)
 
 from fla_lab.lessons import masks
 
@@ -90,3 +93,63 @@ def test_reads_outside_h0_lists_only_square_buggy_configs_with_oob_cells():
     results = {(True, (32, 32), (16, 32)): None, (True, (32, 32), (32, 16)): None,
                (True, (16, 64), (16, 64)): None, (False, (32, 32), (16, 32)): None}
     assert masks.reads_outside_h0(results) == [((32, 32), (16, 32))]
+
+
+# The exercise: the learner's `@triton.jit` mask helper, run by the lesson kernel against the exact tile.
+
+
+@triton.jit
+def transposed_mask(m_k, m_v):  # the notebook's stub: upstream's line before 1547448b
+    return m_k[:, None] & m_v[None, :]
+
+
+@triton.jit
+def pointer_shaped_mask(m_k, m_v):  # the fix: the pointer tile's own [BV, BK] broadcast
+    return m_v[:, None] & m_k[None, :]
+
+
+@triton.jit
+def values_only_mask(m_k, m_v):  # right shape, but lets padded key columns through
+    return m_v[:, None] & (m_k[None, :] | True)
+
+
+def test_check_rejects_the_transposed_mask_with_every_kind_of_failure():
+    verdict = masks.check_h0_mask(transposed_mask)
+    assert not verdict.passed
+    loads = {(s[0], s[1], s[2], s[3]): masks.judge_tile(transposed_mask, *s) for s in masks.EXERCISE_SHAPES}
+    assert loads[16, 64, 16, 64].status == "raises"                       # upstream's dq tiles
+    assert "mask's shape does not match" in str(loads[16, 64, 16, 64])     # a version-independent sentence
+    silent = loads[32, 32, 32, 16]
+    assert (silent.status, silent.missing, silent.extra_inside, silent.extra_outside) == ("wrong", 256, 256, 0)
+    oob = loads[32, 32, 16, 32]
+    assert (oob.status, oob.missing, oob.extra_inside, oob.extra_outside) == ("wrong", 256, 0, 256)
+    assert loads[32, 32, 64, 64].status == "right"                         # full square tiles hide it
+    assert [str(load) for load in loads.values()] == verdict.facts
+
+
+def test_check_accepts_the_pointer_shaped_mask():
+    verdict = masks.check_h0_mask(pointer_shaped_mask)
+    assert verdict.passed, str(verdict)
+    assert all(": right:" in fact for fact in verdict.facts)
+
+
+def test_check_catches_padding_reads_past_h0():
+    load = masks.judge_tile(values_only_mask, 32, 32, 16, 32)
+    assert (load.status, load.missing, load.extra_inside, load.extra_outside) == ("wrong", 0, 0, 512)
+    assert not masks.check_h0_mask(values_only_mask).passed
+
+
+def test_tile_cell_counts_agree_with_the_cell_model():
+    """The lesson kernel's transposed load fails exactly where the real dq kernel's cell model says it does."""
+    for BK, BV, K, V in masks.EXERCISE_SHAPES:
+        if BK != BV:
+            continue
+        load = masks.judge_tile(transposed_mask, BK, BV, K, V)
+        assert {"missing": load.missing, "extra inside h0": load.extra_inside,
+                "extra outside h0": load.extra_outside} == masks.cell_counts(K, V, BK, BV)
+
+
+def test_explain_error_wording():
+    assert masks.explain_error("ValueError('Cannot make_shape_compatible: incompatible dimensions at index 0')") \
+        == masks.explain_error("Cannot broadcast, the expanded size of the tensor (16) must match")
+    assert "did not run" in masks.explain_error("NameError: name 'foo' is not defined")

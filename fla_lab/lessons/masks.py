@@ -13,14 +13,18 @@ memory we own, and a read outside `h0` shows up deterministically (as NaN where 
 """
 from __future__ import annotations
 
+import inspect
 import itertools
 import math
 import pathlib
 from dataclasses import dataclass
 
 import torch
+import triton
+import triton.language as tl
 
 from fla_lab import bugs, check, harness, reference, runtime, viz, widgets
+from fla_lab.exercises import Verdict
 from fla_lab.ops import fused_recurrent_rwkv6
 
 BUG = "transposed_h0_mask"
@@ -176,6 +180,117 @@ def show_fix() -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# The exercise: the learner writes the mask of the initial-state load
+
+@triton.jit
+def h0_tile_kernel(h0, tile, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                   KP: tl.constexpr, VP: tl.constexpr, MASK: tl.constexpr):
+    """The dq kernel's initial-state load on its own: program (i_v, i_k) loads one value-major `[BV, BK]` tile of
+    a key-major `h0[K, V]` with the mask `MASK(m_k, m_v)` (the learner's `@triton.jit` helper) and writes it,
+    unchanged, into `tile[VP, KP]`, the padded value-major state (VP, KP: V and K rounded up to whole tiles)."""
+    i_v, i_k = tl.program_id(0), tl.program_id(1)
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < K, o_v < V
+    p_h0 = h0 + o_k[None, :] * V + o_v[:, None]  # [BV, BK] pointers: cell (i, j) -> h0[k=o_k[j], v=o_v[i]]
+    b_h = tl.load(p_h0, mask=MASK(m_k, m_v), other=0).to(tl.float32)
+    p_tile = tile + o_v[:, None] * KP + o_k[None, :]  # the same cell of the padded state, value-major
+    tl.store(p_tile, b_h, mask=(o_v[:, None] < VP) & (o_k[None, :] < KP))
+
+
+def show_lesson_kernel() -> None:
+    """Print `h0_tile_kernel`'s source: the whole load the exercise's helper slots into."""
+    print(inspect.getsource(h0_tile_kernel.fn))
+
+
+# (BK, BV, K, V): upstream's non-square dq tiles (with and without padding), then square tiles that K or V do
+# not fill (the transposed mask runs and loads wrong cells), then square tiles that K and V fill (it hides).
+EXERCISE_SHAPES = ((16, 64, 16, 64), (16, 64, 40, 48), (32, 32, 32, 16), (32, 32, 16, 32), (16, 16, 24, 40),
+                   (32, 32, 64, 64))
+
+
+@dataclass
+class TileLoad:
+    """One run of `h0_tile_kernel`: the status and what went wrong, cell by cell."""
+
+    BK: int
+    BV: int
+    K: int
+    V: int
+    status: str                     # "right", "wrong" or "raises"
+    missing: int = 0                # h0 elements the tile needs that did not arrive (masked off)
+    extra_inside: int = 0           # padding cells that loaded an element of h0 (they should stay 0)
+    extra_outside: int = 0          # padding cells that loaded past the end of h0 (NaN from the canary)
+    message: str = ""               # the exception, when it raised
+
+    def __str__(self) -> str:
+        where = f"(BK, BV) = ({self.BK}, {self.BV}), K = {self.K}, V = {self.V}"
+        if self.status == "raises":
+            return f"{where}: raises: {explain_error(self.message)}"
+        if self.status == "right":
+            return f"{where}: right: the tile is h0 transposed, zero in the padding"
+        counts = ((self.missing, f"of {self.K * self.V} elements of h0 masked off"),
+                  (self.extra_inside, "padding cells loaded from h0"),
+                  (self.extra_outside, "padding cells read past the end of h0"))
+        return f"{where}: wrong: " + ", ".join(f"{n} {what}" for n, what in counts if n)
+
+
+def explain_error(message: str) -> str:
+    """A short sentence for an exception of the tile kernel that does not depend on the Triton version."""
+    text = message.lower()
+    if "incompatible dimensions" in text or "broadcast" in text:
+        return "Triton cannot build the load, the mask's shape does not match the pointer tile's"
+    return "the kernel did not run (call masks.load_h0_tile with your helper to see the error)"
+
+
+def exact_tile(h0: torch.Tensor, BK: int, BV: int) -> torch.Tensor:
+    """What the load must give: `h0[K, V]` transposed to value-major `[V, K]`, zero in the padding, float64."""
+    K, V = h0.shape
+    tile = torch.zeros(math.ceil(V / BV) * BV, math.ceil(K / BK) * BK, dtype=torch.float64)
+    tile[:V, :K] = h0.double().T
+    return tile
+
+
+def load_h0_tile(mask, K: int, V: int, BK: int, BV: int, *, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(what `h0_tile_kernel` loads with the helper `mask`, the exact tile), for a random fp32 `h0[K, V]`.
+
+    `h0` sits at the start of a NaN-tailed buffer long enough for every address the pointer tiles can form, so a
+    mask that lets a padding cell through reads memory we own, and reads NaN past the end of h0.
+    """
+    h0 = torch.randn(K, V, generator=torch.Generator().manual_seed(seed))
+    NK, NV = math.ceil(K / BK), math.ceil(V / BV)
+    tile = torch.full((NV * BV, NK * BK), -1.0, device=runtime.device())  # -1: a cell the kernel never wrote
+    h0_tile_kernel[(NV, NK)](in_canary_buffer(h0, padding_needed(K, V, BK, BV)), tile, K=K, V=V, BK=BK, BV=BV,
+                             KP=NK * BK, VP=NV * BV, MASK=mask)
+    return tile.cpu().double(), exact_tile(h0, BK, BV)
+
+
+def judge_tile(mask, BK: int, BV: int, K: int, V: int) -> TileLoad:
+    """Run the learner's mask on one tile and problem shape and classify every cell against the exact tile."""
+    try:
+        got, exact = load_h0_tile(mask, K, V, BK, BV)
+    except Exception as error:  # noqa: BLE001  (Triton's refusal is one of the outcomes we report)
+        return TileLoad(BK, BV, K, V, "raises", message=f"{type(error).__name__}: {error}")
+    needed = torch.zeros_like(exact, dtype=torch.bool)
+    needed[:V, :K] = True
+    differs = ~(got == exact)  # NaN counts as different
+    missing = int((differs & needed).sum())
+    extra_outside = int((got.isnan() & ~needed).sum())
+    extra_inside = int((differs & ~needed).sum()) - extra_outside
+    status = "right" if not differs.any() else "wrong"
+    return TileLoad(BK, BV, K, V, status, missing, extra_inside, extra_outside)
+
+
+def check_h0_mask(mask, shapes=EXERCISE_SHAPES) -> Verdict:
+    """The exercise's check: the learner's `mask(m_k, m_v)` must load the exact tile for every shape."""
+    loads = [judge_tile(mask, *shape) for shape in shapes]
+    return Verdict("the mask of the initial-state load", all(load.status == "right" for load in loads),
+                   [str(load) for load in loads],
+                   hint="tl.load applies mask cell (i, j) to pointer cell (i, j); in the [BV, BK] pointer tile, "
+                        "row i is the value o_v[i] and column j the key o_k[j].")
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Figures and the explorer
 
 def _draw_cells(ax, K: int, V: int, BK: int, BV: int, title: str) -> None:
@@ -198,10 +313,13 @@ def _draw_cells(ax, K: int, V: int, BK: int, BV: int, title: str) -> None:
 
 
 def _cell_legend(fig) -> None:
+    from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    fig.legend(handles=[Patch(color=c, label=n) for c, n in zip(CELL_COLORS, CELL_NAMES)], loc="outside lower center",
-               ncols=3, fontsize=7)
+    handles = [Patch(color=c, label=n) for c, n in zip(CELL_COLORS, CELL_NAMES)]
+    handles += [Line2D([], [], color="k", ls="--", lw=1.2, label="dashed: end of the problem (k = K or v = V)"),
+                Line2D([], [], color="k", lw=1, label="solid: tile edges (when K or V spans several tiles)")]
+    fig.legend(handles=handles, loc="outside lower center", ncols=4, fontsize=7)
 
 
 def _draw_shape_clash(ax, BK: int, BV: int) -> None:
@@ -209,14 +327,16 @@ def _draw_shape_clash(ax, BK: int, BV: int) -> None:
 
     shapes = tile_shapes(BK, BV)
     (pr, pc), (mr, mc) = shapes["pointers"], shapes["buggy mask"]
-    ax.add_patch(Rectangle((0, 0), pc, pr, fill=False, ec="#1f77b4", lw=2.5,
-                           label=f"pointer tile [BV, BK] = [{pr}, {pc}]"))
-    ax.add_patch(Rectangle((0, 0), mc, mr, fc="#d62728", alpha=0.25, ec="#d62728", lw=2.5,
-                           label=f"transposed mask [BK, BV] = [{mr}, {mc}]"))
+    ax.add_patch(Rectangle((0, 0), pc, pr, fill=False, ec="#1f77b4", lw=2.5))
+    ax.add_patch(Rectangle((0, 0), mc, mr, fc="#d62728", alpha=0.25, ec="#d62728", lw=2.5))
+    # labels written inside the shapes they name (a legend box would cover the tall pointer tile)
+    ax.text(pc / 2, (mr + pr) / 2, f"pointers [BV, BK] = [{pr}, {pc}]", rotation=90, ha="center", va="center",
+            color="#1f77b4", fontsize=8)
+    ax.text((pc + mc) / 2, mr / 2, f"mask [BK, BV]\n= [{mr}, {mc}]", ha="center", va="center", color="#d62728",
+            fontsize=8)
     size = max(pr, pc, mr, mc)
     ax.set(xlim=(-1, size + 1), ylim=(size + 1, -1), aspect="equal", xlabel="tile column", ylabel="tile row",
            title=f"(BK, BV) = ({BK}, {BV}): the shapes differ,\nTriton refuses the load")
-    ax.legend(fontsize=7, loc="lower right")
 
 
 def plot_tile_shapes():
@@ -224,9 +344,10 @@ def plot_tile_shapes():
     fig, axes = viz.figure(ncols=4, width=3.3, height=3.9)
     _draw_shape_clash(axes[0], 16, 64)
     for ax, (K, V) in zip(axes[1:], ((32, 32), (32, 16), (16, 32))):
-        _draw_cells(ax, K, V, 32, 32, f"(32, 32), K={K}, V={V}")
+        _draw_cells(ax, K, V, 32, 32, f"(BK, BV) = (32, 32), K={K}, V={V}")
     _cell_legend(fig)
-    fig.suptitle("the dq kernel's initial-state load: pointers [BV, BK], mask built [BK, BV] (upstream #18)")
+    fig.suptitle("the dq kernel's initial-state load with the mask built [BK, BV] against pointers [BV, BK] "
+                 "(upstream #18); three right panels: what each cell of the padded state receives")
     return fig
 
 
