@@ -183,7 +183,7 @@ def previous_subchunk_start(gi, i_start, o_k, HK: tl.constexpr):  # too early: a
 def test_check_rejects_the_inclusive_row_and_accepts_the_fix():
     stub = overflow.check_reference_row(inclusive_reference)
     assert not stub.passed and "NOT YET" in str(stub)
-    assert "strong decay (m = 100): 64 of 1536 scores non-finite, first bad row t = 16" in stub.facts
+    assert "strong decay (m = 100): 64 of 1536 scores non-finite, first bad row t = 16 (rows 16, 48)" in stub.facts
     assert "weak decay (m = 0.1): error" in str(stub) and "<= 2.0e-05" in stub.facts[1]  # weak decay hides it
     fixed = overflow.check_reference_row(exclusive_reference)
     assert fixed.passed, str(fixed)

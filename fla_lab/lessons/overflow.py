@@ -395,7 +395,7 @@ def check_reference_row(gn_pointer, T: int = 64, chunk_size: int = 64) -> exerci
     for name, decay in EXERCISE_DECAYS.items():
         r = scores_report(gn_pointer, decay, T, chunk_size)
         errors[f"{name} decay (m = {decay:g})"] = r["error"]
-        where = f", first bad row t = {r['first bad row']}" if r["nonfinite"] else ""
+        where = f", first bad row t = {r['first bad row']} (rows {spans(r['bad rows'])})" if r["nonfinite"] else ""
         extra.append((r["nonfinite"] == 0,
                       f"{name} decay (m = {decay:g}): {r['nonfinite']} of {r['scores']} scores non-finite{where}"))
     return exercises.verdict_from_errors(
