@@ -87,7 +87,8 @@ def naive_scores(magnitude: float, chunk_size: int, dtype: torch.dtype, K: int =
 
     Entries above the diagonal (s > t) are not scores of a causal chunk: both matrices hold 0 there."""
     gen = torch.Generator().manual_seed(seed)
-    q, k = torch.randn(chunk_size, K, generator=gen, dtype=torch.float64), torch.randn(chunk_size, K, generator=gen, dtype=torch.float64)
+    q = torch.randn(chunk_size, K, generator=gen, dtype=torch.float64)
+    k = torch.randn(chunk_size, K, generator=gen, dtype=torch.float64)
     f = chunk_factors(magnitude, chunk_size, dtype)
     qd, kd = (q.to(dtype) * f["query_naive"][:, None]), (k.to(dtype) * f["key_naive"][:, None])
     causal = torch.tril(torch.ones(chunk_size, chunk_size, dtype=torch.bool))
@@ -143,7 +144,9 @@ def plot_chunk_factors(magnitude: float = 2.0, dtype: torch.dtype = torch.float3
         values = f[key].double()
         logs = torch.log10(values.clamp(min=1e-300)).numpy()
         ok = (torch.isfinite(values) & (values > 0)).numpy()
-        left.plot(pos, np.where(ok, logs, np.nan), style, color=color, label=label, marker="." if ok.sum() < chunk_size // 2 else None, ms=3)  # gaps where inf or 0
+        sparse = ok.sum() < chunk_size // 2  # mostly inf or 0: dots, so the few finite rows stay visible
+        left.plot(pos, np.where(ok, logs, np.nan), style, color=color, label=label, marker="." if sparse else None,
+                  ms=3)  # NaN breaks the line where the factor is inf or 0
         for bad, level, marker, name in ((torch.isinf(values).numpy(), top, "x", "overflow: inf"),
                                          ((values == 0).numpy(), bottom, "v", "underflow: 0")):
             if bad.any():
