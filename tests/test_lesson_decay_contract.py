@@ -7,6 +7,9 @@ import ipywidgets
 import matplotlib
 import pytest
 import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 matplotlib.use("Agg")
 
@@ -118,6 +121,18 @@ def test_growth_by_dtype_fp16_overflows_first():
     assert torch.isfinite(curves["fp32"]).all()
 
 
+def test_explorer_starts_at_the_static_figures_setting():
+    controls = {c.description: c.value for c in dc.growth_explorer().children if hasattr(c, "description")}
+    assert (controls["|w| per step"], controls["sign of w"], controls["b . a"]) == tuple(dc.EXPLORER_DEFAULTS.values())
+
+
+def test_growth_summary_reads_the_curves():
+    curves = dc.growth_by_dtype(**dc.EXPLORER_DEFAULTS, T=48, K=8)
+    summary = dc.growth_summary(curves)
+    assert summary["fp16"] == dc.first_step_above(curves["fp16"], torch.finfo(torch.float16).max) is not None
+    assert summary["fp32"] is None and summary["exact state at the last step"] == float(curves["exact state (fp64)"][-1])
+
+
 def test_explorer_controls_drive_the_figure(monkeypatch):
     calls = []
     monkeypatch.setattr(dc, "plot_growth", lambda decay, sign, ab, **kw: calls.append((decay, sign, ab)))
@@ -156,3 +171,92 @@ def test_trace_rwkv7_finds_the_reports_steps_and_why_the_chunk_kernel_is_early()
     assert raw.first["chunk_rwkv7: first non-finite o"] == 16 and raw.first["fused_recurrent_rwkv7: first non-finite o"] == 30
     assert raw.u_later == 31 and raw.exact_there < 3.4e38
     assert "0 * inf" in str(raw)
+
+
+def test_saturation_does_not_decide_the_overflow():
+    """#11 is not sigmoid saturation: unsaturated sigmoid gates overflow, saturated log-space ones do not."""
+    rows = {row["w"]: row for row in dc.saturation_table(T=200, K=8)}
+    assert rows["sigmoid(0.1 x)"]["saturated"] == 0 and rows["sigmoid(0.1 x)"]["state passes fp32 max"] is not None
+    assert rows["sigmoid(10 x)"]["saturated"] > 0.5 and rows["sigmoid(10 x)"]["first non-finite o"] is not None
+    assert rows["logsigmoid(10 x)"]["saturated"] > 0.5 and rows["logsigmoid(10 x)"]["first non-finite o"] is None
+    assert rows["logsigmoid(10 x)"]["state passes fp32 max"] is None
+
+
+def test_rwkv6_inputs_scale_and_raw_activations():
+    raw = dc.rwkv6_inputs(None, T=4, K=4, seed=3, x_scale=10.0)["w"]
+    assert torch.allclose(dc.rwkv6_inputs("sigmoid", T=4, K=4, seed=3, x_scale=10.0)["w"], torch.sigmoid(raw))
+    assert torch.allclose(raw, 10 * dc.rwkv6_inputs(None, T=4, K=4, seed=3)["w"])
+
+
+# the exercise of #11: helpers as a learner would write them
+
+
+@triton.jit
+def gate_as_reported(x):
+    return tl.sigmoid(x)  # #11: the gate itself
+
+
+@triton.jit
+def naive_log_of_gate(x):
+    return tl.log(tl.sigmoid(x))  # -inf where fp32 rounds the sigmoid to 0
+
+
+@triton.jit
+def stable_log_sigmoid(x):
+    return tl.minimum(x, 0.0) - tl.log(1.0 + tl.exp(-tl.abs(x)))
+
+
+def test_gate_kernel_applies_the_helper_elementwise():
+    x = torch.randn(2, 70, 3, 12)  # T not a multiple of the block, K not a power of two: the masks matter
+    assert torch.allclose(dc.gate_to_log_decay(stable_log_sigmoid, x), F.logsigmoid(x), atol=1e-6)
+    w = dc.gate_to_log_decay(naive_log_of_gate, dc.saturated_activations())
+    assert torch.isneginf(w).any()
+    assert torch.isfinite(dc.gate_to_log_decay(stable_log_sigmoid, dc.saturated_activations())).all()
+
+
+def test_check_log_decay_rejects_the_reported_gate():
+    verdict = dc.check_log_decay(gate_as_reported)
+    assert not verdict.passed
+    text = str(verdict)
+    assert text.startswith("NOT YET") and "ValueError" in text and "error inf" in text and "hint:" in text
+
+
+def test_check_log_decay_rejects_the_naive_log_and_plain_python():
+    verdict = dc.check_log_decay(naive_log_of_gate)
+    assert not verdict.passed and "non-finite w on saturated x: 0 of" not in str(verdict)
+    assert not dc.check_log_decay(lambda x: x).passed
+
+
+def test_check_log_decay_accepts_a_stable_log_sigmoid():
+    verdict = dc.check_log_decay(stable_log_sigmoid)
+    assert verdict.passed, str(verdict)
+    assert str(verdict).startswith("PASS") and "accepted" in str(verdict)
+
+
+# the exercise of #150
+
+
+def test_check_removal_rejects_the_reported_a_b_and_accepts_the_layers():
+    reported = dc.check_removal(lambda k, a, b: (a, b))
+    assert not reported.passed and "TransitionWarning" in str(reported)
+    assert not dc.check_removal(lambda k, a, b: (torch.zeros_like(a), torch.zeros_like(b))).passed  # bounded, wrong
+
+    def layer_like(k, a, b):
+        kk = F.normalize(k, dim=-1)
+        return -kk, kk * a
+
+    verdict = dc.check_removal(layer_like)
+    assert verdict.passed, str(verdict)
+
+
+def test_removal_lines_point_at_the_layer():
+    import inspect
+
+    from fla_lab.layers import rwkv7
+
+    source = inspect.getsource(rwkv7).splitlines()
+    for line in dc.removal_lines().splitlines():
+        where, text = line.split("  ", 1)
+        number = int(where.rsplit(":", 1)[1])
+        assert source[number - 1].strip() == text
+    assert "-kk, kk * a" in dc.removal_lines()

@@ -19,8 +19,10 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
-from fla_lab import check, harness, reference, viz, widgets
+from fla_lab import check, exercises, harness, reference, runtime, viz, widgets
 from fla_lab.ops import contract
 
 FP32_MAX = torch.finfo(torch.float32).max
@@ -80,11 +82,15 @@ def verdict(op, *args, **kwargs) -> str:
 # 2. sigmoid(x) as a log-decay (upstream #11)
 
 
-def rwkv6_inputs(parametrisation: str = "sigmoid", T: int = 256, K: int = 16, seed: int = 0) -> dict:
-    """#11's call at a small size: r, k, v, x ~ randn, `w = parametrisation(x)`, u ~ randn; B = H = 1, V = K."""
+def rwkv6_inputs(parametrisation: str = "sigmoid", T: int = 256, K: int = 16, seed: int = 0,
+                 x_scale: float = 1.0) -> dict:
+    """#11's call at a small size: r, k, v, x ~ randn, `w = parametrisation(x_scale * x)`, u ~ randn; B = H = 1,
+    V = K. `parametrisation=None` returns the raw activations `x_scale * x` as `w` (the exercise converts them)."""
     gen = torch.Generator().manual_seed(seed)
     r, k, v, x = (torch.randn(1, T, 1, K, generator=gen) for _ in range(4))
-    return {"r": r, "k": k, "v": v, "w": PARAMETRISATIONS[parametrisation](x), "u": torch.randn(1, K, generator=gen)}
+    x = x_scale * x
+    w = x if parametrisation is None else PARAMETRISATIONS[parametrisation](x)
+    return {"r": r, "k": k, "v": v, "w": w, "u": torch.randn(1, K, generator=gen)}
 
 
 def bonus_gradient(r, k, v, do, scale: float) -> torch.Tensor:
@@ -175,6 +181,38 @@ def layer_output(bug: str | None, T: int = 360, hidden_size: int = 16, seed: int
 def decay_factors(T: int = 256, K: int = 16, seed: int = 0) -> dict[str, float]:
     """Mean per-step factor exp(w) each parametrisation multiplies the state by (on #11's inputs)."""
     return {p: float(rwkv6_inputs(p, T, K, seed)["w"].exp().mean()) for p in ("sigmoid", "logsigmoid", "-exp")}
+
+
+SATURATION_CASES = (("sigmoid", 0.1), ("sigmoid", 1.0), ("sigmoid", 10.0), ("logsigmoid", 10.0))
+
+
+def saturation_table(T: int = 256, K: int = 16, seed: int = 0) -> list[dict]:
+    """Is #11 about a saturated sigmoid? #11's inputs with x scaled by 0.1, 1 and 10 (the same draws), w =
+    sigmoid(x) and, for contrast, logsigmoid(10 x). Per case: the share of gates sigma(x) outside [0.01, 0.99]
+    (saturated), the mean per-step factor exp(w), the step at which the exact (float64) state passes fp32's largest
+    value, and the kernel's first non-finite output (forward only)."""
+    from fla_lab.ops import fused_recurrent_rwkv6
+
+    rows = []
+    for name, scale in SATURATION_CASES:
+        x = rwkv6_inputs(name, T, K, seed, x_scale=scale)
+        gate = torch.sigmoid(rwkv6_inputs(None, T, K, seed, x_scale=scale)["w"])
+        with contract.value_checks(False), quiet_overflow(), torch.no_grad():
+            o, _ = fused_recurrent_rwkv6(**x)
+        census = check.nonfinite_census(o)
+        rows.append({"w": f"{name}({scale:g} x)", "saturated": float(((gate < 0.01) | (gate > 0.99)).float().mean()),
+                     "factor": float(x["w"].exp().mean()), "state passes fp32 max": first_step_above(
+                         rwkv6_state_trajectory(**x)),
+                     "first non-finite o": census.first["t"] if census.count else None})
+    return rows
+
+
+def print_saturation_table(rows: list[dict]) -> None:
+    print(f"{'w':<20}{'gates saturated':>16}{'mean exp(w)':>13}{'state > fp32 max':>18}{'first bad o':>13}")
+    for row in rows:
+        step = lambda t: "never" if t is None else f"t = {t}"  # noqa: E731
+        print(f"{row['w']:<20}{row['saturated']:>16.0%}{row['factor']:>13.2f}"
+              f"{step(row['state passes fp32 max']):>18}{step(row['first non-finite o']):>13}")
 
 
 def plot_rwkv6_states(runs: list[RWKV6Run]):
@@ -326,13 +364,13 @@ def plot_rwkv7(runs: list[RWKV7Run], widths=(4, 8, 16, 32, 64, 128)):
     left.axhline(FP32_MAX, color="k", lw=0.8, ls=":")
     left.text(1, FP32_MAX * 1e3, "fp32 max 3.4e38", fontsize=8)
     left.set(yscale="log", xlabel="step t", ylabel="largest |entry| of $S_t$ (float64)",
-             title=f"fused_recurrent_rwkv7, K = {runs[0].K}: the state")
+             title=f"K = {runs[0].K}: exact state; x: fused_recurrent_rwkv7's first bad o")
     left.legend(fontsize=7, loc="lower right")
     by_width = radius_by_width(widths)
     for name, radii in by_width.items():
         color = STYLES["rand a, b; w = log(rand)" if name == "rand a, b" else name][0]
         right.plot(widths, radii, "o-", color=color, label=f"{name} (median over steps)")
-    right.plot(widths, 1 + np.array(widths) / 4, "k:", label="1 + K/4 (E[a.b] for U(0,1))")
+    right.plot(widths, 1 + np.array(widths) / 4, "k:", label="1 + K/4 (1 + E[a.b], a, b ~ U(0, 1))")
     right.axhline(1.0, color="grey", lw=0.8)
     right.set(xscale="log", yscale="log", xlabel="key width K",
               ylabel="largest |eigenvalue| of diag(exp w) + b a^T", title="one step's growth factor")
@@ -424,10 +462,25 @@ def growth_by_dtype(decay: float = 0.1, sign: float = -1.0, ab: float = 1.0, T: 
     return out
 
 
-def plot_growth(decay: float = 0.1, sign: float = -1.0, ab: float = 1.0, T: int = 128, K: int = 16):
+# The explorer's initial setting: the static figure beside it is drawn with the same values
+EXPLORER_DEFAULTS = {"decay": 0.1, "sign": -1.0, "ab": 1.0}
+
+
+def growth_summary(curves: dict[str, torch.Tensor]) -> dict[str, int | float | None]:
+    """From `growth_by_dtype`: each dtype's first step with a non-finite output (None: finite throughout), and
+    the exact state's largest entry at the last step."""
+    out = {name: first_step_above(size, torch.finfo(viz.DTYPES[name]).max)
+           for name, size in curves.items() if name in viz.DTYPES}
+    out["exact state at the last step"] = float(curves["exact state (fp64)"][-1])
+    return out
+
+
+def plot_growth(decay: float = 0.1, sign: float = -1.0, ab: float = 1.0, T: int = 128, K: int = 16,
+                curves: dict[str, torch.Tensor] | None = None):
+    """The explorer's figure; `curves` (from `growth_by_dtype` at the same setting) saves recomputing them."""
     import numpy as np
 
-    curves = growth_by_dtype(decay, sign, ab, T, K)
+    curves = dict(growth_by_dtype(decay, sign, ab, T, K) if curves is None else curves)
     fig, (ax,) = viz.figure(width=6.4, height=3.8)
     state = curves.pop("exact state (fp64)")
     ax.plot(state.numpy(), "k--", label="exact state, largest |entry| (fp64)")
@@ -443,7 +496,8 @@ def plot_growth(decay: float = 0.1, sign: float = -1.0, ab: float = 1.0, T: int 
             ax.plot([first], [torch.finfo(dtype).max], "x", color=line.get_color(), ms=9, mew=2)
     for dtype, text in ((torch.float16, "fp16 max"), (torch.float32, "fp32 / bf16 max")):
         ax.axhline(torch.finfo(dtype).max, color=viz.DTYPE_COLORS[dtype], lw=0.8, ls=":")
-        ax.text(T - 1, torch.finfo(dtype).max * 8, text, fontsize=7, ha="right", color=viz.DTYPE_COLORS[dtype])
+        ax.text(T - 1, torch.finfo(dtype).max / 4, text, fontsize=7, ha="right", va="top",  # below: inside the axes
+                color=viz.DTYPE_COLORS[dtype])
     kind = "log-space" if sign < 0 else "raw positive"
     ax.set(yscale="log", xlabel="step t", ylabel="magnitude",
            title=f"RWKV-7, K={K}: |w| ~ {decay:g} ({kind}), b.a = {ab:g}")
@@ -454,7 +508,148 @@ def plot_growth(decay: float = 0.1, sign: float = -1.0, ab: float = 1.0, T: int 
 def growth_explorer():
     return widgets.explorer(
         plot_growth,
-        decay=widgets.log_slider("|w| per step", 0.1, -2, 1),
-        sign=widgets.choice("sign of w", SIGNS, -1.0),
-        ab=widgets.choice("b . a", [-2.5, -1.0, -0.5, 0.0, 0.5, 1.0, 4.0, 16.0], 0.5),
+        decay=widgets.log_slider("|w| per step", EXPLORER_DEFAULTS["decay"], -2, 1),
+        sign=widgets.choice("sign of w", SIGNS, EXPLORER_DEFAULTS["sign"]),
+        ab=widgets.choice("b . a", [-2.5, -1.0, -0.5, 0.0, 0.5, 1.0, 4.0, 16.0], EXPLORER_DEFAULTS["ab"]),
     )
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 6. Exercises: the learner writes the conversion the reports were missing
+#
+# A (#11, Triton). The fix of #11 is in the caller: turn the gate it meant, a decay sigma(x) in (0, 1), into the
+# log-decay the kernel wants. `gate_to_log_decay_kernel` is that elementwise step as the kernels see it: the rows
+# (b, t, h) of a [B, T, H, K] tensor with the recurrent kernels' pointer maths (`row = (i_b * T + t) * H + i_h`,
+# then `row * K + o_k`), loaded and upcast to fp32 at once; the learner's `@triton.jit` helper, passed in the
+# `tl.constexpr` slot TO_LOG_DECAY, maps a fp32 block of activations x to w.
+
+EXERCISE_LOG_DECAY = "#11: the log of a sigmoid gate, as a @triton.jit helper"
+EXERCISE_REMOVAL = "#150: RWKV-7's a and b, built as the layer builds them"
+SATURATED_X = (-200.0, 200.0)  # sigma(x) rounds to 0 below x ~ -104 in fp32, to 1 above x ~ 17
+GATE_BT = 64  # rows per program
+
+
+def _is_jit(fn) -> bool:
+    return isinstance(fn, triton.runtime.KernelInterface)  # JITFunction, or the interpreter's
+
+
+@triton.jit
+def gate_to_log_decay_kernel(x, w, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                             TO_LOG_DECAY: tl.constexpr):
+    """w[b, t, h, :] = TO_LOG_DECAY(x[b, t, h, :]) for the BT steps of block i_t of sequence b, head h."""
+    i_t, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_t = i_t * BT + tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    m_tk = (o_t < T)[:, None] & (o_k < K)[None, :]
+    row = (i_b * T + o_t) * H + i_h  # as in the recurrent kernels: step t of sequence b, head h
+    p = row[:, None] * K + o_k[None, :]
+    b_x = tl.load(x + p, mask=m_tk, other=0).to(tl.float32)
+    tl.store(w + p, TO_LOG_DECAY(b_x).to(w.dtype.element_ty), mask=m_tk)
+
+
+def gate_to_log_decay(helper, x: torch.Tensor) -> torch.Tensor:
+    """Run `gate_to_log_decay_kernel` with the learner's `helper` on raw activations x [B, T, H, K]: w, fp32."""
+    B, T, H, K = x.shape
+    x = x.to(device=runtime.device(), dtype=torch.float32).contiguous()
+    w = torch.empty_like(x)
+    grid = (triton.cdiv(T, GATE_BT), B * H)
+    gate_to_log_decay_kernel[grid](x, w, T, H, K, GATE_BT, triton.next_power_of_2(K), helper)
+    return w.cpu()
+
+
+def saturated_activations(K: int = 16, steps: int = 64) -> torch.Tensor:
+    """[1, steps, 1, K] activations spread evenly over SATURATED_X: where sigma(x) sits at 0 or 1 in fp32."""
+    return torch.linspace(*SATURATED_X, steps * K).reshape(1, steps, 1, K)
+
+
+def check_log_decay(helper, T: int = 256, K: int = 16, seed: int = 0) -> exercises.Verdict:
+    """PASS when the learner's `@triton.jit` helper `(x) -> w` gives log(sigmoid(x)) within the fp32 tolerance of
+    float64, finite even where the sigmoid saturates, and `fused_recurrent_rwkv6` on #11's inputs with that w is
+    accepted by the contract and matches the float64 reference (output, final state, every gradient)."""
+    from fla_lab.ops import fused_recurrent_rwkv6
+
+    if not _is_jit(helper):
+        return exercises.Verdict(EXERCISE_LOG_DECAY, False, [f"{getattr(helper, '__name__', helper)} is not a "
+                                                              "@triton.jit function"],
+                                 "decorate the helper with @triton.jit")
+    tol = check.tolerance(torch.float32)
+    x = rwkv6_inputs(None, T, K, seed)  # #11's inputs, w still the raw activations x ~ randn
+    sat = saturated_activations(K)
+    w, w_sat = gate_to_log_decay(helper, x["w"]), gate_to_log_decay(helper, sat)
+    facts = [exercises.error_fact(f"w on #11's x ~ randn (T = {T}, K = {K}) vs float64 log(sigmoid(x))",
+                                  check.rel_error(w, F.logsigmoid(x["w"].double())), tol.fwd),
+             exercises.error_fact(f"w on saturated x in [{SATURATED_X[0]:g}, {SATURATED_X[1]:g}] vs float64",
+                                  check.rel_error(w_sat, F.logsigmoid(sat.double())), tol.fwd)]
+    nonfinite = int((~torch.isfinite(w_sat)).sum())
+    facts.append((nonfinite == 0, f"non-finite w on saturated x: {nonfinite} of {w_sat.numel()}"))
+    x["w"] = w
+    said = verdict(fused_recurrent_rwkv6, **x)
+    facts.append((said == "accepted", f"contract checks on fused_recurrent_rwkv6: {said.split(':')[0]}"))
+    with contract.value_checks(False), quiet_overflow():
+        result = harness.compare(fused_recurrent_rwkv6, reference.recurrent_rwkv6, x)
+    forward = {n: e for n, e in result.errors.items() if n in ("o", "ht")}
+    grads = {n: e for n, e in result.errors.items() if n not in forward}
+    facts += [exercises.error_fact(f"fused_recurrent_rwkv6 {n} vs float64", e, tol.fwd) for n, e in forward.items()]
+    worst = max(grads, key=lambda n: grads[n] if math.isfinite(grads[n]) else math.inf)
+    facts.append(exercises.error_fact(f"worst gradient (d{worst}) vs float64", grads[worst], tol.grad))
+    largest = float(rwkv6_state_trajectory(**x).max())
+    facts.append((largest < FP32_MAX, f"largest |entry| of the exact state over {T} steps: "
+                                      f"{exercises.fmt(largest)} (fp32 max 3.4e+38)"))
+    return exercises.Verdict(EXERCISE_LOG_DECAY, all(ok for ok, _ in facts), [line for _, line in facts],
+                             "the kernel multiplies the state by exp(w) every step, so w must be the natural log of "
+                             "the gate (<= 0); log(sigmoid(x)) = -log(1 + exp(-x)): split on the sign of x so that "
+                             "no exp overflows and no sigmoid rounds to 0 before the log")
+
+
+# B (#150, PyTorch). The report passed a, b ~ U(0, 1) as if they were free inputs. RWKV-7 derives both from the key
+# and the in-context learning rate a_gate in (0, 1): kk = normalize(k) per head (the layer first multiplies k by
+# its parameter k_k; 1 here), a = -kk, b = kk * a_gate. The learner writes `removal(k, a, b) -> (a, b)`, reading the
+# report's `a` as a_gate (what the layer's sigmoid gives).
+
+
+def removal_reference(k: torch.Tensor, a_gate: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """RWKV-7's removal vectors from a key and a gate, as `fla_lab.layers.RWKV7Attention` builds them (k_k = 1)."""
+    kk = F.normalize(k, dim=-1)
+    return -kk, kk * a_gate
+
+
+def check_removal(removal, T: int = 64, K: int = 64, seed: int = 0) -> exercises.Verdict:
+    """PASS when `removal(k, a, b)` on #150's inputs (all six ~ torch.rand, w = log(rand)) returns RWKV-7's a and b:
+    equal to the layer's construction within the fp32 tolerance, every transition eigenvalue <= 1, no contract
+    warning, and `chunk_rwkv7` (the report's op) finite and within tolerance of the float64 reference."""
+    from fla_lab.ops import chunk_rwkv7
+
+    tol = check.tolerance(torch.float32).fwd
+    x = rwkv7_case(RWKV7_CASES[0], T, K, seed)
+    a, b = removal(x["k"].clone(), x["a"].clone(), x["b"].clone())
+    a_ref, b_ref = removal_reference(x["k"].double(), x["a"].double())
+    facts = [exercises.error_fact("a vs -normalize(k)", check.rel_error(a, a_ref), tol),
+             exercises.error_fact("b vs normalize(k) * a_gate", check.rel_error(b, b_ref), tol)]
+    x["a"], x["b"] = a.float(), b.float()
+    radius = float(step_radii(x["w"], x["a"], x["b"]).max())
+    facts.append((radius <= 1.0 + 1e-6, f"largest |eigenvalue| of diag(exp w) + b a^T over {T} steps: "
+                                        f"{radius:.3f}"))
+    said = verdict(chunk_rwkv7, **x)
+    facts.append((said == "accepted", f"contract checks on chunk_rwkv7: {said.split(':')[0]}"))
+    with contract.value_checks(False), quiet_overflow():
+        result = harness.compare(chunk_rwkv7, reference.recurrent_rwkv7, x, grads=False)
+    facts += [exercises.error_fact(f"chunk_rwkv7 {n} vs float64", e, check.tolerance(torch.float32).fwd)
+              for n, e in result.errors.items()]
+    largest = float(rwkv7_state_trajectory(**x).max())
+    facts.append((largest < FP32_MAX, f"largest |entry| of the exact state over {T} steps: {exercises.fmt(largest)}"))
+    return exercises.Verdict(EXERCISE_REMOVAL, all(ok for ok, _ in facts), [line for _, line in facts],
+                             "a and b are not free inputs: normalise the key per head (F.normalize over the last "
+                             "dimension), a = -kk, b = kk * a_gate, and the report's own b is not used")
+
+
+def removal_lines() -> str:
+    """The lines of `fla_lab/layers/rwkv7.py` that build kk, a and b, with their file:line."""
+    import inspect
+
+    from fla_lab.layers import rwkv7
+
+    lines, _ = inspect.getsourcelines(rwkv7)  # a module's source starts at line 1
+    path = "fla_lab/layers/rwkv7.py"
+    return "\n".join(f"{path}:{i}  {line.strip()}" for i, line in enumerate(lines, 1)
+                     if line.lstrip().startswith(("kk = ", "o = self.attend(")))
