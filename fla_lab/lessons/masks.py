@@ -312,14 +312,14 @@ def _draw_cells(ax, K: int, V: int, BK: int, BV: int, title: str) -> None:
     ax.set(title=title, xlabel="key index k (tile columns, BK)", ylabel="value index v (tile rows, BV)")
 
 
-def _cell_legend(fig) -> None:
+def _cell_legend(fig, ncols: int = 4) -> None:
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
     handles = [Patch(color=c, label=n) for c, n in zip(CELL_COLORS, CELL_NAMES)]
     handles += [Line2D([], [], color="k", ls="--", lw=1.2, label="dashed: end of the problem (k = K or v = V)"),
-                Line2D([], [], color="k", lw=1, label="solid: tile edges (when K or V spans several tiles)")]
-    fig.legend(handles=handles, loc="outside lower center", ncols=4, fontsize=7)
+                Line2D([], [], color="k", lw=1, label="solid: tile edges (where K or V spans several tiles)")]
+    fig.legend(handles=handles, loc="outside lower center", ncols=ncols, fontsize=7)
 
 
 def _draw_shape_clash(ax, BK: int, BV: int) -> None:
@@ -389,7 +389,7 @@ def plot_config(BK: int = 32, BV: int = 32, K: int = 32, V: int = 16):
     fig, (left, right) = viz.figure(ncols=2, width=4.6, height=3.9)
     if BK == BV:
         _draw_cells(left, K, V, BK, BV, f"buggy load, (BK, BV)=({BK}, {BV}), K={K}, V={V}")
-        _cell_legend(fig)
+        _cell_legend(fig, ncols=3)
     else:
         _draw_shape_clash(left, BK, BV)
     outcomes = {name: run_backward(K, V, (BK, BV), buggy) for name, buggy in (("buggy", True), ("fixed", False))}
@@ -408,7 +408,8 @@ def plot_config(BK: int = 32, BV: int = 32, K: int = 32, V: int = 16):
     right.set_yscale("log")
     right.set_ylim(floor / 2, 10)
     right.set_xticks(range(len(names)), names, rotation=45, fontsize=8)
-    right.set(ylabel="relative error vs float64", title="backward with h0: buggy vs fixed")
+    right.set(ylabel="relative error vs float64",
+              title="with h0, buggy vs fixed kernel\n(o, ht: forward; the rest: gradients)")
     right.legend(fontsize=7)
     return fig
 
