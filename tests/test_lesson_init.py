@@ -79,7 +79,7 @@ def test_layer_with_uninitialized_takes_the_bug_layers_garbage():
     layer = lesson.layer_with_uninitialized(("x_g", "r_k"), torch.float32, hidden_size=64)
     vec = official.rwkv7_vectors(64, 64, 0, lesson.DEPTH)
     assert torch.equal(layer.x_g, garbage.x_g) and torch.equal(layer.r_k, garbage.r_k)
-    assert torch.equal(layer.x_r.flatten(), vec["x_r"]) and torch.equal(layer.k_k, vec["k_k"])
+    assert torch.equal(layer.x_r.cpu().flatten(), vec["x_r"]) and torch.equal(layer.k_k.cpu(), vec["k_k"])
     assert layer.o_proj.weight.abs().sum() > 0  # opened, so garbage can reach the output
     with pytest.raises(ValueError, match="uninitialised upstream"):
         lesson.layer_with_uninitialized(("o_proj.weight",))

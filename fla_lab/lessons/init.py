@@ -16,7 +16,7 @@ import matplotlib
 import torch
 from torch import nn
 
-from fla_lab import check, harness, reference, viz, widgets
+from fla_lab import check, harness, reference, runtime, viz, widgets
 from fla_lab.exercises import Verdict, error_fact, verdict_from_errors
 from fla_lab.layers import RWKV7Attention
 from fla_lab.layers import init as official
@@ -32,7 +32,8 @@ def vector_parameters() -> tuple[str, ...]:
 
 def reported_layer(hidden_size: int = 128, dtype: torch.dtype = torch.bfloat16) -> RWKV7Attention:
     """Upstream's call `RWKV7Attention("chunk", hidden_size=768, layer_idx=0)` as it behaved before d49c52f6."""
-    return RWKV7Attention("chunk", hidden_size=hidden_size, layer_idx=0, bug="uninitialized_params").to(dtype)
+    layer = RWKV7Attention("chunk", hidden_size=hidden_size, layer_idx=0, bug="uninitialized_params")
+    return layer.to(runtime.device(), dtype)
 
 
 def official_layer(hidden_size: int = 128, layer_idx: int = 0, dtype: torch.dtype = torch.bfloat16,
@@ -40,14 +41,14 @@ def official_layer(hidden_size: int = 128, layer_idx: int = 0, dtype: torch.dtyp
     """The same layer with the official init, as one layer of a `DEPTH`-layer model."""
     torch.manual_seed(seed)
     layer = RWKV7Attention("chunk", hidden_size=hidden_size, layer_idx=layer_idx, num_hidden_layers=DEPTH)
-    return layer.to(dtype)
+    return layer.to(runtime.device(), dtype)
 
 
 def layer_input(T: int = 32, hidden_size: int = 128, dtype: torch.dtype = torch.bfloat16, B: int = 2,
                 seed: int = 0) -> torch.Tensor:
     """`randn(B, T, C)` as in the report (which used B=2, T=1024, C=768)."""
     gen = torch.Generator().manual_seed(seed)
-    return torch.randn(B, T, hidden_size, generator=gen).to(dtype)
+    return torch.randn(B, T, hidden_size, generator=gen).to(runtime.device(), dtype)
 
 
 @dataclass(frozen=True)
@@ -180,7 +181,7 @@ def layer_with_uninitialized(names=None, dtype: torch.dtype = torch.bfloat16,
     with torch.no_grad():
         for name, value in garbage.items():
             getattr(layer, name).copy_(value)
-    return layer.to(dtype)
+    return layer.to(runtime.device(), dtype)
 
 
 def huge_fraction(t: torch.Tensor) -> float:
@@ -302,7 +303,8 @@ def init_mismatch(layer: RWKV7Attention) -> dict[str, float]:
     if layer.layer_idx != 0:
         got["v0"] = layer.v_lora.lora[2].bias
     got["g_norm"] = layer.g_norm.weight
-    return {name: float((p.detach().float().flatten() - vec[name].flatten()).abs().max()) for name, p in got.items()}
+    return {name: float((p.detach().float().cpu().flatten() - vec[name].flatten()).abs().max())
+            for name, p in got.items()}
 
 
 def open_output(layer: RWKV7Attention, seed: int = 0) -> RWKV7Attention:
@@ -333,13 +335,14 @@ VECTOR_TOL = 1e-6  # fp32 formulas vs the fixed path's float64-then-rounded valu
 
 
 def exercise_layer(layer_idx: int = 0, hidden_size: int = 128, seed: int = 0) -> RWKV7Attention:
-    """The layer as #150 met it (the nine vectors hold the garbage, the rest the historical init), in fp32,
-    told its depth so that an init function can read `layer_idx` and `num_hidden_layers`. Seeded: the same
+    """The layer as #150 met it (the nine vectors hold the garbage, the rest the historical init), in fp32 on the
+    kernels' device, told its depth so that an init function can read `layer_idx` and `num_hidden_layers`. Seeded: the same
     weights in every call."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return RWKV7Attention("chunk", hidden_size=hidden_size, layer_idx=layer_idx, num_hidden_layers=DEPTH,
-                              bug="uninitialized_params")
+    with torch.random.fork_rng(devices=[]):  # the caller's random state stays as it was
+        torch.default_generator.manual_seed(seed)  # the CPU generator, which builds the weights
+        layer = RWKV7Attention("chunk", hidden_size=hidden_size, layer_idx=layer_idx, num_hidden_layers=DEPTH,
+                               bug="uninitialized_params")
+    return layer.to(runtime.device())
 
 
 def fixed_path_vectors(layer_idx: int = 0, hidden_size: int = 128) -> dict[str, torch.Tensor]:
@@ -392,7 +395,7 @@ def check_initialisation(candidate, hidden_size: int = 128, T: int = 16) -> Verd
         layers[l] = layer
         want = fixed_path_vectors(l, hidden_size)
         for name in vector_parameters():
-            diff = (getattr(layer, name).detach().double() - want[name].double()).abs().max()
+            diff = (getattr(layer, name).detach().double().cpu() - want[name].double()).abs().max()
             vector_err[name].append(float(diff))
         rows = parameter_census(layer)
         finite += sum(not r.garbage for r in rows)
