@@ -336,8 +336,8 @@ VECTOR_TOL = 1e-6  # fp32 formulas vs the fixed path's float64-then-rounded valu
 
 def exercise_layer(layer_idx: int = 0, hidden_size: int = 128, seed: int = 0) -> RWKV7Attention:
     """The layer as #150 met it (the nine vectors hold the garbage, the rest the historical init), in fp32 on the
-    kernels' device, told its depth so that an init function can read `layer_idx` and `num_hidden_layers`. Seeded: the same
-    weights in every call."""
+    kernels' device, told its depth so that an init function can read `layer_idx` and `num_hidden_layers`.
+    Seeded: the same weights in every call."""
     with torch.random.fork_rng(devices=[]):  # the caller's random state stays as it was
         torch.default_generator.manual_seed(seed)  # the CPU generator, which builds the weights
         layer = RWKV7Attention("chunk", hidden_size=hidden_size, layer_idx=layer_idx, num_hidden_layers=DEPTH,
