@@ -330,10 +330,9 @@ def _draw_shape_clash(ax, BK: int, BV: int) -> None:
     ax.add_patch(Rectangle((0, 0), pc, pr, fill=False, ec="#1f77b4", lw=2.5))
     ax.add_patch(Rectangle((0, 0), mc, mr, fc="#d62728", alpha=0.25, ec="#d62728", lw=2.5))
     # labels written inside the shapes they name (a legend box would cover the tall pointer tile)
-    ax.text(pc / 2, (mr + pr) / 2, f"pointers [BV, BK] = [{pr}, {pc}]", rotation=90, ha="center", va="center",
+    ax.text(pc / 2, (mr + pr) / 2, f"pointers [{pr}, {pc}]", rotation=90, ha="center", va="center",
             color="#1f77b4", fontsize=8)
-    ax.text((pc + mc) / 2, mr / 2, f"mask [BK, BV]\n= [{mr}, {mc}]", ha="center", va="center", color="#d62728",
-            fontsize=8)
+    ax.text((pc + mc) / 2, mr / 2, f"mask [{mr}, {mc}]", ha="center", va="center", color="#d62728", fontsize=8)
     size = max(pr, pc, mr, mc)
     ax.set(xlim=(-1, size + 1), ylim=(size + 1, -1), aspect="equal", xlabel="tile column", ylabel="tile row",
            title=f"(BK, BV) = ({BK}, {BV}): the shapes differ,\nTriton refuses the load")
@@ -346,8 +345,8 @@ def plot_tile_shapes():
     for ax, (K, V) in zip(axes[1:], ((32, 32), (32, 16), (16, 32))):
         _draw_cells(ax, K, V, 32, 32, f"(BK, BV) = (32, 32), K={K}, V={V}")
     _cell_legend(fig)
-    fig.suptitle("the dq kernel's initial-state load with the mask built [BK, BV] against pointers [BV, BK] "
-                 "(upstream #18); three right panels: what each cell of the padded state receives")
+    fig.suptitle("the dq kernel's initial-state load, mask built [BK, BV] against pointers [BV, BK] (upstream #18)\n"
+                 "three right panels: what each cell of the padded state receives from that load")
     return fig
 
 
