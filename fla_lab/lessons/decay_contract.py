@@ -529,6 +529,11 @@ SATURATED_X = (-200.0, 200.0)  # sigma(x) rounds to 0 below x ~ -104 in fp32, to
 GATE_BT = 64  # rows per program
 
 
+def _on_device(x: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The inputs where the kernels run (the GPU when there is one): the ops refuse CPU tensors there."""
+    return {name: t.to(runtime.device()) for name, t in x.items()}
+
+
 def _is_jit(fn) -> bool:
     return isinstance(fn, triton.runtime.KernelInterface)  # JITFunction, or the interpreter's
 
@@ -584,7 +589,7 @@ def check_log_decay(helper, T: int = 256, K: int = 16, seed: int = 0) -> exercis
     nonfinite = int((~torch.isfinite(w_sat)).sum())
     facts.append((nonfinite == 0, f"non-finite w on saturated x: {nonfinite} of {w_sat.numel()}"))
     x["w"] = w
-    said = verdict(fused_recurrent_rwkv6, **x)
+    said = verdict(fused_recurrent_rwkv6, **_on_device(x))
     facts.append((said == "accepted", f"contract checks on fused_recurrent_rwkv6: {said.split(':')[0]}"))
     with contract.value_checks(False), quiet_overflow():
         result = harness.compare(fused_recurrent_rwkv6, reference.recurrent_rwkv6, x)
@@ -630,7 +635,7 @@ def check_removal(removal, T: int = 64, K: int = 64, seed: int = 0) -> exercises
     radius = float(step_radii(x["w"], x["a"], x["b"]).max())
     facts.append((radius <= 1.0 + 1e-6, f"largest |eigenvalue| of diag(exp w) + b a^T over {T} steps: "
                                         f"{radius:.3f}"))
-    said = verdict(chunk_rwkv7, **x)
+    said = verdict(chunk_rwkv7, **_on_device(x))
     facts.append((said == "accepted", f"contract checks on chunk_rwkv7: {said.split(':')[0]}"))
     with contract.value_checks(False), quiet_overflow():
         result = harness.compare(chunk_rwkv7, reference.recurrent_rwkv7, x, grads=False)
