@@ -4,7 +4,9 @@ The RWKV6 `dq` backward kernel keeps its state value-major, a `[BV, BK]` tile, a
 pointers in that orientation. Before 1547448b its mask was built key-major, `[BK, BV]`. With upstream's dq tiles
 (BK, BV) = (16, 64) the two shapes cannot broadcast and Triton refuses the load; with square tiles the shapes
 agree, so the load runs and the mask is applied to the wrong cells. This module models that mask cell by cell,
-runs the real kernel over tile and problem shapes, and draws what it finds.
+runs the real kernel over tile and problem shapes, and draws what it finds. For the exercise, `h0_tile_kernel`
+isolates that load in a compact Triton kernel whose mask comes from the learner's `@triton.jit` helper, and
+`check_h0_mask` compares what it loads with the exact tile over several tile and problem shapes.
 
 Out-of-bounds reads: a transposed mask can let through pointers past the end of `h0` (e.g. BK=BV=32, K=16,
 V=32). An unmasked out-of-bounds read under the interpreter would read whatever memory follows (garbage, or a
