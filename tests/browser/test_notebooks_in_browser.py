@@ -5,8 +5,16 @@ Chromium driven by Playwright) must finish without an error output, except in ce
 `raises-exception`, and every widget view in the outputs must be rendered in the page. A full-page
 screenshot per notebook goes to artifacts/browser/<notebook>.png.
 
+Then the explorers are driven like a reader would: in every `interact`/`interactive` explorer on the page (found
+by its rendered view, `.widget-interact`, not by cell index), one control is moved in the browser (a dtype
+dropdown gets another option, else a decay/magnitude slider moves one step with the keyboard, else the first
+dropdown or slider), the explorer's own button is clicked when it has one (`interact_manual`), and the explorer's
+output (figure image or text) must change, with no error. A screenshot of each explorer after the change goes to
+artifacts/browser/<notebook>-widget.png (-widget-2.png, ... for further explorers).
+
 Set FLA_LAB_BROWSER_NOTEBOOKS to run it on another folder of notebooks, FLA_LAB_BROWSER_TIMEOUT (seconds, per
-notebook) to change the execution time limit.
+notebook) to change the execution time limit, FLA_LAB_BROWSER_WIDGET_TIMEOUT (seconds, per explorer) the time an
+explorer may take to redraw.
 """
 
 from __future__ import annotations
@@ -23,6 +31,9 @@ REPO = Path(__file__).resolve().parents[2]
 EXECUTION_TIMEOUT_S = float(os.environ.get("FLA_LAB_BROWSER_TIMEOUT", 600))
 OPEN_TIMEOUT_MS = 180_000  # page load + kernel start on a busy 2-core machine
 WIDGET_RENDER_TIMEOUT_MS = 30_000
+# An explorer's redraw runs kernels under the Triton interpreter on a busy 2-core machine.
+EXPLORER_TIMEOUT_S = float(os.environ.get("FLA_LAB_BROWSER_WIDGET_TIMEOUT", 300))
+EXPLORER_SETTLED_S = 2.0  # the changed output must hold this long with the kernel idle
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 ARTIFACTS = REPO / "artifacts" / "browser"
 MAX_SCREENSHOT_HEIGHT = 16_000  # Chromium's largest capture
@@ -116,6 +127,70 @@ JS_CONTENT_HEIGHT = """(path) => {
   return Math.ceil(window.innerHeight + scroller.scrollHeight - scroller.clientHeight + 20);
 }"""
 
+
+# Explorers: every rendered `interactive` view (ipywidgets gives its VBox the class widget-interact) that is not
+# nested in another one. Each gets a data-fla-explorer index so Playwright can address it. For explorer i, the
+# control to move is chosen and marked data-fla-control: a dtype dropdown, else a slider whose label names a
+# decay or magnitude, else another dropdown naming one, else the first dropdown, else the first slider.
+JS_EXPLORERS = """(path) => {
+  const root = window.__fla.panel(path).content.node;
+  const found = Array.from(root.querySelectorAll('.widget-interact'))
+    .filter(node => !node.parentElement.closest('.widget-interact'));
+  return found.map((node, i) => {
+    node.setAttribute('data-fla-explorer', String(i));
+    const cell = node.closest('.jp-CodeCell');
+    const cells = Array.from(root.querySelectorAll('.jp-Cell'));
+    return {index: i, cell: cells.indexOf(cell)};
+  });
+}"""
+
+JS_PICK_CONTROL = """(i) => {
+  const node = document.querySelector(`[data-fla-explorer="${i}"]`);
+  const kids = Array.from(node.children);
+  const label = el => { const l = el.querySelector('.widget-label'); return l ? l.textContent.trim() : ''; };
+  const drops = kids.filter(c => c.classList.contains('widget-dropdown') && c.querySelector('select'));
+  const sliders = kids.filter(c => c.classList.contains('widget-hslider') && c.querySelector('.noUi-handle'));
+  const dtype = /dtype/i, decay = /decay|magnitude|\\|w\\|/i;
+  const control = drops.find(c => dtype.test(label(c))) || sliders.find(c => decay.test(label(c)))
+    || drops.find(c => decay.test(label(c))) || drops[0] || sliders[0];
+  const button = kids.find(c => c.matches('button.widget-button, .widget-button'));
+  document.querySelectorAll('[data-fla-control]').forEach(c => c.removeAttribute('data-fla-control'));
+  if (!control) return {kind: 'none', labels: kids.map(label), button: !!button};
+  control.setAttribute('data-fla-control', String(i));
+  if (control.classList.contains('widget-dropdown')) {
+    const select = control.querySelector('select');
+    return {kind: 'dropdown', label: label(control), index: select.selectedIndex,
+            options: Array.from(select.options).map(o => o.textContent.replace(/\u00a0/g, ' ')), button: !!button};
+  }
+  const handle = control.querySelector('.noUi-handle');
+  const readout = control.querySelector('.widget-readout');
+  return {kind: 'slider', label: label(control), readout: readout ? readout.textContent.trim() : '',
+          now: parseFloat(handle.getAttribute('aria-valuenow')), max: parseFloat(handle.getAttribute('aria-valuemax')),
+          button: !!button};
+}"""
+
+# What the explorer shows: its Output widget's text and a hash of each image's src, plus whether its button
+# (interact_manual) is enabled again, i.e. the callback returned.
+JS_EXPLORER_OUTPUT = """(i) => {
+  const node = document.querySelector(`[data-fla-explorer="${i}"]`);
+  const out = Array.from(node.children).find(c => c.classList.contains('widget-output'));
+  const hash = s => { let h = 5381; for (let k = 0; k < s.length; k++) h = (h * 33 + s.charCodeAt(k)) | 0;
+                      return (h >>> 0).toString(16) + ':' + s.length; };
+  const images = out ? Array.from(out.querySelectorAll('img')).map(img => hash(img.getAttribute('src') || '')) : [];
+  const text = out ? out.textContent.trim() : '';
+  const button = Array.from(node.children).find(c => c.matches('button.widget-button, .widget-button'));
+  return {images, text: text.slice(0, 2000), busy: !!(button && button.disabled),
+          signature: images.join(',') + '|' + text};
+}"""
+
+JS_CONTROL_VALUE = """(i) => {
+  const c = document.querySelector(`[data-fla-control="${i}"]`);
+  if (!c) return '';
+  const select = c.querySelector('select'), readout = c.querySelector('.widget-readout');
+  const option = select ? select.options[select.selectedIndex] : null;
+  const text = select ? (option ? option.textContent : '') : (readout ? readout.textContent : '');
+  return text.replace(/\u00a0/g, ' ').trim();
+}"""
 
 def _cell_tags(cell: dict) -> list[str]:
     return cell.get("metadata", {}).get("tags", [])
@@ -239,7 +314,93 @@ def shutdown_kernel_and_close(page, name: str) -> None:
     page.close()
 
 
-def test_notebook_runs_in_jupyterlab(notebook: Path, browser, lab_server):
+def _explorer_shot_path(name: str, index: int) -> Path:
+    suffix = "" if index == 0 else f"-{index + 1}"
+    return ARTIFACTS / f"{Path(name).stem}-widget{suffix}.png"
+
+
+def _move_control(page, index: int, control: dict) -> str:
+    """Move the marked control of explorer `index` through the page, as a reader would; say what was done."""
+    marked = f'[data-fla-control="{index}"]'
+    if control["kind"] == "dropdown":
+        target = (control["index"] + 1) % len(control["options"])
+        page.locator(f"{marked} select").select_option(index=target)
+        return f"selected {control['options'][target]!r}"
+    key = "ArrowRight" if control["now"] < control["max"] else "ArrowLeft"
+    page.locator(f"{marked} .noUi-handle").press(key)  # focuses the handle, then one keyboard step
+    return f"pressed {key} on the slider"
+
+
+def _wait_for_new_output(page, name: str, index: int, before: dict) -> tuple[dict | None, dict]:
+    """Poll until the explorer's output differs from `before`, its callback returned and the kernel stayed idle."""
+    deadline = time.monotonic() + EXPLORER_TIMEOUT_S
+    settled_since = None
+    while True:
+        now = page.evaluate(JS_EXPLORER_OUTPUT, index)
+        state = page.evaluate(JS_PROGRESS, name)
+        if state["trouble"] or state["connection"] == "disconnected":
+            return None, {**now, "trouble": f"kernel {state['trouble'] or state['connection']}"}
+        fresh = now["signature"] != before["signature"] and (now["images"] or now["text"])
+        if fresh and not now["busy"] and state["kernel"] == "idle":
+            settled_since = settled_since or time.monotonic()
+            if time.monotonic() - settled_since >= EXPLORER_SETTLED_S:
+                return now, now
+        else:
+            settled_since = None
+        if time.monotonic() > deadline:
+            return None, now
+        time.sleep(0.5)
+
+
+def drive_explorers(page, name: str) -> list[dict]:
+    """In every explorer on the page, move one control in the browser and wait for the output to change.
+
+    Returns one record per explorer: the control, the values before and after, the output before and after
+    (image hashes, text), the seconds the redraw took, the screenshot, and `problem` when it went wrong.
+    """
+    records = []
+    for explorer in page.evaluate(JS_EXPLORERS, name):
+        index = explorer["index"]
+        record = {"explorer": index, "cell": explorer["cell"]}
+        records.append(record)
+        control = page.evaluate(JS_PICK_CONTROL, index)
+        record["control"] = f"{control['kind']} {control.get('label', '')!r}"
+        if control["kind"] == "none":
+            record["problem"] = f"no dropdown or slider to move; labels {control['labels']}"
+            continue
+        before = page.evaluate(JS_EXPLORER_OUTPUT, index)
+        record["before"] = page.evaluate(JS_CONTROL_VALUE, index)
+        started = time.monotonic()
+        record["action"] = _move_control(page, index, control)
+        if control["button"]:  # interact_manual: nothing runs until its button is clicked
+            page.locator(f'[data-fla-explorer="{index}"] > .widget-button').click()
+            record["action"] += ", clicked the explorer's button"
+        after, last = _wait_for_new_output(page, name, index, before)
+        record["seconds"] = round(time.monotonic() - started, 1)
+        record["after"] = page.evaluate(JS_CONTROL_VALUE, index)
+        record["output"] = f"images {before['images']} -> {last['images']}"
+        if not before["images"] and not last["images"]:
+            record["output"] = f"text {before['text'][:60]!r} -> {last['text'][:60]!r}"
+        shot = _explorer_shot_path(name, index)
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.locator(f'[data-fla-explorer="{index}"]').screenshot(path=str(shot))
+        record["screenshot"] = str(shot.relative_to(REPO))
+        if after is None:
+            record["problem"] = (f"output unchanged after {record['seconds']} s ({last.get('trouble', 'timeout')}; "
+                                 f"{record['before']!r} -> {record['after']!r})")
+        elif "Traceback (most recent call last)" in after["text"]:
+            record["problem"] = "the redraw raised: " + after["text"][-300:]
+        elif record["after"] == record["before"]:
+            record["problem"] = f"the control still reads {record['after']!r}"
+    return records
+
+
+def describe_explorer(record: dict) -> str:
+    return (f"explorer {record['explorer']} (cell {record['cell']}): {record['control']} "
+            f"{record.get('before')!r} -> {record.get('after')!r} ({record.get('action')}); "
+            f"{record.get('output')} in {record.get('seconds')} s; {record.get('screenshot')}")
+
+def test_notebook_runs_in_jupyterlab(notebook: Path, browser, lab_server, record_testsuite_property):
     """`notebook` is parametrised in conftest.py: one test per notebook, sorted."""
     name = notebook.name
     page = browser.new_page(viewport={"width": 1280, "height": 900})
@@ -252,6 +413,8 @@ def test_notebook_runs_in_jupyterlab(notebook: Path, browser, lab_server):
         model = page.evaluate(JS_MODEL, name)
         widgets = unrendered_widgets(page, name, widget_cells(model))
         shot = save_screenshot(page, name)
+        explorers = [] if widgets else drive_explorers(page, name)
+        model = page.evaluate(JS_MODEL, name)  # an explorer's callback error would show in its cell
     except BaseException:  # pytest.fail raises an OutcomeException
         save_screenshot_quietly(page, name)
         raise
@@ -265,4 +428,10 @@ def test_notebook_runs_in_jupyterlab(notebook: Path, browser, lab_server):
     assert not skipped, f"{name}: cells never executed: {describe_cells(model, skipped)}"
     assert not widgets, f"{name}: widgets not rendered (screenshot {shot}; page errors {page_errors}):\n" + \
         "\n".join(widgets)
+    for record in explorers:
+        print(f"{name}: {describe_explorer(record)}")
+        # kept in the junit report (artifacts/junit-browser.xml)
+        record_testsuite_property(f"{notebook.stem}-explorer-{record['explorer']}", describe_explorer(record))
+    bad = [f"{describe_explorer(r)}: {r['problem']}" for r in explorers if "problem" in r]
+    assert not bad, f"{name}: an explorer did not respond in the browser:\n" + "\n".join(bad)
     print(f"{name}: ran in JupyterLab in {elapsed:.0f} s; screenshot {shot.relative_to(REPO)}")
