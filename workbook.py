@@ -103,9 +103,11 @@ def venv_problem(python: str = sys.executable) -> str | None:
 
 
 def venv_complete(venv: Path = VENV) -> bool:
-    """A finished virtual environment: its python and pip are there (a failed `python -m venv` leaves no pip)."""
-    return ((venv / "pyvenv.cfg").exists() and (venv / "bin" / "python").exists()
-            and any(venv.glob("lib/python*/site-packages/pip/__init__.py")))
+    """A finished virtual environment: its python and pip are there (a failed `python -m venv` leaves no pip),
+    or the set-up finished in it once (its stamp)."""
+    if not ((venv / "pyvenv.cfg").exists() and (venv / "bin" / "python").exists()):
+        return False
+    return (venv / STAMP.name).exists() or any(venv.glob("lib/python*/site-packages/pip/__init__.py"))
 
 
 def create_venv(venv: Path = VENV, python: str = sys.executable) -> None:

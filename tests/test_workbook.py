@@ -259,3 +259,15 @@ def test_complete_venv_is_kept(wb, tmp_path):
     wb.create_venv(venv, "/nonexistent/python")  # nothing to do: the interpreter is never asked
     assert (venv / "pyvenv.cfg").exists()
     assert wb.venv_complete(wb.VENV)  # the real one, as CI has it
+
+
+def test_venv_with_a_finished_setup_is_never_removed(wb, tmp_path):
+    venv = tmp_path / ".venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("")
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    assert not wb.venv_complete(venv)  # no pip: what a failed creation leaves
+    (venv / wb.STAMP.name).write_text("stamp")  # but the set-up finished here once (pip since removed, say)
+    assert wb.venv_complete(venv)
+    wb.create_venv(venv, "/nonexistent/python")
+    assert (venv / "pyvenv.cfg").exists()
