@@ -27,8 +27,27 @@ def problems() -> list[str]:
             "no CUDA device and TRITON_INTERPRET=0: the kernels cannot run. Unset TRITON_INTERPRET "
             "(fla_lab then turns the interpreter on) and restart the Python kernel."
         )
+    found.extend(_triton_imported_before_interpreter())
     found.extend(_kernels_decorated_in_wrong_mode())
     return found
+
+
+def _triton_imported_before_interpreter() -> list[str]:
+    """Triton's own library (`tl.sum`, `tl.cdiv`, ...) is decorated at `import triton`: imported before fla_lab
+    switched the interpreter on, it stays compiled-only, and every kernel that calls it fails under the
+    interpreter with "Cannot call @triton.jit'd outside of the scope of a kernel"."""
+    if not runtime.interpreting() or "triton.language" not in sys.modules:
+        return []
+    from triton.language import standard
+    from triton.runtime.interpreter import InterpretedFunction
+
+    if isinstance(standard.cdiv, InterpretedFunction):
+        return []
+    return [
+        "triton was imported before fla_lab switched the Triton interpreter on, so Triton's own library functions "
+        "(tl.sum, tl.cdiv, ...) cannot run under the interpreter. Restart the Python kernel and `import fla_lab` "
+        "before `import triton` (or start Python with TRITON_INTERPRET=1)."
+    ]
 
 
 def _kernels_decorated_in_wrong_mode() -> list[str]:

@@ -32,6 +32,15 @@ def test_kernels_decorated_before_the_switch_are_reported():
 
 
 @no_cuda
+def test_triton_imported_before_fla_lab_is_reported():
+    # Triton's own library (tl.sum, tl.cdiv) is decorated at `import triton`, before fla_lab turns the interpreter
+    # on: the kernels would fail with "Cannot call @triton.jit'd outside of the scope of a kernel".
+    out = run_python("import triton, fla_lab; print(fla_lab.doctor())")
+    assert "triton was imported before fla_lab" in out.stdout and out.stdout.strip().endswith("False"), out.stdout
+    assert "health check" not in out.stdout  # the cause is named instead of the kernel's failure
+
+
+@no_cuda
 def test_interpreter_off_without_cuda_is_a_clear_problem():
     out = run_python("import fla_lab; print(fla_lab.doctor())", {"TRITON_INTERPRET": "0"})
     assert "TRITON_INTERPRET=0" in out.stdout and out.stdout.strip().endswith("False")
