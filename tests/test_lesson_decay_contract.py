@@ -260,3 +260,11 @@ def test_removal_lines_point_at_the_layer():
         number = int(where.rsplit(":", 1)[1])
         assert source[number - 1].strip() == text
     assert "-kk, kk * a" in dc.removal_lines()
+
+
+def test_on_device_moves_tensors_in_containers_and_leaves_the_rest():
+    from fla_lab import runtime
+
+    moved = dc.on_device({"a": torch.ones(2), "b": [torch.zeros(1), 3], "c": "text"})
+    assert moved["a"].device.type == runtime.device() and moved["b"][0].device.type == runtime.device()
+    assert moved["b"][1] == 3 and moved["c"] == "text" and isinstance(moved["b"], list)

@@ -60,11 +60,25 @@ def log_misuses() -> dict[str, tuple[float, float]]:
     return {name: (value, float(lv)) for (name, value), lv in zip(values.items(), logs)}
 
 
+def on_device(x):
+    """A tensor, or a dict / list / tuple of them, moved to where the kernels run (`fla_lab.device()`): on a GPU
+    the ops refuse CPU tensors. Anything else is returned as it is."""
+    if isinstance(x, torch.Tensor):
+        return x.to(runtime.device())
+    if isinstance(x, dict):
+        return {name: on_device(t) for name, t in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(on_device(t) for t in x)
+    return x
+
+
 def verdict(op, *args, **kwargs) -> str:
     """What the op's contract says about a call: 'accepted', the warning it raised, or the error it raised.
 
-    The call runs forward only, value checks on (as on the CPU), numpy overflow warnings hidden.
+    The call runs forward only, value checks on (as on the CPU), numpy overflow warnings hidden; tensor arguments
+    are moved to the kernels' device first.
     """
+    args, kwargs = on_device(list(args)), on_device(kwargs)
     with warnings.catch_warnings(record=True) as caught, contract.value_checks(True):
         warnings.simplefilter("always")
         warnings.filterwarnings("ignore", category=RuntimeWarning)
@@ -394,11 +408,11 @@ def contract_cases(T: int = 16, K: int = 16, seed: int = 0) -> dict[str, tuple[s
     """Each case: (the verdict it should get, a call). Small shapes: every accepted call runs its kernel."""
     from fla_lab import ops
 
-    r, k, v, w, u = rwkv6_inputs("logsigmoid", T, K, seed).values()
-    x = rwkv6_inputs("sigmoid", T, K, seed)["w"]  # a decay in (0, 1)
+    r, k, v, w, u = on_device(list(rwkv6_inputs("logsigmoid", T, K, seed).values()))
+    x = on_device(rwkv6_inputs("sigmoid", T, K, seed)["w"])  # a decay in (0, 1)
     rwkv6 = lambda w, **kw: (lambda: ops.fused_recurrent_rwkv6(r, k, v, w, u, **kw))  # noqa: E731
-    rwkv7 = lambda case: (lambda: ops.fused_recurrent_rwkv7(**rwkv7_case(case, T, K, seed)))  # noqa: E731
-    gla = harness.gated_inputs(1, 32, 4, K, K, initial_state=False, seed=seed, names=("q", "k", "v", "gk"))
+    rwkv7 = lambda case: (lambda: ops.fused_recurrent_rwkv7(**on_device(rwkv7_case(case, T, K, seed))))  # noqa: E731
+    gla = on_device(harness.gated_inputs(1, 32, 4, K, K, initial_state=False, seed=seed, names=("q", "k", "v", "gk")))
     bhtd = {n: t.transpose(1, 2) for n, t in gla.items()}
     return {
         "rwkv6, w = logsigmoid(x)": ("accepted", rwkv6(w)),
@@ -529,11 +543,6 @@ SATURATED_X = (-200.0, 200.0)  # sigma(x) rounds to 0 below x ~ -104 in fp32, to
 GATE_BT = 64  # rows per program
 
 
-def _on_device(x: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The inputs where the kernels run (the GPU when there is one): the ops refuse CPU tensors there."""
-    return {name: t.to(runtime.device()) for name, t in x.items()}
-
-
 def _is_jit(fn) -> bool:
     return isinstance(fn, triton.runtime.KernelInterface)  # JITFunction, or the interpreter's
 
@@ -589,7 +598,7 @@ def check_log_decay(helper, T: int = 256, K: int = 16, seed: int = 0) -> exercis
     nonfinite = int((~torch.isfinite(w_sat)).sum())
     facts.append((nonfinite == 0, f"non-finite w on saturated x: {nonfinite} of {w_sat.numel()}"))
     x["w"] = w
-    said = verdict(fused_recurrent_rwkv6, **_on_device(x))
+    said = verdict(fused_recurrent_rwkv6, **x)
     facts.append((said == "accepted", f"contract checks on fused_recurrent_rwkv6: {said.split(':')[0]}"))
     with contract.value_checks(False), quiet_overflow():
         result = harness.compare(fused_recurrent_rwkv6, reference.recurrent_rwkv6, x)
@@ -635,7 +644,7 @@ def check_removal(removal, T: int = 64, K: int = 64, seed: int = 0) -> exercises
     radius = float(step_radii(x["w"], x["a"], x["b"]).max())
     facts.append((radius <= 1.0 + 1e-6, f"largest |eigenvalue| of diag(exp w) + b a^T over {T} steps: "
                                         f"{radius:.3f}"))
-    said = verdict(chunk_rwkv7, **_on_device(x))
+    said = verdict(chunk_rwkv7, **x)
     facts.append((said == "accepted", f"contract checks on chunk_rwkv7: {said.split(':')[0]}"))
     with contract.value_checks(False), quiet_overflow():
         result = harness.compare(chunk_rwkv7, reference.recurrent_rwkv7, x, grads=False)
