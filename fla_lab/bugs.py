@@ -115,6 +115,14 @@ def switch_lines(name: str, context: int = 4) -> list[str]:
     return [f"{n:5d}  {lines[n - 1]}" for n in range(number, min(number + context, len(lines)) + 1)]
 
 
+def index() -> None:
+    """One line per entry: name, component, upstream issue, notebook. No trigger, symptom or code: safe to print
+    before the notebooks ask the learner to predict and to write the fix."""
+    width = max(len(b.name) for b in CATALOGUE)
+    for bug in CATALOGUE:
+        print(f"{bug.name:<{width}}  {bug.op:<22}  upstream #{bug.issue:<4}  notebooks/{bug.notebook}.ipynb")
+
+
 def show(names: list[str] | None = None, lines: bool = True) -> None:
     """Print the catalogue (or some entries): where to look, how to trigger it, what it does."""
     for bug in CATALOGUE:

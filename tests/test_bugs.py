@@ -335,3 +335,15 @@ def test_unknown_bug_name_is_rejected():
     x = harness.gated_inputs(1, 4, 1, 16, 16, bonus=True, names=RWKV6_NAMES)
     with pytest.raises(ValueError, match="unknown bug='nope'.*transposed_h0_mask"):
         fused_recurrent_rwkv6(**x, bug="nope")
+
+
+def test_index_names_every_entry_without_giving_the_fix_away(capsys):
+    from fla_lab import bugs
+
+    bugs.index()
+    out = capsys.readouterr().out
+    assert len(out.splitlines()) == len(bugs.CATALOGUE)
+    for bug in bugs.CATALOGUE:
+        assert bug.name in out and f"notebooks/{bug.notebook}.ipynb" in out
+        assert bug.trigger not in out and bug.symptom not in out
+    assert "switch" not in out
