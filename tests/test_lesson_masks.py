@@ -153,3 +153,23 @@ def test_explain_error_wording():
     assert masks.explain_error("ValueError('Cannot make_shape_compatible: incompatible dimensions at index 0')") \
         == masks.explain_error("Cannot broadcast, the expanded size of the tensor (16) must match")
     assert "did not run" in masks.explain_error("NameError: name 'foo' is not defined")
+
+
+def test_figure_legends_name_only_what_is_drawn(monkeypatch):
+    """No legend entry for a line or colour that no panel draws; the error bars are labelled by kernel."""
+    import matplotlib
+    matplotlib.use("Agg")
+
+    def legend_labels(fig):
+        return [text.get_text() for legend in fig.legends for text in legend.get_texts()]
+
+    shapes = legend_labels(masks.plot_tile_shapes())
+    assert not any(label.startswith("solid") for label in shapes)  # K, V fit in one 32x32 tile in every panel
+    assert len([label for label in shapes if label in masks.CELL_NAMES]) == len(masks.CELL_NAMES)
+    real = masks.run_backward
+    monkeypatch.setattr(masks, "run_backward", lambda *a, **kw: real(*a, **kw, T=2))
+    fig = masks.plot_config(32, 32, 32, 16)
+    assert "extra: reads OUTSIDE h0" not in legend_labels(fig)
+    bars = [text.get_text() for text in fig.axes[1].get_legend().get_texts()]
+    assert bars == ["fp32 gradient tolerance", "buggy kernel", "fixed kernel"]
+    assert any(label.startswith("solid") for label in legend_labels(masks.plot_config(16, 16, 24, 40)))

@@ -36,6 +36,7 @@ PROBLEMS = tuple(itertools.product(SIZES, SIZES))  # (K, V) of the problem
 T = 8                             # short sequences: the bug is in the first load, not in the time loop
 STATUSES = ("raises", "right", "wrong")
 STATUS_COLORS = {"raises": "#ff7f0e", "right": "#2ca02c", "wrong": "#d62728"}
+VARIANT_COLORS = {"buggy": "#8c564b", "fixed": "#1f77b4"}  # the explorer's error bars, one colour per kernel
 
 # Cell categories of one initial-state tile, as `h0_cells` reports them.
 CELL_NAMES = ("masked off (padding)", "loaded, right element", "MISSING: needed, masked off",
@@ -295,32 +296,43 @@ def check_h0_mask(mask, shapes=EXERCISE_SHAPES) -> Verdict:
 # ---------------------------------------------------------------------------------------------------------------
 # Figures and the explorer
 
-def _draw_cells(ax, K: int, V: int, BK: int, BV: int, title: str) -> None:
-    """The buggy load's cells over the whole padded state; solid lines: tiles, dashed: the problem's K and V."""
+def _draw_cells(ax, K: int, V: int, BK: int, BV: int, title: str) -> set[str]:
+    """The buggy load's cells over the whole padded state; solid lines: tiles, dashed: the problem's K and V.
+
+    Returns the legend keys of what it drew (cell categories, "dashed", "solid"), so the legend lists only those.
+    """
     import matplotlib.colors as mcolors
 
     cells = h0_cells(K, V, BK, BV)
     cmap = mcolors.ListedColormap(CELL_COLORS)
     ax.imshow(cells.numpy(), cmap=cmap, vmin=-0.5, vmax=len(CELL_COLORS) - 0.5, interpolation="nearest",
               aspect="auto")
+    drawn = {CELL_NAMES[i] for i in cells.unique().tolist()}
     for edge in range(BV, cells.shape[0], BV):
         ax.axhline(edge - 0.5, color="k", lw=1)
     for edge in range(BK, cells.shape[1], BK):
         ax.axvline(edge - 0.5, color="k", lw=1)
+    if cells.shape[0] > BV or cells.shape[1] > BK:  # K or V spans several tiles
+        drawn.add("solid")
     if K < cells.shape[1]:
         ax.axvline(K - 0.5, color="k", ls="--", lw=1.2)
+        drawn.add("dashed")
     if V < cells.shape[0]:
         ax.axhline(V - 0.5, color="k", ls="--", lw=1.2)
+        drawn.add("dashed")
     ax.set(title=title, xlabel="key index k (tile columns, BK)", ylabel="value index v (tile rows, BV)")
+    return drawn
 
 
-def _cell_legend(fig, ncols: int = 4) -> None:
+def _cell_legend(fig, drawn: set[str], ncols: int = 4) -> None:
+    """A legend for the cell panels, with an entry only for what `_draw_cells` drew."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    handles = [Patch(color=c, label=n) for c, n in zip(CELL_COLORS, CELL_NAMES)]
-    handles += [Line2D([], [], color="k", ls="--", lw=1.2, label="dashed: end of the problem (k = K or v = V)"),
-                Line2D([], [], color="k", lw=1, label="solid: tile edges (where K or V spans several tiles)")]
+    handles = [Patch(color=c, label=n) for c, n in zip(CELL_COLORS, CELL_NAMES) if n in drawn]
+    lines = {"dashed": Line2D([], [], color="k", ls="--", lw=1.2, label="dashed: end of the problem (k = K or v = V)"),
+             "solid": Line2D([], [], color="k", lw=1, label="solid: tile edges")}
+    handles += [line for key, line in lines.items() if key in drawn]
     fig.legend(handles=handles, loc="outside lower center", ncols=ncols, fontsize=7)
 
 
@@ -344,9 +356,10 @@ def plot_tile_shapes():
     """Why square tiles hid the bug: (16, 64) cannot broadcast; (32, 32) builds, and is right only when full."""
     fig, axes = viz.figure(ncols=4, width=3.3, height=3.9)
     _draw_shape_clash(axes[0], 16, 64)
+    drawn = set()
     for ax, (K, V) in zip(axes[1:], ((32, 32), (32, 16), (16, 32))):
-        _draw_cells(ax, K, V, 32, 32, f"(BK, BV) = (32, 32), K={K}, V={V}")
-    _cell_legend(fig)
+        drawn |= _draw_cells(ax, K, V, 32, 32, f"(BK, BV) = (32, 32), K={K}, V={V}")
+    _cell_legend(fig, drawn)
     fig.suptitle("the dq kernel's initial-state load, mask built [BK, BV] against pointers [BV, BK] (upstream #18)\n"
                  "three right panels: what each cell of the padded state receives from that load")
     return fig
@@ -389,8 +402,8 @@ def plot_config(BK: int = 32, BV: int = 32, K: int = 32, V: int = 16):
 
     fig, (left, right) = viz.figure(ncols=2, width=4.6, height=3.9)
     if BK == BV:
-        _draw_cells(left, K, V, BK, BV, f"buggy load, (BK, BV)=({BK}, {BV}), K={K}, V={V}")
-        _cell_legend(fig, ncols=3)
+        drawn = _draw_cells(left, K, V, BK, BV, f"buggy load, (BK, BV)=({BK}, {BV}), K={K}, V={V}")
+        _cell_legend(fig, drawn, ncols=3)
     else:
         _draw_shape_clash(left, BK, BV)
     outcomes = {name: run_backward(K, V, (BK, BV), buggy) for name, buggy in (("buggy", True), ("fixed", False))}
@@ -403,8 +416,9 @@ def plot_config(BK: int = 32, BV: int = 32, K: int = 32, V: int = 16):
             right.text(0.5, 0.6, f"{name} kernel raises:\nno gradients at all", transform=right.transAxes,
                        ha="center", color=STATUS_COLORS["raises"], fontsize=11)
             continue
-        right.bar(np.arange(len(names)) + shift, values, width=0.4, label=f"{name}: {outcome.status}",
-                  color=STATUS_COLORS[outcome.status] if name == "buggy" else "#1f77b4")
+        # one colour per kernel, whatever each bar's size: the dotted tolerance line says which bars fail
+        right.bar(np.arange(len(names)) + shift, values, width=0.4, label=f"{name} kernel",
+                  color=VARIANT_COLORS[name])
     right.axhline(check.tolerance(torch.float32).grad, color="k", ls=":", label="fp32 gradient tolerance")
     right.set_yscale("log")
     right.set_ylim(floor / 2, 10)
