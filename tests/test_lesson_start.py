@@ -94,3 +94,34 @@ def test_figures_say_what_they_show():
     import matplotlib.pyplot as plt
 
     plt.close("all")
+
+
+def test_threshold_figure_draws_the_printed_table():
+    """The figure's points are the table the notebook prints, at the explorer's chunk sizes, and nothing else (no
+    line for bug #77's kernel: notebook 03a asks where that one fails)."""
+    assert start.CHUNK_SIZES == tuple(start.widgets.chunk_size_choice().options)
+    fig = start.plot_overflow_thresholds()
+    lines = fig.axes[0].get_lines()
+    assert len(lines) == 3
+    for line, dtype in zip(lines, (torch.float16, torch.bfloat16, torch.float32)):
+        table = start.overflow_thresholds(dtype)
+        assert list(line.get_xdata()) == list(start.CHUNK_SIZES) == list(table)
+        assert list(line.get_ydata()) == list(table.values())
+    assert fig.axes[0].get_ylim()[1] < EXP_MAX
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
+
+
+def test_notebook_prints_the_index_not_the_fixes():
+    """Notebook 00 comes before every predict and fix cell: it may print the catalogue's index, not its entries
+    (their buggy and fixed lines are the later exercises' solutions)."""
+    import json
+    from pathlib import Path
+
+    nb = json.loads((Path(__file__).parents[1] / "notebooks" / "00_start_here.ipynb").read_text())
+    code = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
+    outputs = "".join("".join(o.get("text", "")) for c in nb["cells"] if c["cell_type"] == "code"
+                      for o in c.get("outputs", []))
+    assert any("bugs.index()" in c for c in code) and not any("bugs.show(" in c for c in code)
+    assert "p_gn" not in outputs and "trigger:" not in outputs

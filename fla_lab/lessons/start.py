@@ -113,9 +113,17 @@ def naive_split_census(magnitude: float, chunk_size: int, dtype: torch.dtype) ->
     }
 
 
+CHUNK_SIZES = (16, 32, 64)  # the explorer's choices (widgets.chunk_size_choice): table, figure and explorer agree
+
+
 def overflow_threshold(chunk_size: int, dtype: torch.dtype) -> float:
     """The per-step decay magnitude above which the naive split overflows in `dtype`."""
     return viz.EXP_OVERFLOW[dtype] / chunk_size
+
+
+def overflow_thresholds(dtype: torch.dtype, chunk_sizes=CHUNK_SIZES) -> dict[int, float]:
+    """`overflow_threshold` for each chunk size, rounded to 2 decimals: the table the threshold figure draws."""
+    return {int(c): round(overflow_threshold(int(c), dtype), 2) for c in chunk_sizes}
 
 
 def smallest_subnormal(dtype: torch.dtype) -> float:
@@ -182,23 +190,24 @@ def plot_chunk_factors(magnitude: float = 2.0, dtype: torch.dtype = torch.float3
     return fig
 
 
-def plot_overflow_thresholds():
-    """Which per-step decay magnitudes the naive split survives, per dtype and chunk size."""
-    import numpy as np
-
+def plot_overflow_thresholds(chunk_sizes=CHUNK_SIZES):
+    """Which per-step decay magnitudes the naive split survives, per dtype and chunk size (the printed table)."""
     fig, (ax,) = viz.figure(width=6.0, height=3.4)
-    sizes = np.array([16, 32, 64, 128])
     for dtype, style in ((torch.float16, "o-"), (torch.bfloat16, "s-"), (torch.float32, "x--")):
         same = " (fp32's exponent range)" if dtype == torch.bfloat16 else ""
-        ax.plot(sizes, [overflow_threshold(int(c), dtype) for c in sizes], style, color=viz.DTYPE_COLORS[dtype],
+        limits = overflow_thresholds(dtype, chunk_sizes)
+        ax.plot(list(limits), list(limits.values()), style, color=viz.DTYPE_COLORS[dtype],
                 label=f"naive split, {viz.DTYPE_NAMES[dtype]}{same}")
-    ax.axhline(viz.EXP_OVERFLOW[torch.float32], color="k", ls=":",
-               label="for comparison: where bug #77's RWKV6 kernel\n(notebook 03a) fails, fp32, chunks >= 32")
-    ax.set(xscale="log", yscale="log", xlabel="chunk size", ylabel="largest per-step |log-decay|",
-           title="the naive split exp(G_t)*exp(-G_s) overflows above these lines")
+        if dtype != torch.bfloat16:  # bf16's values lie on fp32's (5.54 against 5.55 at C = 16)
+            below = dtype == torch.float16
+            for c, limit in limits.items():
+                ax.annotate(f"{limit:g}", (c, limit), xytext=(0, -12 if below else 7), textcoords="offset points",
+                            ha="center", fontsize=8, color=viz.DTYPE_COLORS[dtype])
+    ax.set(xscale="log", yscale="log", xlabel="chunk size C", ylabel="largest per-step |log-decay|",
+           ylim=(0.1, 10), title="the naive split exp(G_t)*exp(-G_s) overflows above these lines")
     ax.minorticks_off()
-    ax.set_xticks(sizes, [str(s) for s in sizes])
-    ax.legend(fontsize=7, loc="upper right", bbox_to_anchor=(1.0, 0.85))
+    ax.set_xticks(list(chunk_sizes), [str(c) for c in chunk_sizes])
+    ax.legend(fontsize=7, loc="upper right")
     return fig
 
 
