@@ -243,6 +243,17 @@ def _select(records, **match):
     return [r for r in records if all(r[k] == v for k, v in match.items())]
 
 
+def short_error(err: float) -> str:
+    """Two significant digits in little room ("2.4e-2"): one digit cannot tell 0.018 (right in bf16) from 0.024."""
+    if not math.isfinite(err) or err == 0:
+        return f"{err:g}"
+    exponent = math.floor(math.log10(err))
+    mantissa = round(err / 10 ** exponent, 1)
+    if mantissa >= 10:
+        mantissa, exponent = mantissa / 10, exponent + 1
+    return f"{mantissa:.1f}e{exponent}"
+
+
 def plot_heatmap(records: list[dict], op: str, variant: str, dtype: str, chunk_size=None, ax=None):
     """Status (colour) and worst error (text) over decay magnitude (x) and sequence length (y)."""
     from matplotlib.colors import ListedColormap
@@ -257,7 +268,7 @@ def plot_heatmap(records: list[dict], op: str, variant: str, dtype: str, chunk_s
         i, j = lengths.index(r["T"]), decays.index(r["decay"])
         grid[i, j] = STATUSES.index(r["status"])
         err = worst_error(r)
-        label = {"nonfinite": "NaN", "raises": "err"}.get(r["status"], f"{err:.0e}")
+        label = {"nonfinite": "NaN", "raises": "err"}.get(r["status"], short_error(err))
         ax.text(j, i, label, ha="center", va="center", fontsize=7, color="white" if r["status"] != "right" else "k")
     ax.imshow(grid.numpy(), cmap=ListedColormap([STATUS_COLORS[s] for s in STATUSES]), vmin=-0.5,
               vmax=len(STATUSES) - 0.5, aspect="auto", origin="lower")

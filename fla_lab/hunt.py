@@ -78,7 +78,6 @@ class KernelTracer:
 
     def __init__(self):
         self.launches: list[Launch] = []
-        self.phase = "forward"
 
     def first_bad(self) -> Launch | None:
         return next((launch for launch in self.launches if launch.written or launch.raised), None)
@@ -90,7 +89,7 @@ class KernelTracer:
             tensors = {n: a for n, a in zip(arg_names, args) if isinstance(a, torch.Tensor)}
             tensors.update({n: a for n, a in kwargs.items() if isinstance(a, torch.Tensor)})
             before = {n: _nonfinite(t) for n, t in tensors.items()}
-            launch = Launch(name, tracer.phase)
+            launch = Launch(name, autograd_phase())
             tracer.launches.append(launch)
             try:
                 return run(*args, **kwargs)
@@ -115,6 +114,11 @@ class KernelTracer:
         finally:
             for jitted in kernels.values():
                 del jitted.run  # back to the class's method
+
+
+def autograd_phase() -> str:
+    """"backward" while autograd runs a backward pass (a graph task is executing), else "forward"."""
+    return "backward" if torch._C._current_graph_task_id() != -1 else "forward"
 
 
 def _dims(t: torch.Tensor) -> tuple[str, ...]:
@@ -230,7 +234,7 @@ def replay(spec: registry.OpSpec, fn, inputs: dict, kwargs: dict | None = None, 
         try:
             o, ht = fn(**leaves, **kwargs, output_final_state=True)
             if do is not None and torch.isfinite(o).all():
-                phase = tracer.phase = "backward"
+                phase = "backward"
                 states = ht if isinstance(ht, tuple) else (ht,)
                 dhts = dht if isinstance(dht, tuple) else (dht,)
                 loss = (o * do.to(o)).sum() + sum((s * d.to(s)).sum() for s, d in zip(states, dhts) if d is not None)

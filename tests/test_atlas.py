@@ -76,3 +76,8 @@ def test_cli_writes_png_and_json(tmp_path, capsys):
         ("unmasked_padding", 1.0, "right"), ("unmasked_padding", 100.0, "nonfinite")}
     assert (tmp_path / "atlas.png").stat().st_size > 10_000
     assert "100 (nonfinite)" in capsys.readouterr().out
+
+
+def test_short_error_keeps_two_significant_digits():
+    assert [atlas.short_error(x) for x in (0.0184, 0.0244, 3.46e-3, 9.96e-3, 1.0)] == [
+        "1.8e-2", "2.4e-2", "3.5e-3", "1.0e-2", "1.0e0"]

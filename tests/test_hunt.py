@@ -74,3 +74,18 @@ def test_locator_leaves_ops_unpatched_and_propagates_unrelated_errors():
         assert fla_lab.ops.chunk_rwkv6 is not real
         1 / 0
     assert fla_lab.ops.chunk_rwkv6 is real
+
+
+def test_tracer_tells_backward_launches_from_forward_ones_on_its_own():
+    """Outside `locate` too (notebook 06's exercise): GSA's padded rows write their first NaN in the backward."""
+    spec = registry.get("chunk_gsa")
+    x = {n: tuple(t.to(fla_lab.device()).requires_grad_() for t in v) if isinstance(v, tuple)
+         else v.to(fla_lab.device()).requires_grad_() for n, v in spec.inputs(registry.Shape(1, 45, 1, 16, 16, 16),
+                                                                             decay=30.0).items()}
+    with hunt.trace_kernels() as tracer:
+        o, _ = spec.op("unmasked_padding", chunk_size=64)(**x)
+        assert torch.isfinite(o).all()
+        o.sum().backward()
+    assert {launch.phase for launch in tracer.launches} == {"forward", "backward"}
+    bad = tracer.first_bad()
+    assert (bad.kernel, bad.phase) == ("slot_rows_kernel", "backward"), bad

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from fla_lab import hunt, runtime
+from fla_lab import exercises, hunt, runtime
 from fla_lab.layers import GatedSlotAttention, RWKV6Attention, RWKV7Attention
 from fla_lab.lessons import gsa_padding
 
@@ -141,6 +141,22 @@ def train(model: TinyLM, steps: int = 3, lr: float = 1e-3, seed: int = 0) -> lis
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     data = tokens(seed=seed)
     return [train_step(model, optimizer, data) for _ in range(steps)]
+
+
+def check_hunt(model: TinyLM, steps: int = 2) -> exercises.Verdict:
+    """The capstone's check: no planted switch is left on (only how many, not where), then `steps` bf16 training
+    steps with finite loss and gradients and a falling loss."""
+    left = len(planted(model))
+    facts = [(left == 0, f"planted bugs still switched on: {left} of {len(PLANTED)}")]
+    if left == 0:
+        trained = train(model, steps=steps)
+        finite = all(step.grads_finite and math.isfinite(step.loss) for step in trained)
+        losses = " -> ".join(f"{step.loss:.3f}" for step in trained)
+        facts += [(finite, f"{steps} training steps, every loss and gradient finite: {finite}"),
+                  (finite and trained[-1].loss < trained[0].loss, f"loss {losses}")]
+    return exercises.Verdict("hunt down every planted bug", all(ok for ok, _ in facts), [f for _, f in facts],
+                             hint="locate, read the report, look up its suspects, switch the named module off; "
+                                  "repeat until the locator finds nothing (one bug never makes a NaN)")
 
 
 def hunt_step(model: TinyLM, seed: int = 0) -> hunt.Report:
