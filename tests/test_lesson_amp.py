@@ -177,6 +177,19 @@ def test_check_log_decay_rejects_the_buggy_line_and_accepts_the_fp32_one():
     assert fixed and str(fixed).startswith("PASS") and "receives w as fp32" in str(fixed)
 
 
+def _official_formula_decay(w_raw):
+    return -torch.exp(-torch.nn.functional.softplus(-w_raw) - 0.5)  # the official formula, no explicit cast
+
+
+def test_check_log_decay_tells_other_bf16_roundings_from_the_sigmoids():
+    x = amp.lora_grid(-8, 4, 101).to(torch.bfloat16)
+    assert amp.rounded_like_the_sigmoid_line(_buggy_decay(x), x, "cpu")
+    assert amp.rounded_like_the_sigmoid_line(_late_cast_decay(x), x, "cpu")
+    assert not amp.rounded_like_the_sigmoid_line(_fp32_decay(x), x, "cpu")
+    verdict = str(amp.check_log_decay(_official_formula_decay, T=16))
+    assert verdict.startswith("NOT YET") and "not by the historical line" in verdict and "sigmoid of a bf16" not in verdict
+
+
 def test_check_log_decay_reports_a_refused_dtype_instead_of_raising():
     verdict = amp.check_log_decay(lambda w_raw: -math.exp(-0.5) * w_raw.double().sigmoid(), T=16)
     assert not verdict and "TypeError" in str(verdict)
