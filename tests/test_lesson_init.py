@@ -140,7 +140,7 @@ def historical_init(layer):
     layer.apply(init)
 
 
-def formula_init(depth_aware=True):
+def formula_init(depth_aware=True, k_k_ramp_to_last_channel=True):
     @torch.no_grad()
     def init(layer):
         C, l, L = layer.hidden_size, layer.layer_idx, layer.num_hidden_layers
@@ -148,7 +148,7 @@ def formula_init(depth_aware=True):
         rho1 = 1 - l / L if depth_aware else 1.0
         for name, power in {"x_r": 0.2, "x_w": 0.9, "x_k": 0.7, "x_v": 0.7, "x_a": 0.9, "x_g": 0.2}.items():
             getattr(layer, name).copy_((1 - (c / C) ** (power * rho1)).view(1, 1, C))
-        layer.k_k.copy_(0.71 - 0.1 * (c / (C - 1) - 0.5))
+        layer.k_k.copy_(0.71 - 0.1 * (c / ((C - 1) if k_k_ramp_to_last_channel else C) - 0.5))
         layer.k_a.fill_(1.02)
         layer.r_k.fill_(-0.04)
     return init
@@ -159,6 +159,7 @@ def test_check_rejects_the_historical_init():
     assert not verdict.passed and str(verdict).startswith("NOT YET")
     text = str(verdict)
     assert "output vs float64: error nan" in text and "the 31 other parameters" in text
+    assert "still hold the garbage" in verdict.hint and "layer.apply" in verdict.hint
 
 
 def test_check_accepts_the_formulas_in_fp32():
@@ -172,6 +173,25 @@ def test_check_rejects_an_init_that_ignores_the_depth():
     assert not verdict.passed
     failing = [line for line in verdict.facts if " > " in line]
     assert failing and all(line.startswith(("x_r", "x_w", "x_k", "x_v", "x_a", "x_g")) for line in failing)
+    # per layer: right at layer 0 (rho1 = 1 there), wrong at layer 7, and the hint says it is the depth
+    assert all("layer 0: error" in line and "<=" in line.split(";")[0] and " > " in line.split(";")[1]
+               for line in failing)
+    assert "right at layer 0 but not at layer 7" in verdict.hint and "rho1" in verdict.hint
+    assert "k_k" not in verdict.hint
+
+
+def test_check_points_at_k_k_when_only_k_k_is_off():
+    # c/C instead of c/(C-1): off by 0.1 / C at the last channel, at both layers
+    verdict = lesson.check_initialisation(formula_init(k_k_ramp_to_last_channel=False))
+    assert not verdict.passed
+    failing = [line for line in verdict.facts if " > " in line]
+    assert len(failing) == 1 and failing[0].startswith("k_k") and "error 7.8e-04 >" in failing[0]
+    assert verdict.hint.startswith("k_k") and "C-1" in verdict.hint and "rho1" not in verdict.hint
+
+
+def test_check_hints_at_both_for_the_depth_and_k_k_together():
+    verdict = lesson.check_initialisation(formula_init(depth_aware=False, k_k_ramp_to_last_channel=False))
+    assert "right at layer 0 but not at layer 7" in verdict.hint and "C-1" in verdict.hint
 
 
 def test_check_rejects_resetting_the_whole_layer():
@@ -180,6 +200,7 @@ def test_check_rejects_resetting_the_whole_layer():
     assert not verdict.passed
     failing = [line for line in verdict.facts if " > " in line or line.endswith(" of 31")]
     assert len(failing) == 1 and "other parameters" in failing[0] and not failing[0].endswith("31 of 31")
+    assert verdict.hint == "set only the nine: every other parameter must stay as it was"
 
 
 def test_check_leaves_the_global_random_state_alone():

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from fla_lab import check, harness, reference, runtime, viz, widgets
-from fla_lab.exercises import Verdict, error_fact, verdict_from_errors
+from fla_lab.exercises import Verdict, error_fact
 from fla_lab.layers import RWKV7Attention
 from fla_lab.layers import init as official
 
@@ -379,36 +379,81 @@ def _worst(errors: dict[str, float]) -> float:
     return math.nan if any(math.isnan(e) for e in values) else max(values)
 
 
+def _within(err: float) -> bool:
+    return math.isfinite(err) and err <= VECTOR_TOL
+
+
+def vector_fact(name: str, errors: dict[int, float]) -> tuple[bool, str]:
+    """One line per vector, its error at each exercise layer (a vector right at layer 0 and wrong at layer 7 is
+    missing the depth, which layer 0 cannot show since rho1 = 1 there)."""
+    parts = [error_fact(f"layer {l}", err, VECTOR_TOL) for l, err in errors.items()]
+    return all(ok for ok, _ in parts), f"{name} vs the fixed path, " + "; ".join(line for _, line in parts)
+
+
+def initialisation_hint(errors: dict[str, dict[int, float]], unset: set[str], others_touched: bool) -> str:
+    """What to look at next, from which vectors fail at which layer (most specific first)."""
+    first, deeper = EXERCISE_LAYERS[0], EXERCISE_LAYERS[1:]
+    wrong = {name for name, errs in errors.items() if not all(_within(e) for e in errs.values())}
+    mixes = [name for name in MIX_POWERS if name in wrong and name not in unset]
+    hints = []
+    if unset:
+        hints.append(f"{', '.join(sorted(unset, key=vector_parameters().index))} still hold the garbage: set the "
+                     "parameters themselves by name under torch.no_grad() (layer.apply never hands your function a "
+                     "parameter)")
+    if mixes and all(_within(errors[name][first]) for name in mixes):
+        hints.append(f"{', '.join(mixes)} are right at layer {first} but not at layer "
+                     f"{', '.join(map(str, deeper))}: at layer 0 rho1 = 1, so the depth is what is missing: "
+                     "rho1 = 1 - layer_idx / num_hidden_layers")
+    elif mixes:
+        hints.append(f"{', '.join(mixes)} are off at layer {first} already, where rho1 = 1 and the depth plays no "
+                     "part: check 1 - (c/C)^p with c = 0..C-1 and p from lesson.MIX_POWERS")
+    if "k_k" in wrong - unset:
+        hints.append("k_k's ramp is c/(C-1), running from 0 at the first channel to 1 at the last "
+                     "(the mixes divide by C)")
+    if {"k_a", "r_k"} & (wrong - unset):
+        hints.append("k_a and r_k are constants, 1.02 and -0.04, in every channel")
+    if others_touched:
+        hints.append("set only the nine: every other parameter must stay as it was")
+    if not hints:  # the nine are right, yet the layer is not: unexpected, point back at the task
+        hints.append("set x_r..x_g, k_k, k_a and r_k in place and nothing else")
+    return "; ".join(hints)
+
+
 def check_initialisation(candidate, hidden_size: int = 128, T: int = 16) -> Verdict:
     """Run `candidate(layer)` on layers built with the bug on (layers 0 and 7 of `DEPTH`) and check that
-    - each of the nine vectors equals what the fixed path sets (largest |difference| over both layers);
+    - each of the nine vectors equals what the fixed path sets (largest |difference|, at each layer);
     - every parameter is finite and |x| <= HUGE, and the others (LoRAs, projections, norm) are untouched;
-    - layer 0's output and gradients (fp32, the real `chunk_rwkv7` kernel) match its float64 twin."""
-    vector_err = {name: [] for name in vector_parameters()}  # |yours - fixed path|, one per layer
+    - layer 0's output and gradients (fp32, the real `chunk_rwkv7` kernel) match its float64 twin.
+    The hint names what the failures point at (the depth, k_k's C - 1, the garbage left in place)."""
+    vector_err = {name: {} for name in vector_parameters()}  # |yours - fixed path|, per layer
+    unset = set()  # vectors the candidate left as the garbage they were
     finite = untouched = 0
     n_params = n_others = 0
     layers = {}
     for l in EXERCISE_LAYERS:
         layer = exercise_layer(l, hidden_size)
-        before = {n: p.detach().clone() for n, p in layer.named_parameters() if n not in vector_parameters()}
+        before = {n: p.detach().clone() for n, p in layer.named_parameters()}
         candidate(layer)
         layers[l] = layer
         want = fixed_path_vectors(l, hidden_size)
         for name in vector_parameters():
-            diff = (getattr(layer, name).detach().double().cpu() - want[name].double()).abs().max()
-            vector_err[name].append(float(diff))
+            value = getattr(layer, name).detach()
+            vector_err[name][l] = float((value.double().cpu() - want[name].double()).abs().max())
+            if torch.equal(value, before[name]):
+                unset.add(name)
         rows = parameter_census(layer)
         finite += sum(not r.garbage for r in rows)
         n_params += len(rows)
-        untouched += sum(torch.equal(layer.get_parameter(n).detach(), p) for n, p in before.items())
-        n_others += len(before)
+        others = [n for n in before if n not in vector_parameters()]
+        untouched += sum(torch.equal(layer.get_parameter(n).detach(), before[n]) for n in others)
+        n_others += len(others)
     layer = layers[EXERCISE_LAYERS[0]]
     x = layer_input(T, hidden_size, torch.float32, B=1)
     o, grads = forward_backward(layer, x)
     o_ref, grads_ref = forward_backward(float64_twin(layer), x.double())
     tol = check.tolerance(torch.float32)
     where = f"layers {' and '.join(map(str, EXERCISE_LAYERS))}"
-    extra = [
+    checks = [vector_fact(name, errs) for name, errs in vector_err.items()] + [
         (finite == n_params, f"parameters finite and |x| <= {HUGE:g}: {finite} of {n_params} ({where})"),
         (untouched == n_others, f"the {n_others} other parameters ({where}) left as they were: "
                                 f"{untouched} of {n_others}"),
@@ -416,9 +461,5 @@ def check_initialisation(candidate, hidden_size: int = 128, T: int = 16) -> Verd
         error_fact(f"layer 0 gradients (input + {len(grads) - 1} parameters) vs float64, worst",
                    _worst(check.grad_errors(grads_ref, grads)), tol.grad),
     ]
-    errors = {f"{name} vs the fixed path": _worst(dict(enumerate(errs))) for name, errs in vector_err.items()}
-    return verdict_from_errors(
-        "the initialisation #150 skipped", errors, VECTOR_TOL, extra=extra,
-        hint="set the nine parameters themselves, and only them (layer.apply never hands your function a parameter): "
-             "under torch.no_grad(), copy the formulas into x_r..x_g, k_k, k_a and r_k; the mixes depend on "
-             "the depth through rho1 = 1 - layer_idx / num_hidden_layers")
+    return Verdict("the initialisation #150 skipped", all(ok for ok, _ in checks), [line for _, line in checks],
+                   initialisation_hint(vector_err, unset, untouched != n_others))
