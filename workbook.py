@@ -267,7 +267,7 @@ def pytest_phase(name: str, args: list, env: dict | None = None) -> tuple[int, d
 def execute_phase(phase: Phase, env: dict) -> tuple[int, dict]:
     """Run each notebook top to bottom with nbconvert into phase.out (cells tagged raises-exception may raise)."""
     say(f"--- {phase.name} ---")
-    phase.out.mkdir(parents=True, exist_ok=True)
+    (phase.out / "figures").mkdir(parents=True, exist_ok=True)  # fla_lab saves figures only into an existing folder
     counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
     for nb in map(Path, phase.args):
         counts["tests"] += 1

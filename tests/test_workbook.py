@@ -117,6 +117,7 @@ def test_execute_phase_runs_nbconvert_without_comparing(wb, monkeypatch, tmp_pat
     assert "--execute" in cmd and "--inplace" not in cmd
     assert cmd[cmd.index("--output-dir") + 1] == str(tmp_path / "gpu")
     assert kw["env"] == {"X": "1"} and kw["cwd"] == NBS[0].parent
+    assert (tmp_path / "gpu" / "figures").is_dir()  # where phase_env points FLA_LAB_FIGURES_DIR
 
 
 def test_phases_command_prints_the_gpu_plan(wb, capsys):
