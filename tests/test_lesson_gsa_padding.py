@@ -211,6 +211,21 @@ def test_figures_draw():
     assert "bf16" in lesson.plot_accuracy(fake).axes[0].get_title()
     fig = lesson.plot_setting(torch.float32, 30.0, 20)
     assert "T = 20" in fig._suptitle.get_text() and "all within tolerance" in fig.axes[2].get_title()
+    # the bars carry the names the comparison prints (initial_state[0], not h0[0])
+    assert "initial_state[0]" in [t.get_text() for t in fig.axes[2].get_xticklabels()]
+    # two measured runs 1 % apart: the thresholds figure zooms in on them
+    measured = {(45, 1.95): False, (45, 2.0): True}
+    zoom = lesson.plot_thresholds(measured).axes[0].child_axes
+    assert len(zoom) == 1 and zoom[0].get_ylim()[0] < 1.95 < lesson.threshold_per_step(45) < 2.0 < zoom[0].get_ylim()[1]
+
+
+def test_h200_atlas_numbers_the_notebook_quotes():
+    ours, upstream = lesson.h200_dg_errors(), lesson.h200_dg_errors("fla:chunk_gsa")
+    assert len(ours) == len(upstream) == 16  # T in {512, 4096} x 8 decay knobs
+    assert round(ours[(512, 1e-3)]["scale-aware"], 3) == 0.023 and round(ours[(4096, 1e-3)]["scale-aware"], 3) == 0.031
+    assert round(ours[(4096, 1.0)]["scale-aware"], 3) == 0.024
+    assert max(ours[(T, m)]["scale-aware"] for T in (512, 4096) for m in (30.0, 100.0)) < 2e-3
+    assert round(upstream[(512, 100.0)]["plain"]) == 42 and round(ours[(512, 100.0)]["plain"], 2) == 0.14
 
 
 def test_explorer_runs_on_demand(monkeypatch):

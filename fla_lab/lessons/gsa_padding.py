@@ -1,9 +1,9 @@
 """Notebook 03b: GSA's padded rows and the NaN gradients of the slot writes (upstream #77, the GSA half).
 
 GSA's slot pass (pass 1 of `chunk_gsa`) puts its forget gate on the slot side of the state. The gradient of the slot
-writes `s` gathers from *later* rows: `ds_s = sum_{t >= s} A[t, s] do_t exp(gi_t - gi_s)`. The chunked kernel splits
+writes `s` gathers from *later* rows: `ds_r = sum_{t >= r} A[t, r] do_t exp(gi_t - gi_r)`. The chunked kernel splits
 each block of later rows around a reference `gn`, the chunk-local cumulative decay at the last valid row of the
-sub-chunk being differentiated: `exp(gi_t - gn) * exp(gn - gi_s)`. For a valid later row `gi_t <= gn`; a row past the
+sub-chunk being differentiated: `exp(gi_t - gn) * exp(gn - gi_r)`. For a valid later row `gi_t <= gn`; a row past the
 end of the sequence (a partial last chunk) loads its decay as 0, so the factor is `exp(0 - gn) = exp(|gn|)`: inf once
 `|gn| > 88.72` in fp32, times the zero-padded `do`: NaN, which the `tl.dot` spreads over the sub-chunk's rows and the
 decay gradient's reverse cumulative sum over every earlier row. The fix 737550ff masks rows past T in the exponent.
@@ -13,9 +13,11 @@ Everything here runs the real kernel `chunk_gsa` (and the layer `GatedSlotAttent
 from __future__ import annotations
 
 import functools
+import json
 import math
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import triton
@@ -449,9 +451,21 @@ def plot_thresholds(measured: dict[tuple[int, float], bool] | None = None, init_
     ax.axhline(USERS_CLAMP, color="k", ls="--", lw=0.9, label="users' clamp |f| < 20")
     if init_f is not None:
         ax.axhline(init_f, color="#1f77b4", ls="-.", lw=0.9, label=f"the layer's |f| at gate logit 0 ({init_f:.3f})")
-    for (rem, g), nan in (measured or {}).items():
-        ax.plot(rem, g, "x" if nan else "o", ms=7, color="#d62728" if nan else "#2ca02c", mfc="none",
-                label=f"kernel, T = {rem}, |g| = {g:g}: " + ("NaN" if nan else "finite"))
+    if measured:
+        # the measured runs sit 1 % apart on either side of the curve: a linear zoom tells them apart
+        zoom = ax.inset_axes([0.33, 0.50, 0.24, 0.30])
+        zoom.fill_between(r, th, 1e3, color="#d62728", alpha=0.12, step="mid")
+        zoom.step(r, th, where="mid", color="#d62728", lw=1.2)
+        for (rem, g), nan in measured.items():
+            for a in (ax, zoom):
+                a.plot(rem, g, "x" if nan else "o", ms=7, color="#d62728" if nan else "#2ca02c", mfc="none",
+                       label=f"kernel, T = {rem}, |g| = {g:g}: " + ("NaN" if nan else "finite"))
+        rems, gs = [k[0] for k in measured], [k[1] for k in measured]
+        zoom.set(xlim=(min(rems) - 3, max(rems) + 3), ylim=(min(gs) - 0.05, max(gs) + 0.05))
+        zoom.set_title("zoom (linear)", fontsize=7)
+        zoom.tick_params(labelsize=6)
+        zoom.set_facecolor("white")
+        ax.indicate_inset_zoom(zoom, edgecolor="0.4")
     ax.annotate("T mod 64 = 0 (no partial chunk): never", (0, 0.3), (2, 0.3), fontsize=7, va="center",
                 arrowprops=dict(arrowstyle="->", lw=0.8))
     ax.set(yscale="log", ylim=(0.05, 200), xlim=(0, CHUNK), xlabel="T mod 64 (rows in the partial last chunk)",
@@ -483,15 +497,29 @@ def sweep(decays: tuple[float, ...] = SWEEP_DECAYS, dtype: str = "bf16", T: int 
     return {m: gradient_errors(T, m, dtype) for m in tqdm(decays, desc="sweep", leave=False, disable=not progress)}
 
 
+H200_ATLAS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "atlas_h200.json"
+
+
+def h200_dg_errors(op: str = "chunk_gsa", path: Path = H200_ATLAS) -> dict[tuple[int, float], dict[str, float]]:
+    """{(T, m): {"scale-aware": ..., "plain": ...}} of the fixed `op`'s bf16 decay gradient in the H200 atlas
+    (`benchmarks/atlas_h200.py`, notebook 06: B=1, H=4, K=V=M=64, T in {512, 4096}). Read from the GPU run's json,
+    not recomputed; "fla:chunk_gsa" is upstream 0.6.0's kernel in the same run."""
+    records = json.loads(path.read_text())["records"]
+    return {(r["T"], r["decay"]): {"scale-aware": r["errors"]["dg"], "plain": r["errors_unfloored"]["dg"]}
+            for r in records if r["op"] == op and r["variant"] == "fixed" and r["dtype"] == "bf16"}
+
+
 def meaningful(errors: dict, name: str = "dg", floor: float = 1e-12) -> bool:
     """Whether the plain relative error of `name` means something: the exact gradient has not underflowed to
     (almost) nothing next to the other gradients (at decay knob 1e3 the exact dg is ~1e-23, at 1e4 exactly 0)."""
     return errors["norm"][name] > floor * max(errors["norm"].values())
 
 
-def plot_accuracy(results: dict[float, dict], dtype: str = "bf16", T: int = SWEEP_T):
+def plot_accuracy(results: dict[float, dict], dtype: str = "bf16", T: int = SWEEP_T,
+                  h200: dict[tuple[int, float], dict[str, float]] | None = None):
     """dg (both measures), ds and the worst other gradient of the fixed kernel against the decay knob, beside
-    upstream's two bf16 dg points; the plain dg error is drawn only where the exact dg has not underflowed."""
+    upstream's two bf16 dg points; the plain dg error is drawn only where the exact dg has not underflowed.
+    `h200` (`h200_dg_errors()`): the same kernel's scale-aware dg on the GPU at larger T, as open triangles."""
     import numpy as np
 
     decays = np.array(sorted(results))
@@ -508,6 +536,11 @@ def plot_accuracy(results: dict[float, dict], dtype: str = "bf16", T: int = SWEE
             label="fla_lab, fixed: worst of dq, dk, dv, plain")
     ax.plot(list(UPSTREAM_BF16_DG), list(UPSTREAM_BF16_DG.values()), "*", ms=12, color="k",
             label="upstream 0.6.0: dg, plain (H200, T = 128..512, K = V = 64)")
+    for (length, marker) in ((512, "^"), (4096, "v")):
+        points = sorted((m, e["scale-aware"]) for (t, m), e in (h200 or {}).items() if t == length)
+        if points:
+            ax.plot(*zip(*points), marker, ms=6, color="#9467bd", mfc="none", ls="none",
+                    label=f"fla_lab, fixed: dg, scale-aware, H200 atlas T = {length} (GPU)")
     ax.axhline(check.tolerance(viz.DTYPES[dtype]).grad, color="grey", ls="--", lw=0.8,
                label=f"{dtype} gradient tolerance")
     if len(plain) < len(decays):
@@ -515,7 +548,7 @@ def plot_accuracy(results: dict[float, dict], dtype: str = "bf16", T: int = SWEE
         ax.text(max(plain) * 3.5, 2e-4, "exact dg\nunderflows:\nno plain\nrel. error", fontsize=7, color="0.3")
     ax.set(xscale="log", yscale="log", ylim=(1e-7, 100), xlim=(decays.min() / 3, decays.max() * 3),
            xlabel="decay knob m: g = -m·U(0.05, 1)", ylabel="rel. error vs float64 reference",
-           title=f"{dtype}, chunk 64, T = {T}, CPU interpreter (fp32 dots), beside upstream's GPU measurement")
+           title=f"{dtype}, chunk 64: lines T = {T} on the CPU interpreter (fp32 dots); markers GPU measurements")
     ax.title.set_fontsize(9)
     ax.legend(fontsize=6.5, loc="upper left")
     return fig
@@ -563,7 +596,7 @@ def plot_setting(dtype: torch.dtype = torch.float32, decay: float = 5.0, remaind
     tol = check.tolerance(dtype)
     right.axhline(tol.grad, color="grey", ls=":", lw=0.8, label=f"gradient tolerance {tol.grad:g}")
     right.axhline(tol.fwd, color="grey", ls="--", lw=0.8, label=f"output tolerance {tol.fwd:g}")
-    right.set_xticks(pos, [n.replace("initial_state", "h0") for n in names], fontsize=7, rotation=60)
+    right.set_xticks(pos, names, fontsize=7, rotation=60, ha="right")  # the names of the comparison printed above
     right.set(ylim=(1e-12, 10), ylabel="rel. error vs reference (x: non-finite)",
               xlabel="o, ht: outputs; the others: gradients",
               title=f"fixed: {'all within tolerance' if fixed.ok else 'FAILING'}")
@@ -591,7 +624,7 @@ def explorer():
 
 # ---------------------------------------------------------------------------------------------------- exercise
 # The learner writes the fix. `slot_write_grad_kernel` is the value-side slot computation of one partial last chunk,
-# reduced to what the bug needs: pass 1's slot-write gradient `ds_s = sum_{t >= s} A[t, s] do_t exp(gi_t - gi_s)`
+# reduced to what the bug needs: pass 1's slot-write gradient `ds_r = sum_{t >= r} A[t, r] do_t exp(gi_t - gi_r)`
 # (no state between chunks, B = H = 1), with the same sub-chunk split, reference row and masked loads as
 # `cols_from_later_subchunks` in `slot_rows_kernel`. The exponent of the later rows' factor is the learner's
 # `@triton.jit` helper, passed in the `tl.constexpr` slot EXPONENT.
@@ -610,7 +643,7 @@ def buggy_exponent(b_gq, b_gn, valid):
 @triton.jit
 def slot_write_grad_kernel(A, DO, GI, DS, T, M: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
                            BM: tl.constexpr, EXPONENT: tl.constexpr):
-    """`ds_s = sum_{t >= s} A[t, s] do_t exp(gi_t - gi_s)` for the rows s of sub-chunk `program_id(0)` of one chunk
+    """`ds_r = sum_{t >= r} A[t, r] do_t exp(gi_t - gi_r)` for the rows r of sub-chunk `program_id(0)` of one chunk
     of T <= BT rows. A `[T, BT]` (scores with the scale, chunk-local columns), DO, GI, DS `[T, M]`, fp32."""
     i_i = tl.program_id(0)
     NC: tl.constexpr = BT // BC
@@ -618,15 +651,15 @@ def slot_write_grad_kernel(A, DO, GI, DS, T, M: tl.constexpr, BT: tl.constexpr, 
     if i_start >= T:  # a sub-chunk wholly past T has no rows to write
         return
     o_c = tl.arange(0, BC)
-    o_i = i_start + o_c  # the rows s of this sub-chunk
+    o_i = i_start + o_c  # the rows r of this sub-chunk
     m_i = o_i < T
     o_m = tl.arange(0, BM)
     m_m = o_m < M
     m_im = m_i[:, None] & m_m[None, :]
-    b_gs = tl.load(GI + o_i[:, None] * M + o_m[None, :], mask=m_im, other=0)
+    b_gr = tl.load(GI + o_i[:, None] * M + o_m[None, :], mask=m_im, other=0)
     b_ds = tl.zeros([BC, BM], dtype=tl.float32)
     if i_i + 1 < NC:  # later sub-chunks: one tl.dot each, the decay split at gn (cols_from_later_subchunks)
-        b_gn = tl.load(GI + (tl.minimum(i_start + BC, T) - 1) * M + o_m, mask=m_m, other=0)  # last valid row of i
+        b_gn = tl.load(GI + (tl.minimum(i_start + BC, T) - 1) * M + o_m, mask=m_m, other=0)  # last valid row of i_i
         for i_j in range(i_i + 1, NC):
             o_j = i_j * BC + o_c  # the later rows t: in a partial chunk some (or all) lie past T
             m_jm = (o_j < T)[:, None] & m_m[None, :]
@@ -635,12 +668,12 @@ def slot_write_grad_kernel(A, DO, GI, DS, T, M: tl.constexpr, BT: tl.constexpr, 
             b_at = tl.load(A + o_j[None, :] * BT + o_i[:, None], mask=(o_j < T)[None, :] & m_i[:, None], other=0)
             b_e = EXPONENT(b_gq, b_gn[None, :], m_jm)  # the learner's helper
             b_ds += tl.dot(b_at, b_do * tl.exp(b_e), input_precision="ieee")
-        b_ds *= tl.exp(tl.where(m_im, b_gn[None, :] - b_gs, 0))  # exp(gn - gi_s) <= 1
-    # the diagonal block: pairs t >= s inside the sub-chunk, exponent masked before exp (never the bug)
+        b_ds *= tl.exp(tl.where(m_im, b_gn[None, :] - b_gr, 0))  # exp(gn - gi_r) <= 1
+    # the diagonal block: pairs t >= r inside the sub-chunk, exponent masked before exp (never the bug)
     b_do_i = tl.load(DO + o_i[:, None] * M + o_m[None, :], mask=m_im, other=0)
-    b_a = tl.load(A + o_i[:, None] * BT + o_i[None, :], mask=m_i[:, None] & m_i[None, :], other=0)  # A[t, s]
-    causal = ((o_c[:, None] >= o_c[None, :]) & m_i[:, None])[:, :, None]  # [t, s, 1]
-    b_w = tl.where(causal, tl.exp(tl.where(causal, b_gs[:, None, :] - b_gs[None, :, :], 0)), 0)
+    b_a = tl.load(A + o_i[:, None] * BT + o_i[None, :], mask=m_i[:, None] & m_i[None, :], other=0)  # A[t, r]
+    causal = ((o_c[:, None] >= o_c[None, :]) & m_i[:, None])[:, :, None]  # [t, r, 1]
+    b_w = tl.where(causal, tl.exp(tl.where(causal, b_gr[:, None, :] - b_gr[None, :, :], 0)), 0)
     b_ds += tl.sum(b_w * b_a[:, :, None] * b_do_i[:, None, :], axis=0)
     tl.store(DS + o_i[:, None] * M + o_m[None, :], b_ds, mask=m_im)
 
