@@ -188,6 +188,21 @@ def test_check_rejects_the_inclusive_row_and_accepts_the_fix():
     fixed = overflow.check_reference_row(exclusive_reference)
     assert fixed.passed, str(fixed)
     assert not overflow.check_reference_row(previous_subchunk_start).passed
+    assert "QUERY side" in stub.hint and "row i_start." in stub.hint
+
+
+@triton.jit
+def two_rows_back(gi, i_start, o_k, HK: tl.constexpr):  # too early by one: the last key's factor overflows
+    return gi + (i_start - 2) * HK + o_k
+
+
+def test_check_names_the_side_that_overflows():
+    """gn above gi[start - 1] breaks the key side (every query row, at the last key's column), not the query side."""
+    early = overflow.check_reference_row(two_rows_back)
+    assert not early.passed and "KEY side" in early.hint and "row i_start - 2" in early.hint
+    assert "48 of 1536 scores non-finite, first bad row t = 16 (rows 16..63)" in str(early)
+    assert overflow.reference_row_offset(exclusive_reference) == -1
+    assert overflow.reference_row_offset(previous_subchunk_start) == -16
 
 
 @pytest.mark.parametrize("gn, bug", [(inclusive_reference, BUG), (exclusive_reference, None)])
@@ -221,3 +236,9 @@ def test_a_first_row_fires_iff_its_own_decay_passes_88_72(T):
     if T == 64:
         assert overflow.bad_rows(got["o"]) == [16, 48] and tops[32] < EXP_MAX
     assert overflow.census(got)["ht"].count == 0
+
+
+def test_a_first_row_misses_about_one_time_in_eight_at_m_100():
+    rate = overflow.first_row_miss_rate(100.0, T=1024, draws=50)
+    assert rate["predicted"] == pytest.approx(0.132, abs=2e-3)
+    assert abs(rate["measured"] - rate["predicted"]) < 0.04 and rate["rows"] == 50 * 48

@@ -59,6 +59,16 @@ def first_row_decays(decay: float, T: int = 64, chunk_size: int = 64, K: int = 1
     return {s: float(-w[s].min()) for s in sub_chunk_starts(T, chunk_size)}
 
 
+def first_row_miss_rate(decay: float = 100.0, T: int = 1024, draws: int = 200, K: int = 16) -> dict[str, float]:
+    """How often a first row stays finite under the bug: no channel's |w| = decay * U passes 88.72.
+
+    measured: over `draws` seeds of `inputs(decay, T)`; predicted: P(U <= 88.72 / decay)^K for U ~ U(0.05, 1)."""
+    tops = [top for seed in range(draws) for top in first_row_decays(decay, T, K=K, seed=seed).values()]
+    below = min(max((FP32_EXP_MAX / decay - 0.05) / 0.95, 0.0), 1.0)
+    return {"measured": sum(top <= FP32_EXP_MAX for top in tops) / len(tops), "predicted": below ** K,
+            "rows": len(tops)}
+
+
 # ---------------------------------------------------------------------------------------------------- reproduce
 
 
@@ -141,25 +151,36 @@ def exponents(log_decay: float = -100.0, reference_row: str = "buggy", chunk_siz
     return {"key_rows": keys, "key_exp": gn - gi[keys], "query_rows": queries, "query_exp": ge[queries] - gn}
 
 
+EXPONENT_FLOOR = -450.0  # the exponents figure's lower edge: points below it are drawn as a marker on the edge
+
+
 def plot_exponents(log_decay: float = -100.0):
+    """Both reference rows side by side. Exponents below EXPONENT_FLOOR (down to 16 * log_decay) are off scale:
+    drawn as open triangles on the lower edge, so no row silently disappears."""
     fig, axes = viz.figure(ncols=2, width=4.7, height=3.6)
     for ax, which, title in ((axes[0], "buggy", "bug: gn = gi[start] (inclusive)"),
-                             (axes[1], "fixed", "fix 0c1c0b65: gn = gi[start-1] = ge[start]")):
+                             (axes[1], "fixed", "fix 0c1c0b65: every exponent <= 0")):
         e = exponents(log_decay, which)
         ax.axhspan(FP32_EXP_MAX, 1e9, color="#d62728", alpha=0.12)
         ax.axhline(FP32_EXP_MAX, color="#d62728", lw=0.8)
         ax.text(0.3, FP32_EXP_MAX + 12, "exp() = inf in fp32 (> 88.7)", fontsize=7, color="#d62728")
         ax.axhline(0, color="k", lw=0.6)
-        ax.plot(e["key_rows"], e["key_exp"], "s", ms=4, color="#1f77b4", label="key side gn - gi[s]")
-        ax.plot(e["query_rows"], e["query_exp"], "o", ms=4, color="#ff7f0e", label="query side ge[t] - gn")
+        for rows, exps, marker, color, label in ((e["key_rows"], e["key_exp"], "s", "#1f77b4", "key side gn - gi[s]"),
+                                                 (e["query_rows"], e["query_exp"], "o", "#ff7f0e",
+                                                  "query side ge[t] - gn")):
+            shown = exps >= EXPONENT_FLOOR
+            ax.plot(rows[shown], exps[shown], marker, ms=4, color=color, label=label)
+            ax.plot(rows[~shown], torch.full((int((~shown).sum()),), EXPONENT_FLOOR + 12), "v", ms=4, mfc="none",
+                    color=color)
+        ax.plot([], [], "v", ms=4, mfc="none", color="grey", label=f"off scale (below {EXPONENT_FLOOR:g})")
         first = float(e["query_exp"][0])
         ax.annotate(f"first query row: {first:+.0f}", (BC, first), (BC + 2.5, first + 55), fontsize=8,
                     arrowprops=dict(arrowstyle="->", lw=0.8))
         ax.axvline(BC - 0.5, color="grey", ls=":", lw=0.8)
-        ax.set(ylim=(-450, 220), xlabel="row in chunk (keys: sub-chunk 0, queries: sub-chunk 1)",
-               ylabel="exponent (clipped below -450)", title=title)
+        ax.set(ylim=(EXPONENT_FLOOR, 220), xlabel="row in chunk (keys: sub-chunk 0, queries: sub-chunk 1)",
+               ylabel="exponent", title=title)
         ax.title.set_fontsize(9)
-        ax.legend(fontsize=7, loc="lower left")
+        ax.legend(fontsize=7, loc="center right")
     fig.suptitle(f"what each row exponentiates, per-step log-decay {log_decay:g} (one channel)", fontsize=10)
     return fig
 
@@ -387,9 +408,42 @@ def scores_report(gn_pointer, decay: float, T: int = 64, chunk_size: int = 64) -
             "bad rows": rows, "first bad row": rows[0] if rows else None}
 
 
+@triton.jit
+def reference_row_probe_kernel(rows, out, i_start, K: tl.constexpr, GN_POINTER: tl.constexpr):
+    """Loads through the learner's helper from a [T, K] table whose row t holds the number t: which row it reads."""
+    o_k = tl.arange(0, K)
+    tl.store(out + o_k, tl.load(GN_POINTER(rows, i_start, o_k, K)))
+
+
+def reference_row_offset(gn_pointer, i_start: int = 2 * BC, K: int = 16) -> float:
+    """The row the learner's `gn_pointer` reads, relative to `i_start` (-1 for 0c1c0b65's row, 0 for the bug's).
+
+    The table has 4 * BC rows of margin on each side, so a helper that points a few sub-chunks off still reads it."""
+    margin = 4 * BC
+    table = torch.arange(-margin, i_start + 2 * margin, dtype=torch.float32)[:, None].repeat(1, K)
+    out = torch.full((K,), math.nan)
+    reference_row_probe_kernel[(1,)](table[margin:], out, i_start, K, gn_pointer)
+    return float(out[0]) - i_start
+
+
+def reference_row_hint(offset: float) -> str:
+    """Which factor overflows for a reference row `offset` rows from the sub-chunk's first row, and which way to
+    move it (the cumulative decay falls row by row, so an earlier row has a larger value)."""
+    row = "i_start" if offset == 0 else f"i_start {'+' if offset > 0 else '-'} {abs(offset):g}"
+    where = f"your helper reads row {row}" if math.isfinite(offset) else "your helper reads no row of gi"
+    if offset > -1:
+        return (f"{where}. The QUERY side overflows: exp(ge[t] - gn) > 1 for a query whose ge[t] lies above gn. "
+                "The first query row has the largest ge[t] of its sub-chunk: gn must not lie below it.")
+    if offset < -1:
+        return (f"{where}. The KEY side overflows: exp(gn - gi[s]) > 1 for an earlier key whose gi[s] lies below gn. "
+                "The last key row before the sub-chunk has the smallest gi[s]: gn must not lie above it.")
+    return (f"{where}. Pick the row whose cumulative decay lies between every query's ge[t] and every earlier "
+            "key's gi[s], for every channel")
+
+
 def check_reference_row(gn_pointer, T: int = 64, chunk_size: int = 64) -> exercises.Verdict:
     """PASS when the learner's `gn_pointer` gives finite scores within the fp32 tolerance of the float64
-    computation at strong (m = 100) and weak (m = 0.1) decay."""
+    computation at strong (m = 100) and weak (m = 0.1) decay. The hint says which factor overflows."""
     tol = check.tolerance(torch.float32).fwd
     errors, extra = {}, []
     for name, decay in EXERCISE_DECAYS.items():
@@ -398,10 +452,11 @@ def check_reference_row(gn_pointer, T: int = 64, chunk_size: int = 64) -> exerci
         where = f", first bad row t = {r['first bad row']} (rows {spans(r['bad rows'])})" if r["nonfinite"] else ""
         extra.append((r["nonfinite"] == 0,
                       f"{name} decay (m = {decay:g}): {r['nonfinite']} of {r['scores']} scores non-finite{where}"))
-    return exercises.verdict_from_errors(
-        EXERCISE, errors, tol, extra=extra,
-        hint="the first query row of a sub-chunk computes exp(ge[start] - gn): pick the row whose cumulative decay "
-             "lies between every query's ge[t] and every earlier key's gi[s]")
+    verdict = exercises.verdict_from_errors(EXERCISE, errors, tol, extra=extra)
+    if verdict.passed:
+        return verdict
+    return exercises.verdict_from_errors(EXERCISE, errors, tol, extra=extra,
+                                         hint=reference_row_hint(reference_row_offset(gn_pointer)))
 
 
 # ---------------------------------------------------------------------------------------------------- sweep
@@ -505,12 +560,14 @@ def plot_setting(decay: float = 100.0, dtype: torch.dtype = torch.float32, chunk
         ok = np.isfinite(vals)
         right.bar(pos[ok] + offset, np.maximum(vals[ok], 1e-12), width=0.4, color=color, label=tag, log=True)
         right.plot(pos[~ok] + offset, np.full((~ok).sum(), 3.0), "x", color=color, ms=8)
-    right.axhline(check.tolerance(dtype).grad, color="grey", ls=":", lw=0.8, label="gradient tolerance")
-    right.set_xticks(pos, [n.replace("initial_state", "h0") for n in names], fontsize=7)
-    right.set(ylim=(1e-12, 20), ylabel="rel. error vs reference (x: non-finite)",
+    tol = check.tolerance(dtype)  # `harness.Comparison`: o and ht are held to the forward tolerance
+    right.hlines(tol.fwd, -0.5, 1.5, color="k", ls="--", lw=0.8, label="output tolerance (o, ht)")
+    right.hlines(tol.grad, 1.5, len(names) - 0.5, color="grey", ls=":", lw=0.8, label="gradient tolerance")
+    right.set_xticks(pos, ["o", "ht", *(f"d{n}" for n in GRADS)], fontsize=7, rotation=30, ha="right")
+    right.set(ylim=(1e-12, 1e5), ylabel="rel. error vs reference (x: non-finite)",
               title=f"{viz.DTYPE_NAMES[dtype]}, chunk {chunk_size}")
     right.title.set_fontsize(9)
-    right.legend(fontsize=7, loc="lower left")
+    right.legend(fontsize=6, loc="upper right", ncol=2)  # above the bars and the x marks
     return fig
 
 
