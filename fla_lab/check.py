@@ -25,6 +25,10 @@ class Tolerance:
     fwd: float   # outputs and final states
     grad: float  # every input gradient, after the whole-gradient floor
 
+    def of(self, name: str) -> float:
+        """The tolerance of one compared tensor: `o` and the final states (`ht...`) are outputs, the rest gradients."""
+        return self.fwd if name == "o" or name.startswith("ht") else self.grad
+
 TOLERANCES = {
     torch.float32: Tolerance(fwd=2e-5, grad=5e-5),
     torch.float16: Tolerance(fwd=5e-3, grad=5e-3),
@@ -109,12 +113,12 @@ def nonfinite_census(x: torch.Tensor, dims: tuple[str, ...] = ("b", "t", "h", "d
     return Census(count, x.numel(), first)
 
 
-def report(errors: dict[str, float], tol: float, digits: int = 1) -> str:
-    """One line per error, rounded, with a pass/fail mark: what the notebooks print."""
+def report(errors: dict[str, float], tol: Tolerance, digits: int = 1) -> str:
+    """One line per error, rounded, with a pass/fail mark against its own tolerance: what the notebooks print."""
     width = max(map(len, errors))
     lines = []
     for name, err in errors.items():
-        ok = err <= tol
+        ok = err <= tol.of(name)
         lines.append(f"{name:<{width}}  {err:.{digits}e}  {'ok' if ok else 'FAIL'}")
     return "\n".join(lines)
 

@@ -88,8 +88,7 @@ class Comparison:
 
     def failures(self) -> dict[str, float]:
         tol = self.tolerance
-        return {n: e for n, e in self.errors.items()
-                if not e <= (tol.fwd if n == "o" or n.startswith("ht") else tol.grad)}
+        return {n: e for n, e in self.errors.items() if not e <= tol.of(n)}
 
     @property
     def ok(self) -> bool:

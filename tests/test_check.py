@@ -63,5 +63,11 @@ def test_tolerances_cover_the_kernel_dtypes_only():
 
 
 def test_report_marks_failures():
-    text = check.report({"o": 1e-7, "dq": 1e-2}, tol=1e-5)
+    text = check.report({"o": 1e-7, "dq": 1e-2}, check.Tolerance(fwd=1e-5, grad=1e-5))
     assert "o   1.0e-07  ok" in text and "dq  1.0e-02  FAIL" in text
+
+
+def test_report_judges_outputs_and_states_by_the_forward_tolerance():
+    tol = check.Tolerance(fwd=2e-5, grad=5e-5)
+    lines = check.report({"o": 3e-5, "ht": 3e-5, "dq": 3e-5}, tol).splitlines()
+    assert [line.split()[-1] for line in lines] == ["FAIL", "FAIL", "ok"]
