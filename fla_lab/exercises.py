@@ -54,8 +54,22 @@ def error_fact(name: str, err: float, tol: float) -> tuple[bool, str]:
     return ok, f"{name}: error {fmt(err)} {'<=' if ok else '>'} {fmt(tol)}"
 
 
+def verdict(exercise: str, facts: list[tuple[bool, str]], hint: str = "") -> Verdict:
+    """A verdict from (holds, line) facts: it passes when every fact holds."""
+    return Verdict(exercise, all(ok for ok, _ in facts), [line for _, line in facts], hint)
+
+
 def verdict_from_errors(exercise: str, errors: dict[str, float], tol: float, hint: str = "",
                         extra: list[tuple[bool, str]] = ()) -> Verdict:
     """A verdict that passes when every error is finite and within `tol` and every extra claim holds."""
-    checks = [error_fact(name, err, tol) for name, err in errors.items()] + list(extra)
-    return Verdict(exercise, all(ok for ok, _ in checks), [line for _, line in checks], hint)
+    return verdict(exercise, [error_fact(name, err, tol) for name, err in errors.items()] + list(extra), hint)
+
+
+def not_a_jit_helper(exercise: str, candidate) -> Verdict | None:
+    """NOT YET when the learner's Triton helper is not a `@triton.jit` function (the lesson kernel cannot call it)."""
+    import triton
+
+    if isinstance(candidate, triton.runtime.KernelInterface):  # JITFunction, or the interpreter's
+        return None
+    return Verdict(exercise, False, [f"{getattr(candidate, '__name__', candidate)} is not a @triton.jit function"],
+                   "decorate the helper with @triton.jit")

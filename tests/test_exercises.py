@@ -25,6 +25,22 @@ def test_extra_claims_decide_too():
     assert not exercises.verdict_from_errors("x", {"o": 0.0}, tol=1e-6, extra=[(False, "state finite: False")])
 
 
+def test_a_plain_function_is_not_taken_for_a_triton_helper():
+    import fla_lab  # noqa: F401  (the interpreter is on before anything is decorated)
+    import triton
+
+    @triton.jit
+    def helper(x):
+        return x
+
+    def plain(x):
+        return x
+
+    assert exercises.not_a_jit_helper("x", helper) is None
+    assert str(exercises.not_a_jit_helper("x", plain)).splitlines()[:2] == [
+        "NOT YET  x", "  - plain is not a @triton.jit function"]
+
+
 def _cells(prefix):
     path, = [p for p in NOTEBOOKS.glob(f"{prefix}*.ipynb")]
     return json.loads(path.read_text())["cells"]

@@ -549,10 +549,6 @@ SATURATED_X = (-200.0, 200.0)  # sigma(x) rounds to 0 below x ~ -104 in fp32, to
 GATE_BT = 64  # rows per program
 
 
-def _is_jit(fn) -> bool:
-    return isinstance(fn, triton.runtime.KernelInterface)  # JITFunction, or the interpreter's
-
-
 @triton.jit
 def gate_to_log_decay_kernel(x, w, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                              TO_LOG_DECAY: tl.constexpr):
@@ -589,10 +585,8 @@ def check_log_decay(helper, T: int = 256, K: int = 16, seed: int = 0) -> exercis
     accepted by the contract and matches the float64 reference (output, final state, every gradient)."""
     from fla_lab.ops import fused_recurrent_rwkv6
 
-    if not _is_jit(helper):
-        return exercises.Verdict(EXERCISE_LOG_DECAY, False, [f"{getattr(helper, '__name__', helper)} is not a "
-                                                              "@triton.jit function"],
-                                 "decorate the helper with @triton.jit")
+    if rejected := exercises.not_a_jit_helper(EXERCISE_LOG_DECAY, helper):
+        return rejected
     tol = check.tolerance(torch.float32)
     x = rwkv6_inputs(None, T, K, seed)  # #11's inputs, w still the raw activations x ~ randn
     sat = saturated_activations(K)
@@ -616,7 +610,7 @@ def check_log_decay(helper, T: int = 256, K: int = 16, seed: int = 0) -> exercis
     largest = float(rwkv6_state_trajectory(**x).max())
     facts.append((largest < FP32_MAX, f"largest |entry| of the exact state over {T} steps: "
                                       f"{exercises.fmt(largest)} (fp32 max 3.4e+38)"))
-    return exercises.Verdict(EXERCISE_LOG_DECAY, all(ok for ok, _ in facts), [line for _, line in facts],
+    return exercises.verdict(EXERCISE_LOG_DECAY, facts,
                              "the kernel multiplies the state by exp(w) every step, so w must be the natural log of "
                              "the gate (<= 0); log(sigmoid(x)) = -log(1 + exp(-x)): split on the sign of x so that "
                              "no exp overflows and no sigmoid rounds to 0 before the log")
@@ -658,7 +652,7 @@ def check_removal(removal, T: int = 64, K: int = 64, seed: int = 0) -> exercises
               for n, e in result.errors.items()]
     largest = float(rwkv7_state_trajectory(**x).max())
     facts.append((largest < FP32_MAX, f"largest |entry| of the exact state over {T} steps: {exercises.fmt(largest)}"))
-    return exercises.Verdict(EXERCISE_REMOVAL, all(ok for ok, _ in facts), [line for _, line in facts],
+    return exercises.verdict(EXERCISE_REMOVAL, facts,
                              "a and b are not free inputs: normalise the key per head (F.normalize over the last "
                              "dimension), a = -kk, b = kk * a_gate, and the report's own b is not used")
 

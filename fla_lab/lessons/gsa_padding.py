@@ -730,9 +730,8 @@ def check_padded_exponent(candidate) -> "exercises.Verdict":
     PASS when ds is finite and within the fp32 gradient tolerance in both."""
     from fla_lab import exercises
 
-    if not isinstance(candidate, triton.runtime.KernelInterface):
-        return exercises.Verdict(EXERCISE, False, [f"{getattr(candidate, '__name__', candidate)} is not a "
-                                                    "@triton.jit function"], "decorate the helper with @triton.jit")
+    if rejected := exercises.not_a_jit_helper(EXERCISE, candidate):
+        return rejected
     tol = check.tolerance(torch.float32).grad
     errors, extra = {}, []
     for T, decay in EXERCISE_SETTINGS:
