@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """fla_lab's one entry point: set-up, JupyterLab, tests, notebook re-execution.
 
-    python3 workbook.py lab       # set up if needed, then open JupyterLab at notebooks/00_start_here.ipynb
+    python3 workbook.py lab       # set up if needed, then JupyterLab on the learner's edition (learner/00_start_here)
+    python3 workbook.py reset NOTEBOOK   # restore one learner notebook (e.g. 03a); your edited copy is kept as .bak
     python3 workbook.py test      # set up if needed, then unit tests, every notebook under nbval, browser test
                                   # (with an NVIDIA GPU also: the unit tests on CUDA, every notebook run on it)
     python3 workbook.py phases [--gpu|--cpu]   # print the test phases this machine (or a GPU/CPU one) runs
@@ -180,7 +181,8 @@ def ensure_chromium() -> tuple[str | None, str | None]:
 
 
 def notebooks() -> list[Path]:
-    return sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
+    """The tracked notebooks (the links that keep old notebook names working are left out)."""
+    return sorted(p for p in (ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb") if not p.is_symlink())
 
 
 def test_env() -> dict:
@@ -372,13 +374,33 @@ def clean_saved_outputs(nb: Path) -> None:
     nb.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
 
 
+LEARNER = ROOT / "learner"  # the learner's edition (git ignores it): no outputs, no solutions
+
+
+def lab_env(base: dict | None = None) -> dict:
+    """JupyterLab's environment: the learner's figures go to learner/figures, never over the tracked figures/."""
+    env = dict(os.environ if base is None else base)
+    env["FLA_LAB_FIGURES_DIR"] = str(LEARNER / "figures")
+    return env
+
+
 def lab(extra: list[str]) -> int:
     setup()
-    args = [PY, "-m", "jupyter", "lab", "--ip=127.0.0.1", "notebooks/00_start_here.ipynb", *extra]
+    run([PY, "-m", "fla_lab", "edition"])  # creates learner/ on first use; never overwrites an edited notebook
+    args = [PY, "-m", "jupyter", "lab", "--ip=127.0.0.1", "learner/00_start_here.ipynb", *extra]
     if os.geteuid() == 0:
         args.append("--allow-root")
-    say("starting JupyterLab on 127.0.0.1 (Ctrl-C stops it)")
-    return subprocess.call([str(a) for a in args], cwd=ROOT)
+    say("starting JupyterLab on 127.0.0.1 with the learner's edition in learner/ (Ctrl-C stops it); "
+        "the reference notebooks with solutions and saved outputs are in notebooks/")
+    return subprocess.call([str(a) for a in args], cwd=ROOT, env=lab_env())
+
+
+def reset(names: list[str]) -> int:
+    if not names:
+        print("usage: python3 workbook.py reset NOTEBOOK [...]   (e.g. 03a; your edited copy is kept as .bak)")
+        return 2
+    setup()
+    return run([PY, "-m", "fla_lab", "edition", "--reset", *names], check=False).returncode
 
 
 def bench(extra: list[str]) -> int:
@@ -391,7 +413,8 @@ def main(argv: list[str]) -> int:
     if command == "setup":
         setup()
         return 0
-    handlers = {"test": test, "execute": execute, "lab": lab, "bench": bench, "phases": phases_command}
+    handlers = {"test": test, "execute": execute, "lab": lab, "reset": reset, "bench": bench,
+                "phases": phases_command}
     if command not in handlers:
         print(__doc__)
         return 0 if command in ("help", "-h", "--help") else 2

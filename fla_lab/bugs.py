@@ -15,6 +15,7 @@ UPSTREAM = "fla-org/flash-linear-attention"
 @dataclass(frozen=True)
 class Bug:
     name: str          # the value of `bug=`
+    title: str         # the symptom as a user met it (what `index()` shows: it names no cause)
     op: str            # the op or layer that takes `bug=name`
     component: str     # the kernel or code path that holds the historical line
     issue: int         # upstream issue number
@@ -31,45 +32,45 @@ class Bug:
 
 
 CATALOGUE: tuple[Bug, ...] = (
-    Bug(name="uninitialized_params", op="RWKV7Attention", component="RWKV7Attention.__init__ / _initialize_weights",
+    Bug(name="uninitialized_params", title="the RWKV-7 layer returns all-NaN", op="RWKV7Attention", component="RWKV7Attention.__init__ / _initialize_weights",
         issue=150, fix="d49c52f6 (zeros), then 7497c8f7, fe157539, c90b3716 (official init)",
         trigger="any forward pass: x_x, k_k, k_a, r_k come from torch.empty and Module.apply never visits them",
         symptom="all-NaN (or garbage) layer output, depending on what the uninitialised memory holds",
-        notebook="01_uninitialized_parameters", anchor=("layers/rwkv7.py", 'bug == "uninitialized_params"'),
+        notebook="01_all_nan_output", anchor=("layers/rwkv7.py", 'bug == "uninitialized_params"'),
         located=("chunk_rwkv7", "dplr_intra_kernel", "nonfinite_input")),
-    Bug(name="sigmoid_decay", op="RWKV6Attention", component="RWKV6Attention.forward (decay parametrisation)",
+    Bug(name="sigmoid_decay", title="gradients grow uncontrollably (RWKV6 layer)", op="RWKV6Attention", component="RWKV6Attention.forward (decay parametrisation)",
         issue=11, fix="none needed in the kernel: pass log-space decays (logsigmoid / -exp)",
         trigger="sigmoid(w) passed where the kernel expects a log-decay",
         symptom="the state grows like exp(0.5 t); output and every gradient except du turn non-finite",
-        notebook="02_log_space_decay", anchor=("layers/rwkv6.py", 'bug == "sigmoid_decay"'),
+        notebook="02_gradients_blow_up", anchor=("layers/rwkv6.py", 'bug == "sigmoid_decay"'),
         located=("fused_recurrent_rwkv6", "fused_recurrent_fwd_kernel", "positive_decay")),
-    Bug(name="exclusive_reference", op="chunk_rwkv6", component="chunk intra-chunk scores and dq (RWKV6 path)",
+    Bug(name="exclusive_reference", title="NaN gradients of RWKV6 under strong decay", op="chunk_rwkv6", component="chunk intra-chunk scores and dq (RWKV6 path)",
         issue=77, fix="0c1c0b65 (reference row gi[start-1]); earlier cf63ac28, lost in de4235fd",
         trigger="per-step log-decay <= about -90 (w = -exp(w_raw), w_raw >= 4.5)",
         symptom="inf * 0 = NaN in the output and dq, starting at the first query row of a sub-chunk",
-        notebook="03a_exclusive_decay_overflow",
+        notebook="03a_nan_under_strong_decay",
         anchor=("ops/common/chunk_stages.py", "if BUG_EXCLUSIVE_REFERENCE:"),
         located=("chunk_rwkv6", "gated_scores_kernel", "exp_overflow")),
-    Bug(name="unmasked_padding", op="chunk_gsa",
+    Bug(name="unmasked_padding", title="NaN gradients of a GSA layer that come and go", op="chunk_gsa",
         component="GSA slot pass, backward intra-chunk dv kernel (slot_rows_kernel, BACKWARD)",
         issue=77, fix="737550ff (mask rows past T in the exponent)",
         trigger="a partial last chunk (T not a multiple of chunk_size) and a slot log-decay summed from the chunk's "
                 "first row to a sub-chunk's last valid row below about -88.7 (fp32)",
         symptom="forward finite; NaN in the gradients of s and g (exp(0 - gn) = inf times a zero-padded do)",
-        notebook="03b_gsa_padded_rows", anchor=("ops/common/chunk_stages.py", "if BUG_UNMASKED_PADDING:"),
+        notebook="03b_nan_gradients_that_come_and_go", anchor=("ops/common/chunk_stages.py", "if BUG_UNMASKED_PADDING:"),
         located=("chunk_gsa", "slot_rows_kernel", "padded_rows")),
-    Bug(name="transposed_h0_mask", op="fused_recurrent_rwkv6", component="fused_recurrent_bwd_dq_kernel",
+    Bug(name="transposed_h0_mask", title="the backward fails when an initial state is passed", op="fused_recurrent_rwkv6", component="fused_recurrent_bwd_dq_kernel",
         issue=18, fix="1547448b",
         trigger="backward with an initial_state and non-square dq tiles (BK=16, BV=64)",
         symptom="Triton refuses the initial-state load: mask [16, 64] against pointers [64, 16]",
-        notebook="04_initial_state_mask",
+        notebook="04_backward_fails_with_initial_state",
         anchor=("ops/common/fused_recurrent.py", "if BUG_TRANSPOSED_H0_MASK:"),
         located=("fused_recurrent_rwkv6", "fused_recurrent_bwd_dq_kernel", "kernel_raised")),
-    Bug(name="bf16_decay", op="RWKV7Attention", component="RWKV7Attention.forward (decay LoRA sigmoid)",
+    Bug(name="bf16_decay", title="a precision gap against the official RWKV-7 under AMP", op="RWKV7Attention", component="RWKV7Attention.forward (decay LoRA sigmoid)",
         issue=181, fix="965c3553 (fp32 sigmoid), reverted in d9e86d00 (v0.2.0); 0.6.0 computes it in bf16",
         trigger="bf16 under CUDA autocast: sigmoid stays bf16 while exp is autocast to fp32",
         symptom="a per-step rounding bias in the decay that compounds over the sequence",
-        notebook="05_amp_sigmoid_precision", anchor=("layers/rwkv7.py", 'bug == "bf16_decay"'),
+        notebook="05_precision_gap_under_amp", anchor=("layers/rwkv7.py", 'bug == "bf16_decay"'),
         located=("chunk_rwkv7", None, "rounded_decay")),
 )
 
@@ -116,11 +117,11 @@ def switch_lines(name: str, context: int = 4) -> list[str]:
 
 
 def index() -> None:
-    """One line per entry: name, component, upstream issue, notebook. No trigger, symptom or code: safe to print
-    before the notebooks ask the learner to predict and to write the fix."""
-    width = max(len(b.name) for b in CATALOGUE)
+    """One line per entry: upstream issue, op or layer, the symptom as reported, notebook. No switch name, cause,
+    trigger or code: safe to print before the notebooks ask the learner to predict and to write the fix."""
+    width = max(len(b.title) for b in CATALOGUE)
     for bug in CATALOGUE:
-        print(f"{bug.name:<{width}}  {bug.op:<22}  upstream #{bug.issue:<4}  notebooks/{bug.notebook}.ipynb")
+        print(f"#{bug.issue:<4} {bug.op:<22} {bug.title:<{width}}  notebooks/{bug.notebook}.ipynb")
 
 
 def show(names: list[str] | None = None, lines: bool = True) -> None:

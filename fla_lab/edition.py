@@ -1,0 +1,139 @@
+"""The learner's edition: the notebooks a learner opens, generated from the tracked ones.
+
+The tracked notebooks in `notebooks/` are the reference: saved outputs (nbval compares them), solutions, answers.
+A learner opens generated copies in `learner/` (ignored by git) with every output cleared and every cell tagged
+`solution` removed, so no answer is on screen before its question and a learner's edits never touch the files
+nbval compares. Built with nbconvert's own preprocessors (`TagRemovePreprocessor`, `ClearOutputPreprocessor`).
+
+A copy is written on first use and refreshed when its notebook changes, but never overwritten once the learner
+has edited it (a manifest records the hash of what was written); `reset` regenerates one on request, keeping the
+edited copy beside it as `<name>.ipynb.bak`.
+
+    python -m fla_lab edition            # build or refresh learner/ (edited copies are kept)
+    python -m fla_lab edition --reset 03a  # regenerate one notebook (prefix or file name)
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from fla_lab.exercises import SOLUTION_TAG
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = ROOT / "notebooks"
+LEARNER = ROOT / "learner"
+MANIFEST = ".edition.json"
+BANNER_TAG = "learner-banner"
+
+
+def sources(folder: Path = NOTEBOOKS) -> list[Path]:
+    """The tracked notebooks (old names kept as links for old URLs are left out)."""
+    return sorted(p for p in folder.glob("[0-9][0-9]*_*.ipynb") if not p.is_symlink())
+
+
+def banner(name: str) -> str:
+    return (f"*Your copy of `{name}`: edit and run it freely. No outputs are saved here and the solutions are not in "
+            f"it; every check tells you PASS or NOT YET, and `verdict.hint()` gives hints in tiers. "
+            f"`python3 workbook.py reset {name.split('_')[0]}` restores the original (your version is kept as "
+            f"`.bak`).*")
+
+
+def _exporter():
+    from nbconvert.exporters import NotebookExporter
+    from traitlets.config import Config
+
+    c = Config()
+    # NotebookExporter runs these only when enabled explicitly (nbconvert #764): without it they do nothing
+    c.TagRemovePreprocessor.enabled = True
+    c.TagRemovePreprocessor.remove_cell_tags = {SOLUTION_TAG}
+    c.ClearOutputPreprocessor.enabled = True
+    c.NotebookExporter.preprocessors = ["nbconvert.preprocessors.TagRemovePreprocessor",
+                                        "nbconvert.preprocessors.ClearOutputPreprocessor"]
+    return NotebookExporter(config=c)
+
+
+def learner_copy(path: Path) -> str:
+    """The learner's edition of one notebook, as notebook JSON text."""
+    import nbformat
+
+    body, _ = _exporter().from_filename(str(path))
+    nb = nbformat.reads(body, as_version=4)
+    for cell in nb.cells:
+        cell.metadata.pop("jupyter", None)  # nothing left to hide: solutions are gone, not collapsed
+        cell.metadata.pop("collapsed", None)
+    head = nbformat.v4.new_markdown_cell(banner(path.name), metadata={"tags": [BANNER_TAG]})
+    head.pop("id", None)
+    nb.cells.insert(0, head)
+    nb.metadata.pop("widgets", None)  # saved widget state of the reference run
+    return nbformat.writes(nb) + "\n"
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass
+class Outcome:
+    name: str
+    action: str  # "written", "refreshed", "unchanged", "kept (edited)", "reset"
+
+
+def _load_manifest(dest: Path) -> dict:
+    path = dest / MANIFEST
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def build(dest: Path = LEARNER, notebooks: list[Path] | None = None, reset: list[str] = ()) -> list[Outcome]:
+    """Write (or refresh) the learner's edition into `dest`. A copy whose hash differs from the one written last is
+    the learner's work and is kept, unless its name is in `reset`."""
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "figures").mkdir(exist_ok=True)  # the learner's figures land here, never in the tracked figures/
+    manifest = _load_manifest(dest)
+    outcomes = []
+    for src in notebooks or sources():
+        target = dest / src.name
+        text = learner_copy(src)
+        if target.exists():
+            current = _digest(target.read_text())
+            edited = current != manifest.get(src.name)
+            if src.name in reset:
+                if edited:
+                    target.with_name(target.name + ".bak").write_text(target.read_text())
+                action = "reset"
+            elif edited:
+                outcomes.append(Outcome(src.name, "kept (edited)"))
+                continue
+            else:
+                action = "unchanged" if current == _digest(text) else "refreshed"
+        else:
+            action = "written"
+        if action != "unchanged":
+            target.write_text(text)
+        manifest[src.name] = _digest(text)
+        outcomes.append(Outcome(src.name, action))
+    (dest / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    return outcomes
+
+
+def resolve(prefix: str, notebooks: list[Path] | None = None) -> str:
+    """The notebook file name that `prefix` names ("03a", "03a_nan_under_strong_decay", or the file name)."""
+    names = [p.name for p in notebooks or sources()]
+    hits = [n for n in names if n == prefix or n.startswith(prefix.removesuffix(".ipynb"))]
+    if len(hits) != 1:
+        raise SystemExit(f"reset: {prefix!r} names {len(hits)} notebooks; pick one of: {', '.join(names)}")
+    return hits[0]
+
+
+def main(argv: list[str]) -> int:
+    reset = []
+    if argv[:1] == ["--reset"]:
+        if len(argv) < 2:
+            raise SystemExit("usage: python -m fla_lab edition [--reset NOTEBOOK ...]")
+        reset = [resolve(p) for p in argv[1:]]
+    for outcome in build(reset=reset):
+        if outcome.action != "unchanged":
+            print(f"learner/{outcome.name}: {outcome.action}")
+    print(f"the learner's edition is in {LEARNER.relative_to(ROOT)}/ (reset one: python3 workbook.py reset NAME)")
+    return 0
