@@ -1,0 +1,289 @@
+#!/usr/bin/env python3
+"""Run notebooks top to bottom in a Jupyter kernel (nbclient) and say where the time goes, cell by cell.
+
+    python benchmarks/notebook_times.py                       # every notebook, this machine's device
+    python benchmarks/notebook_times.py --device cpu 00 03a   # CUDA hidden (the interpreter), two notebooks
+    python benchmarks/notebook_times.py --repeat 2 --triton-cache /tmp/tc --json times.json   # cold, then warm
+
+For each notebook: the kernel's start, each code cell's wall time, and, on a GPU, how many Triton kernel
+specialisations the cell compiled (a miss of Triton's in-process cache: compiled, or loaded from its disk cache)
+and the seconds spent in those compiles. Every cell has a timeout (--timeout); a cell that runs past it stops that
+notebook, and the kernel's threads are dumped (faulthandler) so the report shows where it hangs.
+
+Exercises: each cell tagged `solution` is followed by its check; the same check source also follows the exercise's
+stub earlier. The stub's check must print NOT YET, the solution's check PASS (reported per exercise, and a
+failure of either fails the run).
+
+`--repeat 2` with an empty `--triton-cache` gives a cold run (every kernel compiled) and a warm one (Triton's disk
+cache filled, a fresh kernel process: what a learner meets on a second session). Exit status: 0 when every
+notebook ran to the end and every exercise check said what it should.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Runs in the kernel before the first cell (ipykernel's exec_files): faulthandler on SIGUSR1, and a wrapper around
+# Triton's JITFunction._do_compile that logs each compile. It imports nothing heavy: the wrapper is installed when
+# the notebook itself first imports triton.runtime.jit, so the notebook's import order (fla_lab before triton,
+# which switches the interpreter on without CUDA) is untouched.
+KERNEL_STARTUP = r'''
+import faulthandler as _fh, importlib.abc as _iabc, importlib.util as _iutil, json as _json, os as _os
+import signal as _signal, sys as _sys, time as _time
+_fla_stack_file = open(_os.environ["FLA_LAB_NB_STACKS"], "w")
+_fh.register(_signal.SIGUSR1, file=_fla_stack_file, all_threads=True)
+
+def _fla_patch_jit(module):
+    cls = getattr(module, "JITFunction", None)
+    original = getattr(cls, "_do_compile", None)
+    if original is None or getattr(original, "_fla_timed", False):
+        return
+    log = _os.environ["FLA_LAB_NB_COMPILES"]
+    def _do_compile(self, *args, **kwargs):
+        start = _time.perf_counter()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            with open(log, "a") as f:
+                f.write(_json.dumps({"kernel": getattr(self, "__name__", "?"), "s": _time.perf_counter() - start})
+                        + "\n")
+    _do_compile._fla_timed = True
+    cls._do_compile = _do_compile
+
+class _FlaJitHook(_iabc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "triton.runtime.jit":
+            return None
+        _sys.meta_path.remove(self)
+        spec = _iutil.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        run = spec.loader.exec_module
+        def exec_module(module):
+            run(module)
+            _fla_patch_jit(module)
+        spec.loader.exec_module = exec_module
+        return spec
+
+if "triton.runtime.jit" in _sys.modules:
+    _fla_patch_jit(_sys.modules["triton.runtime.jit"])
+else:
+    _sys.meta_path.insert(0, _FlaJitHook())
+del _FlaJitHook
+'''
+
+
+def notebook_list(names: list[str]) -> list[Path]:
+    sys.path.insert(0, str(ROOT))
+    import workbook
+
+    every = workbook.notebooks()
+    if not names:
+        return every
+    chosen = []
+    for name in names:
+        path = Path(name)
+        if path.suffix == ".ipynb" and path.exists():
+            chosen.append(path.resolve())
+            continue
+        matches = [nb for nb in every if nb.name.startswith(name)]
+        if not matches:
+            sys.exit(f"no notebook matches {name!r} (have: {', '.join(nb.name for nb in every)})")
+        chosen.extend(matches)
+    return chosen
+
+
+def text_of(cell) -> str:
+    parts = []
+    for out in cell.get("outputs", []):
+        if "text" in out:
+            parts.append(out["text"] if isinstance(out["text"], str) else "".join(out["text"]))
+        elif out.get("output_type") in ("execute_result", "display_data"):
+            parts.append(str(out.get("data", {}).get("text/plain", "")))
+        elif out.get("output_type") == "error":
+            parts.append(f"{out.get('ename')}: {out.get('evalue')}")
+    return "".join(parts)
+
+
+def exercise_checks(nb) -> list[dict]:
+    """For each `solution` cell: the check after the stub (must say NOT YET) and after the solution (PASS)."""
+    code = [(i, c) for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+    found = []
+    for pos, (i, cell) in enumerate(code):
+        if "solution" not in cell.metadata.get("tags", []):
+            continue
+        after = next(((j, c) for j, c in code[pos + 1:]), None)
+        if after is None:
+            continue
+        before = next(((j, c) for j, c in reversed(code[:pos]) if c.source.strip() == after[1].source.strip()), None)
+        entry = {"solution_cell": i, "check_cell": after[0], "after": text_of(after[1])}
+        entry["after_ok"] = "PASS" in entry["after"] and "NOT YET" not in entry["after"] and not any(
+            o.get("output_type") == "error" for o in after[1].get("outputs", []))
+        if before is not None:
+            entry["stub_check_cell"] = before[0]
+            entry["before"] = text_of(before[1])
+            entry["before_ok"] = "NOT YET" in entry["before"]
+        else:
+            entry["before_ok"] = None  # no identical check before the solution: nothing to compare
+        found.append(entry)
+    return found
+
+
+def kernel_pid(client) -> int | None:
+    km = client.km
+    for getter in (lambda: km.provisioner.process.pid, lambda: km.kernel.pid, lambda: km.provisioner.pid):
+        try:
+            pid = getter()
+            if pid:
+                return int(pid)
+        except Exception:
+            pass
+    return None
+
+
+def run_notebook(path: Path, timeout: int, kernel_args: list[str], out_dir: Path | None, work: Path) -> dict:
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError
+
+    nb = nbformat.read(path, as_version=4)
+    compiles = work / f"{path.stem}.compiles.jsonl"
+    stacks = work / f"{path.stem}.stacks.txt"
+    for f in (compiles, stacks):
+        f.unlink(missing_ok=True)
+        f.touch()
+    startup = work / "kernel_startup.py"
+    startup.write_text(KERNEL_STARTUP)
+    os.environ["FLA_LAB_NB_COMPILES"] = str(compiles)
+    os.environ["FLA_LAB_NB_STACKS"] = str(stacks)
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}},
+                            extra_arguments=[f"--IPKernelApp.exec_files={startup}", *kernel_args])
+    result = {"notebook": path.name, "cells": [], "status": "ok", "compiles": 0, "compile_s": 0.0}
+    t_nb = time.perf_counter()
+    seen = 0
+    try:
+        with client.setup_kernel():
+            result["kernel_start_s"] = time.perf_counter() - t_nb
+            for index, cell in enumerate(nb.cells):
+                if cell.cell_type != "code":
+                    continue
+                t0 = time.perf_counter()
+                status = "ok"
+                try:
+                    client.execute_cell(cell, index)
+                except CellTimeoutError:
+                    status = "timeout"
+                    pid = kernel_pid(client)
+                    if pid:
+                        os.kill(pid, signal.SIGUSR1)
+                        time.sleep(2.0)
+                    result["stacks"] = stacks.read_text()
+                except CellExecutionError as exc:
+                    status = "error"
+                    result["error"] = str(exc)[-2000:]
+                elapsed = time.perf_counter() - t0
+                lines = compiles.read_text().splitlines()
+                new = [json.loads(x) for x in lines[seen:]]
+                seen = len(lines)
+                first_line = next((ln for ln in cell.source.splitlines() if ln.strip() and not ln.startswith("#")), "")
+                result["cells"].append({"index": index, "s": round(elapsed, 3), "status": status,
+                                        "compiles": len(new), "compile_s": round(sum(c["s"] for c in new), 3),
+                                        "kernels": sorted({c["kernel"] for c in new}), "first_line": first_line[:70]})
+                result["compiles"] += len(new)
+                result["compile_s"] += sum(c["s"] for c in new)
+                if status != "ok":
+                    result["status"] = f"{status} in cell {index}"
+                    break
+    except Exception as exc:  # the kernel died, or could not start
+        result["status"] = f"failed: {type(exc).__name__}: {exc}"[:500]
+    result["total_s"] = round(time.perf_counter() - t_nb, 3)
+    result["compile_s"] = round(result["compile_s"], 3)
+    result["exercises"] = exercise_checks(nb) if result["status"] == "ok" else []
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, out_dir / path.name)
+    return result
+
+
+def summary_line(r: dict) -> str:
+    ex = r["exercises"]
+    bad = [e for e in ex if not e["after_ok"] or e["before_ok"] is False]
+    exercises = f"{len(ex) - len(bad)}/{len(ex)} exercises ok" if ex else "no exercises"
+    return (f"{r['notebook']:<46} {r['total_s']:7.1f} s  kernel start {r.get('kernel_start_s', 0):4.1f} s  "
+            f"{len(r['cells']):3d} cells  {r['compiles']:3d} compiles {r['compile_s']:6.1f} s  {exercises}  "
+            f"{r['status']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("notebooks", nargs="*", help="names or prefixes (default: every notebook)")
+    parser.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto",
+                        help="cpu hides CUDA (CUDA_VISIBLE_DEVICES=''), gpu keeps it (default: as the environment)")
+    parser.add_argument("--timeout", type=int, default=120, help="seconds per cell (default 120)")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of the whole list (2: cold, then warm cache)")
+    parser.add_argument("--triton-cache", help="TRITON_CACHE_DIR for the kernels (emptied first)")
+    parser.add_argument("--kernel-arg", action="append", default=[], help="extra ipykernel argument")
+    parser.add_argument("--out", help="folder for the executed notebooks (last run)")
+    parser.add_argument("--json", help="write every measurement here")
+    parser.add_argument("--cells", type=int, default=5, help="slowest cells listed per notebook (default 5)")
+    args = parser.parse_args(argv)
+
+    if args.device == "cpu":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    elif args.device == "gpu" and os.environ.get("CUDA_VISIBLE_DEVICES") == "":
+        del os.environ["CUDA_VISIBLE_DEVICES"]
+    os.environ.pop("TRITON_INTERPRET", None)
+    if args.triton_cache:
+        import shutil
+
+        shutil.rmtree(args.triton_cache, ignore_errors=True)
+        Path(args.triton_cache).mkdir(parents=True)
+        os.environ["TRITON_CACHE_DIR"] = args.triton_cache
+    paths = notebook_list(args.notebooks)
+    work = Path(tempfile.mkdtemp(prefix="nbtimes-"))
+    runs = []
+    for rep in range(args.repeat):
+        label = ("cold" if rep == 0 else "warm") if args.triton_cache else f"run {rep + 1}"
+        print(f"== {label} ({args.device}, cell timeout {args.timeout} s)", flush=True)
+        results = []
+        for path in paths:
+            r = run_notebook(path, args.timeout, args.kernel_arg, Path(args.out) if args.out else None, work)
+            r["run"] = label
+            results.append(r)
+            print(summary_line(r), flush=True)
+            for c in sorted(r["cells"], key=lambda c: -c["s"])[:args.cells]:
+                kernels = f" [{', '.join(c['kernels'][:4])}{', ...' if len(c['kernels']) > 4 else ''}]" if c["kernels"] else ""
+                print(f"    cell {c['index']:>3} {c['s']:7.2f} s  compiles {c['compiles']:3d} ({c['compile_s']:5.1f} s)"
+                      f"  {c['status']:<7} {c['first_line']}{kernels}", flush=True)
+            for e in r["exercises"]:
+                print(f"    exercise (solution cell {e['solution_cell']}): stub check "
+                      f"{'NOT YET' if e['before_ok'] else ('-' if e['before_ok'] is None else 'WRONG')}, "
+                      f"solution check {'PASS' if e['after_ok'] else 'WRONG'}", flush=True)
+            if r.get("stacks"):
+                print("    kernel threads at the timeout:\n" + "\n".join("      " + ln for ln in r["stacks"].splitlines()[:80]))
+            if r.get("error"):
+                print("    error: " + r["error"][-800:].replace("\n", "\n      "))
+        runs.append(results)
+    if args.json:
+        Path(args.json).write_text(json.dumps(runs, indent=1))
+    print("\nnotebook" + "".join(f" | {r[0]['run']:>9}" for r in runs) + " | cells | compiles | compile s")
+    for i, path in enumerate(paths):
+        row = runs[0][i]
+        print(f"{path.name[:40]:<40}" + "".join(f" | {rs[i]['total_s']:8.1f}s" for rs in runs)
+              + f" | {len(row['cells']):5d} | {row['compiles']:8d} | {row['compile_s']:8.1f}")
+    ok = all(r["status"] == "ok" and all(e["after_ok"] and e["before_ok"] is not False for e in r["exercises"])
+             for rs in runs for r in rs)
+    print("notebook_times: " + ("every notebook ran to the end, every exercise check as expected" if ok else "FAILED"))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
