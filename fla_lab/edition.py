@@ -64,7 +64,7 @@ def learner_copy(path: Path) -> str:
         cell.metadata.pop("jupyter", None)  # nothing left to hide: solutions are gone, not collapsed
         cell.metadata.pop("collapsed", None)
     head = nbformat.v4.new_markdown_cell(banner(path.name), metadata={"tags": [BANNER_TAG]})
-    head.pop("id", None)
+    head.id = BANNER_TAG
     nb.cells.insert(0, head)
     nb.metadata.pop("widgets", None)  # saved widget state of the reference run
     return nbformat.writes(nb) + "\n"

@@ -46,6 +46,7 @@ class LabServer:
     token: str
     root_dir: Path
     log_path: Path
+    learner_dir: str = "learner"  # the learner's edition, under root_dir
 
     def url(self, path: str) -> str:
         return f"{self.base_url}{path}?token={self.token}"
@@ -55,8 +56,8 @@ class LabServer:
 
 
 def notebook_paths() -> list[Path]:
-    """The notebooks under test, sorted; checkpoints excluded."""
-    return sorted(NOTEBOOK_DIR.glob("*.ipynb"))
+    """The notebooks under test, sorted; checkpoints and the links that keep old names working excluded."""
+    return sorted(p for p in NOTEBOOK_DIR.glob("*.ipynb") if not p.is_symlink())
 
 
 def pytest_generate_tests(metafunc):
@@ -78,9 +79,13 @@ def _write_settings(settings_dir: Path) -> None:
 
 
 def _prepare_tree(top: Path) -> Path:
-    """Copy notebooks/ into `top`; give it a figures/ sibling so `../figures` writes stay in the copy."""
+    """Copy notebooks/ into `top` with the learner's edition beside them (root/learner/, built from the tracked
+    notebooks as `python3 workbook.py lab` builds it); a figures/ sibling keeps `../figures` writes in the copy."""
+    from fla_lab import edition
+
     root = top / "notebooks"
-    shutil.copytree(NOTEBOOK_DIR, root, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    shutil.copytree(NOTEBOOK_DIR, root, symlinks=True, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    edition.build(root / LabServer.learner_dir, notebooks=edition.sources(NOTEBOOK_DIR))
     (top / "figures").mkdir()
     return root
 

@@ -12,6 +12,10 @@ dropdown or slider), the explorer's own button is clicked when it has one (`inte
 output (figure image or text) must change, with no error. A screenshot of each explorer after the change goes to
 artifacts/browser/<notebook>-widget.png (-widget-2.png, ... for further explorers).
 
+Last, the learner's edition: a learner notebook (as `python3 workbook.py lab` opens it: no outputs, no
+solutions) is opened, the cells up to its first exercise check run with the stub in place, and the check must say
+NOT YET, and `verdict.hint()` must print the first hint tier.
+
 Set FLA_LAB_BROWSER_NOTEBOOKS to run it on another folder of notebooks, FLA_LAB_BROWSER_TIMEOUT (seconds, per
 notebook) to change the execution time limit, FLA_LAB_BROWSER_WIDGET_TIMEOUT (seconds, per explorer) the time an
 explorer may take to redraw.
@@ -435,3 +439,70 @@ def test_notebook_runs_in_jupyterlab(notebook: Path, browser, lab_server, record
     bad = [f"{describe_explorer(r)}: {r['problem']}" for r in explorers if "problem" in r]
     assert not bad, f"{name}: an explorer did not respond in the browser:\n" + "\n".join(bad)
     print(f"{name}: ran in JupyterLab in {elapsed:.0f} s; screenshot {shot.relative_to(REPO)}")
+
+
+LEARNER_NOTEBOOK = os.environ.get("FLA_LAB_BROWSER_LEARNER", "04_backward_fails_with_initial_state.ipynb")
+
+# Runs the cells above `index`, then `index` itself, then a new cell below it with `extra` (the learner asking for
+# a hint), as a learner would: Shift+Enter down to the check.
+JS_RUN_TO_CHECK = """async ([path, index, extra]) => {
+  const app = window.jupyterapp, p = window.__fla.panel(path);
+  app.shell.activateById(p.id);
+  window.__flaRun = {done: false};
+  window.__flaKernelTrouble = null;
+  try {
+    p.content.activeCellIndex = index;
+    await app.commands.execute('notebook:run-all-above');
+    p.content.activeCellIndex = index;
+    await app.commands.execute('notebook:run-cell');
+    p.content.activeCellIndex = index;
+    await app.commands.execute('notebook:insert-cell-below');
+    p.content.activeCell.model.sharedModel.setSource(extra);
+    await app.commands.execute('notebook:run-cell');
+    window.__flaRun = {done: true, ok: true};
+  } catch (err) { window.__flaRun = {done: true, ok: false, error: String(err)}; }
+}"""
+
+
+def cell_text(cell: dict) -> str:
+    parts = []
+    for out in cell.get("outputs", []):
+        text = out.get("text", out.get("data", {}).get("text/plain", ""))
+        parts.append("".join(text) if isinstance(text, list) else text)
+        if out["output_type"] == "error":
+            parts.append(f"{out['ename']}: {out['evalue']}")
+    return "".join(parts)
+
+
+def first_check_cell(notebook: dict) -> int:
+    for index, cell in enumerate(notebook["cells"]):
+        if "check" in _cell_tags(cell):
+            return index
+    pytest.fail("the learner notebook has no cell tagged `check`")
+
+
+def test_learner_edition_check_says_not_yet_with_the_stub(browser, lab_server):
+    name = f"{lab_server.learner_dir}/{LEARNER_NOTEBOOK}"
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    try:
+        open_notebook(page, lab_server, name)
+        model = page.evaluate(JS_MODEL, name)
+        assert not any(cell.get("outputs") for cell in model["cells"] if cell["cell_type"] == "code"), \
+            f"{name}: the learner's edition opened with saved outputs"
+        assert not any("solution" in _cell_tags(cell) for cell in model["cells"]), f"{name}: a solution cell"
+        index = first_check_cell(model)
+        page.evaluate(JS_RUN_TO_CHECK, [name, index, "verdict.hint()"])
+        deadline = time.monotonic() + EXECUTION_TIMEOUT_S
+        while not (page.evaluate(JS_PROGRESS, name)["run"]["done"]
+                   and page.evaluate(JS_PROGRESS, name)["kernel"] == "idle"):
+            assert time.monotonic() < deadline, f"{name}: the cells up to the check did not finish"
+            time.sleep(1)
+        model = page.evaluate(JS_MODEL, name)
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "learner-check.png"))
+    finally:
+        shutdown_kernel_and_close(page, name)
+    assert not error_outputs({"cells": model["cells"][:index + 2]}), error_outputs(model)
+    verdict, hint = cell_text(model["cells"][index]), cell_text(model["cells"][index + 1])
+    assert "NOT YET" in verdict and "PASS" not in verdict, f"{name}: the stub's check printed {verdict!r}"
+    assert hint.startswith("hint 1 of "), f"{name}: verdict.hint() printed {hint!r}"

@@ -1,0 +1,183 @@
+"""The learner's edition (fla_lab.edition): what a learner opens asks before it answers.
+
+Properties asserted on the learner copy of every tracked notebook, and the build's promises: written on first use,
+refreshed when the notebook changes, never overwritten once edited, reset on request with a backup.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from fla_lab import edition
+from fla_lab.exercises import CHECK_TAG, EXERCISE_TAG, PREDICT_TAG, SOLUTION_TAG
+
+NOTEBOOKS = edition.sources()
+MAIN_PATH_WORDS = 2600  # "at most about 2,500" words of markdown before `## Going further`
+# What gives an answer away when it is printed before the exercise: the catalogue entry with its fix, the switch
+# lines, the source of a shipped helper.
+ANSWER_CALLS = ("bugs.show(", "bugs.switch_lines(", "inspect.getsource(", "getsource(")
+
+
+def tags(cell) -> list[str]:
+    return cell.get("metadata", {}).get("tags", [])
+
+
+def text(cell) -> str:
+    return "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+
+
+@pytest.fixture(scope="module")
+def learner(tmp_path_factory) -> dict[str, dict]:
+    dest = tmp_path_factory.mktemp("learner")
+    edition.build(dest)
+    return {p.name: json.loads((dest / p.name).read_text()) for p in NOTEBOOKS}
+
+
+def test_every_tracked_notebook_has_a_learner_copy(learner):
+    assert set(learner) == {p.name for p in NOTEBOOKS} and len(learner) >= 8
+    assert not any(p.is_symlink() for p in NOTEBOOKS)  # old names are links to these, not copies
+
+
+@pytest.mark.parametrize("name", [p.name for p in NOTEBOOKS])
+def test_learner_copy_has_no_outputs_and_no_solutions(learner, name):
+    nb = learner[name]
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    assert code and all(not c["outputs"] and c["execution_count"] is None for c in code)
+    assert not [c for c in nb["cells"] if SOLUTION_TAG in tags(c)]
+    assert not [c for c in nb["cells"] if "source_hidden" in json.dumps(c.get("metadata", {}))]
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "markdown":
+            assert "<details>" not in text(cell), f"{name}: an answer folded into the learner's copy"
+            assert not re.search(r"^#+ .*\bSolution", text(cell), re.M), f"{name}: a solution heading"
+            assert "shared/docs" not in text(cell)
+    assert tags(nb["cells"][0]) == [edition.BANNER_TAG] and "reset" in text(nb["cells"][0])
+    assert "widgets" not in nb["metadata"]
+
+
+@pytest.mark.parametrize("name", [p.name for p in NOTEBOOKS if not p.name.startswith("00_")])
+def test_every_exercise_is_a_stub_then_its_check(learner, name):
+    cells = [c for c in learner[name]["cells"] if c["cell_type"] == "code"]
+    exercises = [i for i, c in enumerate(cells) if EXERCISE_TAG in tags(c)]
+    assert exercises, f"{name}: no cell tagged {EXERCISE_TAG!r}"
+    for i in exercises:
+        assert i + 1 < len(cells) and CHECK_TAG in tags(cells[i + 1]), f"{name}: exercise without its check"
+
+
+@pytest.mark.parametrize("name", [p.name for p in NOTEBOOKS if not p.name.startswith("00_")])
+def test_nothing_that_gives_the_fix_away_comes_before_the_first_check(learner, name):
+    cells = learner[name]["cells"]
+    first_check = next(i for i, c in enumerate(cells) if CHECK_TAG in tags(c))
+    early = [text(c) for c in cells[:first_check] if c["cell_type"] == "code"]
+    leaks = [call for call in ANSWER_CALLS for source in early if call in source]
+    assert not leaks, f"{name}: {leaks} before the first exercise check"
+
+
+@pytest.mark.parametrize("name", [p.name for p in NOTEBOOKS])
+def test_every_predict_comes_before_a_cell_that_runs(learner, name):
+    cells = learner[name]["cells"]
+    for i, cell in enumerate(cells):
+        if PREDICT_TAG in tags(cell):
+            assert cell["cell_type"] == "markdown"
+            assert any(c["cell_type"] == "code" for c in cells[i + 1:]), f"{name}: a predict with nothing after it"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_main_path_fits_the_agenda(path):
+    nb = json.loads(path.read_text())
+    words = 0
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "markdown":
+            if re.match(r"\s*## Going further", text(cell)):
+                break
+            words += len(text(cell).split())
+    assert words <= MAIN_PATH_WORDS, f"{path.name}: {words} words of markdown before `## Going further`"
+
+
+@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if not p.name.startswith("00_")], ids=lambda p: p.stem)
+def test_tracked_notebook_checks_its_solution(path):
+    """The reference keeps the solutions, and the check after each one asserts that it passes (CI runs it)."""
+    cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
+    solutions = [i for i, c in enumerate(cells) if SOLUTION_TAG in tags(c)]
+    assert solutions, f"{path.name}: no solution cell"
+    assert any("assert" in text(cells[i]) for i in solutions), f"{path.name}: no solution check asserts a PASS"
+
+
+def _one_notebook_folder(tmp_path: Path) -> tuple[Path, Path]:
+    src = tmp_path / "notebooks"
+    src.mkdir()
+    nb = src / "07_example.ipynb"
+    nb.write_text(json.dumps({
+        "nbformat": 4, "nbformat_minor": 5, "metadata": {},
+        "cells": [
+            {"cell_type": "markdown", "id": "a", "metadata": {}, "source": "Predict: what prints?"},
+            {"cell_type": "code", "id": "b", "metadata": {"tags": [EXERCISE_TAG]}, "execution_count": 1,
+             "source": "x = 1", "outputs": [{"output_type": "stream", "name": "stdout", "text": "answer\n"}]},
+            {"cell_type": "code", "id": "c", "metadata": {"tags": [SOLUTION_TAG], "jupyter": {"source_hidden": True}},
+             "execution_count": 2, "source": "x = 2", "outputs": []},
+        ]}))
+    return src, nb
+
+
+def test_build_writes_then_keeps_edits_and_reset_restores_with_a_backup(tmp_path):
+    src, nb = _one_notebook_folder(tmp_path)
+    dest = tmp_path / "learner"
+    first = edition.build(dest, notebooks=[nb])
+    assert [o.action for o in first] == ["written"] and (dest / "figures").is_dir()
+    copy = json.loads((dest / nb.name).read_text())
+    assert [text(c) for c in copy["cells"][1:]] == ["Predict: what prints?", "x = 1"]
+    assert copy["cells"][2]["outputs"] == [] and copy["cells"][2]["execution_count"] is None
+    assert [o.action for o in edition.build(dest, notebooks=[nb])] == ["unchanged"]
+
+    edited = (dest / nb.name).read_text().replace("x = 1", "x = 3  # mine")
+    (dest / nb.name).write_text(edited)
+    nb.write_text(nb.read_text().replace("Predict: what prints?", "Predict: what does it print?"))
+    assert [o.action for o in edition.build(dest, notebooks=[nb])] == ["kept (edited)"]
+    assert (dest / nb.name).read_text() == edited  # the learner's work survives a refresh of the source
+
+    assert [o.action for o in edition.build(dest, notebooks=[nb], reset=[nb.name])] == ["reset"]
+    assert (dest / (nb.name + ".bak")).read_text() == edited
+    assert "what does it print" in (dest / nb.name).read_text() and "# mine" not in (dest / nb.name).read_text()
+
+
+def test_build_refreshes_an_unedited_copy_when_the_notebook_changes(tmp_path):
+    src, nb = _one_notebook_folder(tmp_path)
+    dest = tmp_path / "learner"
+    edition.build(dest, notebooks=[nb])
+    nb.write_text(nb.read_text().replace("x = 1", "x = 10"))
+    assert [o.action for o in edition.build(dest, notebooks=[nb])] == ["refreshed"]
+    assert "x = 10" in (dest / nb.name).read_text()
+
+
+def test_resolve_names_one_notebook_by_prefix():
+    assert edition.resolve("03a") == next(p.name for p in NOTEBOOKS if p.name.startswith("03a"))
+    with pytest.raises(SystemExit, match="names 0 notebooks"):
+        edition.resolve("99")
+    with pytest.raises(SystemExit, match="names [2-9]"):
+        edition.resolve("0")
+
+
+def test_old_notebook_names_still_open_the_renamed_notebooks():
+    links = [p for p in (edition.NOTEBOOKS).glob("*.ipynb") if p.is_symlink()]
+    assert {p.name for p in links} >= {"04_initial_state_mask.ipynb", "03b_gsa_padded_rows.ipynb"}
+    assert all(p.resolve().exists() and p.resolve().parent == edition.NOTEBOOKS for p in links)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_learner_copy_runs_top_to_bottom_with_the_stubs(path, tmp_path):
+    """Run All in the learner's copy, stubs in place: every cell runs (only cells tagged raises-exception may
+    raise), and each exercise check says NOT YET, never PASS, so a learner starts with work to do."""
+    import nbclient
+    import nbformat
+
+    edition.build(tmp_path, notebooks=[path])
+    nb = nbformat.read(tmp_path / path.name, as_version=4)
+    nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
+                            resources={"metadata": {"path": str(tmp_path)}}).execute()
+    for cell in nb.cells:
+        if CHECK_TAG in tags(cell):
+            printed = "".join(o.get("text", "") for o in cell.outputs)
+            assert "NOT YET" in printed and "PASS" not in printed, f"{path.name}: the stub's check printed {printed!r}"
