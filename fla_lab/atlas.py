@@ -303,18 +303,24 @@ def plot_error_vs_decay(records: list[dict], op: str, dtype: str, T: int, ax=Non
     ax.set_yscale("log")
     ax.set_xlabel("per-step log-decay magnitude m")
     ax.set_ylabel("worst relative error")
-    ax.set_title(f"{op}, {dtype}, T = {T}", fontsize=9)
-    ax.legend(fontsize=6)
+    ax.set_title(f"{op}, {dtype}, T = {T}", fontsize=10)
+    # below the axes, never over the curves
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncols=1, frameon=False)
     return ax
 
 
-def plot_errors(records: list[dict], ops: list[str], dtype: str, T: int):
-    """`plot_error_vs_decay` for several ops side by side (worst of o, final state and every gradient)."""
-    fig, axes = viz.figure(len(ops), 1, width=4.0, height=3.3)
+def plot_errors(records: list[dict], ops: list[str], dtype: str, T: int, ncols: int = 3):
+    """`plot_error_vs_decay` for several ops, `ncols` to a row so the text stays readable at notebook width
+    (worst of o, final state and every gradient)."""
+    ncols = min(ncols, len(ops))
+    nrows = math.ceil(len(ops) / ncols)
+    fig, axes = viz.figure(ncols, nrows, width=4.0, height=4.4)
     for ax, op in zip(axes, ops):
         plot_error_vs_decay(records, op, dtype, T, ax=ax)
+    for ax in axes[len(ops):]:
+        ax.axis("off")
     fig.suptitle("worst scale-aware error against float64 (x on the top edge: non-finite; square: raised)",
-                 fontsize=9)
+                 fontsize=11)
     return fig
 
 
