@@ -272,3 +272,33 @@ def test_venv_with_a_finished_setup_is_never_removed(wb, tmp_path):
     assert wb.venv_complete(venv)
     wb.create_venv(venv, "/nonexistent/python")
     assert (venv / "pyvenv.cfg").exists()
+
+
+# ------------------------------------------------------------------ the learner's edition
+def test_notebooks_leaves_out_the_links_that_keep_old_names(wb):
+    found = wb.notebooks()
+    assert found and not any(p.is_symlink() for p in found)
+    assert (ROOT / "notebooks" / "04_initial_state_mask.ipynb").is_symlink()
+    assert "04_initial_state_mask.ipynb" not in {p.name for p in found}
+
+
+def test_lab_opens_the_learner_edition_with_its_own_figures(wb, monkeypatch):
+    calls = []
+    monkeypatch.setattr(wb, "setup", lambda: None)
+    monkeypatch.setattr(wb, "run", lambda cmd, **kw: calls.append(("run", [str(c) for c in cmd])))
+    monkeypatch.setattr(wb.subprocess, "call", lambda cmd, **kw: calls.append(("lab", cmd, kw["env"])) or 0)
+    assert wb.lab([]) == 0
+    (_, build), (_, lab, env) = calls
+    assert build[-3:] == ["-m", "fla_lab", "edition"]
+    assert "learner/00_start_here.ipynb" in lab and not any(a.startswith("notebooks/") for a in lab)
+    assert env["FLA_LAB_FIGURES_DIR"] == str(ROOT / "learner" / "figures")
+
+
+def test_reset_names_the_notebook_or_prints_its_usage(wb, monkeypatch, capsys):
+    calls = []
+    monkeypatch.setattr(wb, "setup", lambda: None)
+    monkeypatch.setattr(wb, "run", lambda cmd, **kw: calls.append([str(c) for c in cmd]) or
+                        wb.subprocess.CompletedProcess(cmd, 0))
+    assert wb.reset([]) == 2 and "usage" in capsys.readouterr().out and not calls
+    assert wb.reset(["03a"]) == 0
+    assert calls[0][-4:] == ["fla_lab", "edition", "--reset", "03a"]
