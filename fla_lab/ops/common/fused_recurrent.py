@@ -51,23 +51,31 @@ def fused_recurrent_fwd_kernel(q, k, v, g, u, o, h0, ht, scale, T,
         tl.store(ht + i_bh * K * V + p_kv, b_h, mask=m_kv)
 
 
+# The mask of the dq kernel's initial-state load, for its H0_MASK slot: `bug="transposed_h0_mask"` takes the first
+# helper, the default is the second (kept one blank line apart so `python -m fla_lab bugs` prints both).
+@kernel
+def h0_mask_transposed(m_k, m_v):
+    return m_k[:, None] & m_v[None, :]  # upstream #18 (before 1547448b): key-major [BK, BV] mask
+
+@kernel
+def h0_mask(m_k, m_v):
+    return m_v[:, None] & m_k[None, :]  # fixed: the mask has the pointer tile's own [BV, BK] shape
+
+
 @kernel
 def fused_recurrent_bwd_dq_kernel(k, v, g, do, dq, h0, scale, B, T,
                                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                                   BK: tl.constexpr, BV: tl.constexpr, RWKV6: tl.constexpr,
-                                  USE_H0: tl.constexpr, BUG_TRANSPOSED_H0_MASK: tl.constexpr):
-    """dq_t = scale * S S do_t (S_t for GLA, S_{t-1} for RWKV6), one partial sum per value block."""
+                                  USE_H0: tl.constexpr, H0_MASK: tl.constexpr = h0_mask):
+    """dq_t = scale * S S do_t (S_t for GLA, S_{t-1} for RWKV6), one partial sum per value block.
+    H0_MASK(m_k, m_v): a `@triton.jit` helper that returns the mask of the initial-state load."""
     i_v, i_k, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_bh, i_b, i_h = batch_head(i_bh, H)
     o_k, o_v, m_k, m_v, m_kv, p_kv = state_tile(i_k, i_v, K, V, BK, BV)
     b_h = tl.zeros([BV, BK], dtype=tl.float32)  # value-major state tile: rows are values, columns keys
     if USE_H0:
-        p_h0 = h0 + i_bh * K * V + o_k[None, :] * V + o_v[:, None]  # [BV, BK] pointers
-        if BUG_TRANSPOSED_H0_MASK:
-            m_h0 = m_k[:, None] & m_v[None, :]  # upstream #18 (before 1547448b): key-major [BK, BV] mask
-        else:
-            m_h0 = m_v[:, None] & m_k[None, :]  # fixed: the mask has the tile's own [BV, BK] shape
-        b_h += tl.load(p_h0, mask=m_h0, other=0).to(tl.float32)
+        p_h0 = h0 + i_bh * K * V + o_k[None, :] * V + o_v[:, None]  # cell (i, j) -> h0[k=o_k[j], v=o_v[i]]
+        b_h += tl.load(p_h0, mask=H0_MASK(m_k, m_v), other=0).to(tl.float32)
     for t in range(0, T):
         row = (i_b * T + t) * H + i_h
         b_k = tl.load(k + row * K + o_k, mask=m_k, other=0).to(tl.float32)
@@ -130,7 +138,7 @@ def _forward(q, k, v, g, u, scale, h0, output_final_state):
     return o, ht
 
 
-def _backward(q, k, v, g, u, scale, h0, ht, do, dht, dq_tiles, bug_transposed_h0_mask):
+def _backward(q, k, v, g, u, scale, h0, ht, do, dht, dq_tiles, h0_mask_fn):
     B, T, H, K = q.shape
     V = v.shape[-1]
     rwkv6 = u is not None
@@ -140,7 +148,7 @@ def _backward(q, k, v, g, u, scale, h0, ht, do, dht, dq_tiles, bug_transposed_h0
     dq = torch.empty(NVq, B, T, H, K, **f32)
     fused_recurrent_bwd_dq_kernel[(NVq, grid_size(K, BKq), B * H)](
         k, v, g, do, dq, h0, scale, B, T, H=H, K=K, V=V, BK=BKq, BV=BVq, RWKV6=rwkv6,
-        USE_H0=h0 is not None, BUG_TRANSPOSED_H0_MASK=bug_transposed_h0_mask)
+        USE_H0=h0 is not None, H0_MASK=h0_mask_fn)
     BK, BV = min(next_pow2(K), 64), min(next_pow2(V), 64)
     NK, NV = grid_size(K, BK), grid_size(V, BV)
     dk, dv = torch.empty(NV, B, T, H, K, **f32), torch.empty(NK, B, T, H, V, **f32)
@@ -182,11 +190,11 @@ def decay_and_bonus_grads(q, k, v, u, scale, dq, dk, dv, do, ht, dht):
 class FusedRecurrentFunction(torch.autograd.Function):
     @staticmethod
     @custom_fwd
-    def forward(ctx, q, k, v, g, u, scale, h0, output_final_state, dq_tiles, bug_transposed_h0_mask):
+    def forward(ctx, q, k, v, g, u, scale, h0, output_final_state, dq_tiles, h0_mask_fn):
         q, k, v, g, u, h0 = as_contiguous(q, k, v, g, u, h0)
         o, ht = _forward(q, k, v, g, u, scale, h0, output_final_state)
         ctx.save_for_backward(q, k, v, g, u, h0, ht)
-        ctx.scale, ctx.dq_tiles, ctx.bug = scale, dq_tiles, bug_transposed_h0_mask
+        ctx.scale, ctx.dq_tiles, ctx.h0_mask_fn = scale, dq_tiles, h0_mask_fn
         return o, ht
 
     @staticmethod
@@ -194,7 +202,7 @@ class FusedRecurrentFunction(torch.autograd.Function):
     def backward(ctx, do, dht):
         q, k, v, g, u, h0, ht = ctx.saved_tensors
         do, dht = as_contiguous(do, dht)
-        dq, dk, dv, dg, du, dh0 = _backward(q, k, v, g, u, ctx.scale, h0, ht, do, dht, ctx.dq_tiles, ctx.bug)
+        dq, dk, dv, dg, du, dh0 = _backward(q, k, v, g, u, ctx.scale, h0, ht, do, dht, ctx.dq_tiles, ctx.h0_mask_fn)
         cast = lambda grad, like: None if grad is None else grad.to(like.dtype)  # noqa: E731
         return (cast(dq, q), cast(dk, k), cast(dv, v), cast(dg, g), cast(du, u) if u is not None else None,
                 None, cast(dh0, h0) if h0 is not None else None, None, None, None)
@@ -203,10 +211,14 @@ class FusedRecurrentFunction(torch.autograd.Function):
 DEFAULT_DQ_TILES = (16, 64)  # (BK, BV) of the dq kernel: upstream's non-square tiles, where #18 showed
 
 
-def fused_recurrent(q, k, v, g, u, scale, initial_state, output_final_state, dq_tiles, bug_transposed_h0_mask):
+def fused_recurrent(q, k, v, g, u, scale, initial_state, output_final_state, dq_tiles, bug_transposed_h0_mask,
+                    h0_mask_fn=None):
+    """`h0_mask_fn`: a `@triton.jit` helper for the dq kernel's H0_MASK slot (notebook 04's exercise); by default
+    `h0_mask`, or `h0_mask_transposed` with `bug_transposed_h0_mask`."""
     contract.check_kernel_device("fused_recurrent_rwkv6" if u is not None else "fused_recurrent_gla",
                                  dict(q=q, k=k, v=v, g=g, u=u, initial_state=initial_state))
     dq_tiles = tuple(dq_tiles) if dq_tiles is not None else DEFAULT_DQ_TILES
+    h0_mask_fn = h0_mask_transposed if bug_transposed_h0_mask else (h0_mask_fn or h0_mask)
     o, ht = FusedRecurrentFunction.apply(q, k, v, g, u, scale, initial_state, output_final_state, dq_tiles,
-                                         bug_transposed_h0_mask)
+                                         h0_mask_fn)
     return o, (ht if output_final_state else None)
