@@ -95,7 +95,7 @@ def test_reads_outside_h0_lists_only_square_buggy_configs_with_oob_cells():
     assert masks.reads_outside_h0(results) == [((32, 32), (16, 32))]
 
 
-# The exercise: the learner's `@triton.jit` mask helper, run by the lesson kernel against the exact tile.
+# The exercise: the learner's `@triton.jit` mask helper in the shipped dq kernel's H0_MASK slot.
 
 
 @triton.jit
@@ -109,44 +109,85 @@ def pointer_shaped_mask(m_k, m_v):  # the fix: the pointer tile's own [BV, BK] b
 
 
 @triton.jit
-def values_only_mask(m_k, m_v):  # right shape, but lets padded key columns through
+def values_only_mask(m_k, m_v):  # right orientation, but lets padded key columns through
     return m_v[:, None] & (m_k[None, :] | True)
+
+
+@triton.jit
+def keys_only_mask(m_k, m_v):  # right orientation, but lets padded value rows through
+    return m_k[None, :]
+
+
+@triton.jit
+def half_transposed_mask(m_k, m_v):  # [BK, 1]: m_k down the rows, no value check
+    return m_k[:, None]
+
+
+def test_the_shipped_kernel_takes_the_mask_from_its_slot():
+    """The default of the slot is the fixed helper; the bug switch selects the historical one; a helper passed in
+    runs in the same kernel (the stub raises exactly where bug="transposed_h0_mask" does)."""
+    import inspect
+
+    from fla_lab.ops.common import fused_recurrent as fr
+
+    slot = inspect.signature(fr.fused_recurrent_bwd_dq_kernel.fn).parameters["H0_MASK"]
+    assert slot.default is fr.h0_mask
+    assert "H0_MASK(m_k, m_v)" in inspect.getsource(fr.fused_recurrent_bwd_dq_kernel.fn)
+    stub = masks.run_backward(32, 16, (32, 32), False, T=4, h0_mask=transposed_mask)
+    switch = masks.run_backward(32, 16, (32, 32), True, T=4)
+    assert stub.status == switch.status == "wrong" and stub.errors == switch.errors
 
 
 def test_check_rejects_the_transposed_mask_with_every_kind_of_failure():
     verdict = masks.check_h0_mask(transposed_mask)
     assert not verdict.passed
-    loads = {(s[0], s[1], s[2], s[3]): masks.judge_tile(transposed_mask, *s) for s in masks.EXERCISE_SHAPES}
-    assert loads[16, 64, 16, 64].status == "raises"                       # upstream's dq tiles
-    assert "mask's shape does not match" in str(loads[16, 64, 16, 64])     # a version-independent sentence
-    silent = loads[32, 32, 32, 16]
-    assert (silent.status, silent.missing, silent.extra_inside, silent.extra_outside) == ("wrong", 256, 256, 0)
-    oob = loads[32, 32, 16, 32]
-    assert (oob.status, oob.missing, oob.extra_inside, oob.extra_outside) == ("wrong", 256, 0, 256)
-    assert loads[32, 32, 64, 64].status == "right"                         # full square tiles hide it
-    assert [str(load) for load in loads.values()] == verdict.facts
+    trials = {s: masks.try_mask(transposed_mask, *s) for s in masks.EXERCISE_SHAPES}
+    assert trials[16, 64, 16, 64].backward.status == "raises"               # upstream's dq tiles
+    assert "mask's shape does not match" in str(trials[16, 64, 16, 64])     # a version-independent sentence
+    silent = trials[32, 32, 32, 16]
+    assert silent.backward.failing == ("r", "w") and silent.transposed
+    assert (silent.missing, silent.through_k, silent.through_v, silent.outside) == (256, 0, 256, 0)
+    oob = trials[32, 32, 16, 32]
+    assert (oob.missing, oob.through_k, oob.through_v, oob.outside) == (256, 256, 0, 256)
+    assert trials[32, 32, 64, 64].right                                      # full square tiles hide it
+    assert [str(t) for t in trials.values()] == verdict.facts
+    assert len(verdict.hints) == 3 and "transposed" in verdict.hints[1] and "o_v" in verdict.hints[0]
 
 
 def test_check_accepts_the_pointer_shaped_mask():
     verdict = masks.check_h0_mask(pointer_shaped_mask)
     assert verdict.passed, str(verdict)
-    assert all(": right:" in fact for fact in verdict.facts)
+    assert all("backward right; the mask is exactly h0's cells" in fact for fact in verdict.facts)
 
 
-def test_check_catches_padding_reads_past_h0():
-    load = masks.judge_tile(values_only_mask, 32, 32, 16, 32)
-    assert (load.status, load.missing, load.extra_inside, load.extra_outside) == ("wrong", 0, 0, 512)
-    assert not masks.check_h0_mask(values_only_mask).passed
+def test_the_probe_counts_the_cells_the_real_load_reads():
+    """The probe's cells for the historical helper are the cell model's (1, 3, 4: let through), tile by tile."""
+    from fla_lab.ops.common.fused_recurrent import h0_mask, h0_mask_transposed
+
+    for BK, BV, K, V in [s for s in masks.EXERCISE_SHAPES if s[0] == s[1]]:
+        model = masks.h0_cells(K, V, BK, BV)
+        assert torch.equal(masks.mask_cells(h0_mask_transposed, K, V, BK, BV), torch.isin(model, torch.tensor([1, 3, 4])))
+        assert torch.equal(masks.mask_cells(h0_mask, K, V, BK, BV), torch.isin(model, torch.tensor([1, 2])))
 
 
-def test_tile_cell_counts_agree_with_the_cell_model():
-    """The lesson kernel's transposed load fails exactly where the real dq kernel's cell model says it does."""
-    for BK, BV, K, V in masks.EXERCISE_SHAPES:
-        if BK != BV:
-            continue
-        load = masks.judge_tile(transposed_mask, BK, BV, K, V)
-        assert {"missing": load.missing, "extra inside h0": load.extra_inside,
-                "extra outside h0": load.extra_outside} == masks.cell_counts(K, V, BK, BV)
+def test_hints_follow_the_mistake():
+    """Gradients right but padding read (values only); padding rows read past h0 turn dq NaN (keys only); a
+    mask of the wrong shape that is not the transposed one gets the shape hint without the transposition story."""
+    values_only = masks.check_h0_mask(values_only_mask)
+    assert not values_only.passed and "backward right" in values_only.facts[1]
+    assert "key columns k >= K" in values_only.hints[0] and "o_k[j] < K" in values_only.hints[1]
+    keys_only = masks.check_h0_mask(keys_only_mask)
+    assert "backward wrong (dr, dw)" in keys_only.facts[1]
+    assert "value rows v >= V" in keys_only.hints[0] and "0 * NaN" in keys_only.hints[1]
+    half = masks.check_h0_mask(half_transposed_mask)
+    assert "raises" in half.facts[0] and "transposed" not in half.hints[1] and "[BV, BK]" in half.hints[1]
+    for verdict in (values_only, keys_only, half):
+        assert verdict.hints[-1] == masks.FIX_LINE
+
+
+def test_check_refuses_a_plain_function():
+    verdict = masks.check_h0_mask(lambda m_k, m_v: m_v[:, None] & m_k[None, :])
+    assert not verdict.passed and "not a @triton.jit function" in verdict.facts[0]
 
 
 def test_explain_error_wording():

@@ -4,9 +4,10 @@ The RWKV6 `dq` backward kernel keeps its state value-major, a `[BV, BK]` tile, a
 pointers in that orientation. Before 1547448b its mask was built key-major, `[BK, BV]`. With upstream's dq tiles
 (BK, BV) = (16, 64) the two shapes cannot broadcast and Triton refuses the load; with square tiles the shapes
 agree, so the load runs and the mask is applied to the wrong cells. This module models that mask cell by cell,
-runs the real kernel over tile and problem shapes, and draws what it finds. For the exercise, `h0_tile_kernel`
-isolates that load in a compact Triton kernel whose mask comes from the learner's `@triton.jit` helper, and
-`check_h0_mask` compares what it loads with the exact tile over several tile and problem shapes.
+runs the real kernel over tile and problem shapes, and draws what it finds. For the exercise, the learner's
+`@triton.jit` mask helper goes into the shipped dq kernel's `H0_MASK` slot: `check_h0_mask` runs
+fused_recurrent_rwkv6's real backward with it on several tile and problem shapes, and a probe kernel
+(`mask_probe_kernel`) counts the cells its mask drops or lets through, which the gradients cannot always show.
 
 Out-of-bounds reads: a transposed mask can let through pointers past the end of `h0` (e.g. BK=BV=32, K=16,
 V=32). An unmasked out-of-bounds read under the interpreter would read whatever memory follows (garbage, or a
@@ -18,16 +19,17 @@ from __future__ import annotations
 import inspect
 import itertools
 import math
-import pathlib
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from fla_lab import bugs, check, harness, reference, runtime, viz, widgets
+from fla_lab import check, exercises, harness, reference, runtime, viz, widgets
 from fla_lab.exercises import Verdict
 from fla_lab.ops import fused_recurrent_rwkv6
+from fla_lab.ops.common.fused_recurrent import fused_recurrent, fused_recurrent_bwd_dq_kernel
+from fla_lab.ops.common.utils import state_tile
 
 BUG = "transposed_h0_mask"
 SIZES = (16, 32, 64)              # tile sizes and problem sizes the sweep covers
@@ -104,14 +106,13 @@ def rwkv6_inputs(K: int, V: int, *, T: int = T, initial_state: bool = True, seed
 
 
 def in_canary_buffer(h0: torch.Tensor, pad: int) -> torch.Tensor:
-    """`h0` copied to the start of a NaN-filled buffer `pad` elements longer (a contiguous view of it).
+    """`h0` at the start of a NaN-filled buffer `pad` elements longer: a contiguous view, differentiable.
 
-    Any read past h0's end then lands in memory we own and reads NaN: deterministic, and visible. The buffer is
-    made on the kernels' device, so `harness.compare` passes this very view on instead of copying it.
+    Any read past h0's end then lands in memory we own and reads NaN: deterministic, and visible. `run_backward`
+    builds it inside the op, after `harness.compare` has made its own copies of the inputs.
     """
-    buffer = torch.full((h0.numel() + pad,), math.nan, dtype=h0.dtype, device=runtime.device())
-    buffer[:h0.numel()] = h0.flatten().to(buffer.device)
-    return buffer[:h0.numel()].view(h0.shape)
+    tail = torch.full((pad,), math.nan, dtype=h0.dtype, device=h0.device)
+    return torch.cat([h0.flatten(), tail])[:h0.numel()].view(h0.shape)
 
 
 def fresh(inputs: dict) -> dict:
@@ -128,12 +129,17 @@ class Outcome:
 
 
 def run_backward(K: int, V: int, tiles: tuple[int, int], buggy: bool, *, initial_state: bool = True,
-                 T: int = T, seed: int = 0) -> Outcome:
-    """Forward + backward of `fused_recurrent_rwkv6` with dq tiles `tiles`, judged by `harness.compare`."""
+                 T: int = T, seed: int = 0, h0_mask=None) -> Outcome:
+    """Forward + backward of `fused_recurrent_rwkv6` with dq tiles `tiles`, judged by `harness.compare`.
+    `h0_mask`: a `@triton.jit` helper for the dq kernel's H0_MASK slot instead of the shipped one."""
     x = fresh(rwkv6_inputs(K, V, T=T, initial_state=initial_state, seed=seed))
-    if initial_state:
-        x["initial_state"] = in_canary_buffer(x["initial_state"], padding_needed(K, V, *tiles))
-    op = lambda **kw: fused_recurrent_rwkv6(**kw, bug=BUG if buggy else None, dq_tiles=tiles)  # noqa: E731
+    kernels = slot_op(h0_mask, tiles) if h0_mask is not None else \
+        lambda **kw: fused_recurrent_rwkv6(**kw, bug=BUG if buggy else None, dq_tiles=tiles)  # noqa: E731
+    pad = padding_needed(K, V, *tiles)
+
+    def op(initial_state=None, **kw):
+        h0 = None if initial_state is None else in_canary_buffer(initial_state, pad)
+        return kernels(initial_state=h0, **kw)
     try:
         result = harness.compare(op, reference.recurrent_rwkv6, x)
     except Exception as error:  # noqa: BLE001  (Triton's refusal is the outcome we are measuring)
@@ -171,39 +177,32 @@ def reads_outside_h0(results: dict[tuple, Outcome]) -> list[tuple]:
     return sorted((t, p) for (b, t, p) in results if b and t[0] == t[1] and cell_counts(*p, *t)["extra outside h0"])
 
 
-def show_fix() -> None:
-    """The one-line fix as a diff, at the line `bugs.locate` finds (the buggy line, then the fixed one)."""
-    where = bugs.locate(BUG)
-    path, number = where.rsplit(":", 1)
-    lines = (pathlib.Path(bugs.__file__).resolve().parent.parent / path).read_text().splitlines()
-    buggy, fixed = lines[int(number)], lines[int(number) + 2]  # body of the `if`, body of the `else`
-    print(where)
-    print("-" + buggy.strip())
-    print("+" + fixed.strip())
-
-
 # ---------------------------------------------------------------------------------------------------------------
-# The exercise: the learner writes the mask of the initial-state load
+# The exercise: the learner's mask helper in the shipped dq kernel's H0_MASK slot
+
+def show_dq_kernel() -> None:
+    """Print the shipped dq backward kernel: its initial-state load takes the mask from the `H0_MASK` slot."""
+    print(inspect.getsource(fused_recurrent_bwd_dq_kernel.fn))
+
 
 @triton.jit
-def h0_tile_kernel(h0, tile, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                   KP: tl.constexpr, VP: tl.constexpr, MASK: tl.constexpr):
-    """The dq kernel's initial-state load on its own: program (i_v, i_k) loads one value-major `[BV, BK]` tile of
-    a key-major `h0[K, V]` with the mask `MASK(m_k, m_v)` (the learner's `@triton.jit` helper) and writes it,
-    unchanged, into `tile[VP, KP]`, the padded value-major state (VP, KP: V and K rounded up to whole tiles)."""
+def mask_probe_kernel(out, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, KP: tl.constexpr,
+                      H0_MASK: tl.constexpr):
+    """1 in each cell of the padded value-major state `out[VP, KP]` that `H0_MASK` lets the dq kernel's
+    initial-state load read, 0 elsewhere. The same `state_tile` index vectors as the dq kernel; the mask is
+    broadcast onto the `[BV, BK]` tile, as `tl.load` broadcasts it onto the pointers."""
     i_v, i_k = tl.program_id(0), tl.program_id(1)
-    o_k = i_k * BK + tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_k, m_v = o_k < K, o_v < V
-    p_h0 = h0 + o_k[None, :] * V + o_v[:, None]  # [BV, BK] pointers: cell (i, j) -> h0[k=o_k[j], v=o_v[i]]
-    b_h = tl.load(p_h0, mask=MASK(m_k, m_v), other=0).to(tl.float32)
-    p_tile = tile + o_v[:, None] * KP + o_k[None, :]  # the same cell of the padded state, value-major
-    tl.store(p_tile, b_h, mask=(o_v[:, None] < VP) & (o_k[None, :] < KP))
+    o_k, o_v, m_k, m_v, m_kv, p_kv = state_tile(i_k, i_v, K, V, BK, BV)
+    tile = (o_v[:, None] >= 0) & (o_k[None, :] >= 0)  # all true, [BV, BK]
+    tl.store(out + o_v[:, None] * KP + o_k[None, :], (H0_MASK(m_k, m_v) & tile).to(tl.int8))
 
 
-def show_lesson_kernel() -> None:
-    """Print `h0_tile_kernel`'s source: the whole load the exercise's helper slots into."""
-    print(inspect.getsource(h0_tile_kernel.fn))
+def mask_cells(h0_mask, K: int, V: int, BK: int, BV: int) -> torch.Tensor:
+    """The cells `[VP, KP]` of the padded value-major state that the helper `h0_mask` lets through (bool)."""
+    NK, NV = math.ceil(K / BK), math.ceil(V / BV)
+    out = torch.zeros(NV * BV, NK * BK, dtype=torch.int8, device=runtime.device())
+    mask_probe_kernel[(NV, NK)](out, K=K, V=V, BK=BK, BV=BV, KP=NK * BK, H0_MASK=h0_mask)
+    return out.cpu().bool()
 
 
 # (BK, BV, K, V): upstream's non-square dq tiles (with and without padding), then square tiles that K or V do
@@ -213,84 +212,123 @@ EXERCISE_SHAPES = ((16, 64, 16, 64), (16, 64, 40, 48), (32, 32, 32, 16), (32, 32
 
 
 @dataclass
-class TileLoad:
-    """One run of `h0_tile_kernel`: the status and what went wrong, cell by cell."""
+class MaskTrial:
+    """The learner's helper on one tile and problem shape: the real backward, and the cells its mask lets through."""
 
     BK: int
     BV: int
     K: int
     V: int
-    status: str                     # "right", "wrong" or "raises"
-    missing: int = 0                # h0 elements the tile needs that did not arrive (masked off)
-    extra_inside: int = 0           # padding cells that loaded an element of h0 (they should stay 0)
-    extra_outside: int = 0          # padding cells that loaded past the end of h0 (NaN from the canary)
-    message: str = ""               # the exception, when it raised
+    backward: Outcome               # fused_recurrent_rwkv6's backward with the helper in the H0_MASK slot
+    missing: int = 0                # elements of h0 the mask drops
+    through_k: int = 0              # padding cells it lets through in key columns k >= K
+    through_v: int = 0              # ... in value rows v >= V
+    outside: int = 0                # of those, cells whose pointer is past the end of h0
+    transposed: bool = False        # the cells are exactly those of the historical [BK, BV] mask
 
     def __str__(self) -> str:
         where = f"(BK, BV) = ({self.BK}, {self.BV}), K = {self.K}, V = {self.V}"
-        if self.status == "raises":
-            return f"{where}: raises: {explain_error(self.message)}"
-        if self.status == "right":
-            return f"{where}: right: the tile is h0 transposed, zero in the padding"
-        counts = ((self.missing, f"of {self.K * self.V} elements of h0 masked off"),
-                  (self.extra_inside, "padding cells loaded from h0"),
-                  (self.extra_outside, "padding cells read past the end of h0"))
-        return f"{where}: wrong: " + ", ".join(f"{n} {what}" for n, what in counts if n)
+        if self.backward.status == "raises":
+            return f"{where}: raises: {explain_error(self.backward.message)}"
+        grads = "backward right" if self.backward.status == "right" else \
+            f"backward wrong ({', '.join('d' + n for n in self.backward.failing)})"
+        problems = [f"drops {self.missing} of {self.K * self.V} elements of h0"] if self.missing else []
+        through = [f"{n} in {axis}" for n, axis in ((self.through_k, "key columns k >= K"),
+                                                     (self.through_v, "value rows v >= V")) if n]
+        if through:
+            past = f", {self.outside} past the end of h0" if self.outside else ""
+            problems.append(f"lets padding cells through ({'; '.join(through)}{past})")
+        return f"{where}: {grads}; " + (" and ".join(problems) if problems else "the mask is exactly h0's cells")
+
+    @property
+    def right(self) -> bool:
+        return self.backward.status == "right" and not (self.missing or self.through_k or self.through_v)
 
 
 def explain_error(message: str) -> str:
-    """A short sentence for an exception of the tile kernel that does not depend on the Triton version."""
+    """A short sentence for an exception of the dq kernel that does not depend on the Triton version."""
     text = message.lower()
     if "incompatible dimensions" in text or "broadcast" in text:
         return "Triton cannot build the load, the mask's shape does not match the pointer tile's"
-    return "the kernel did not run (call masks.load_h0_tile with your helper to see the error)"
+    return f"the kernel did not run ({message.splitlines()[0][:100] if message else 'no message'})"
 
 
-def exact_tile(h0: torch.Tensor, BK: int, BV: int) -> torch.Tensor:
-    """What the load must give: `h0[K, V]` transposed to value-major `[V, K]`, zero in the padding, float64."""
-    K, V = h0.shape
-    tile = torch.zeros(math.ceil(V / BV) * BV, math.ceil(K / BK) * BK, dtype=torch.float64)
-    tile[:V, :K] = h0.double().T
-    return tile
+def slot_op(h0_mask, tiles: tuple[int, int]):
+    """`fused_recurrent_rwkv6` (the function it runs, the same kernels) with `h0_mask` in the dq kernel's slot."""
+    def op(r, k, v, w, u, initial_state=None, output_final_state=False):
+        return fused_recurrent(r, k, v, w, u, r.shape[-1] ** -0.5, initial_state, output_final_state, tiles, False,
+                               h0_mask)
+    return op
 
 
-def load_h0_tile(mask, K: int, V: int, BK: int, BV: int, *, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """(what `h0_tile_kernel` loads with the helper `mask`, the exact tile), for a random fp32 `h0[K, V]`.
-
-    `h0` sits at the start of a NaN-tailed buffer long enough for every address the pointer tiles can form, so a
-    mask that lets a padding cell through reads memory we own, and reads NaN past the end of h0.
-    """
-    h0 = torch.randn(K, V, generator=torch.Generator().manual_seed(seed))
-    NK, NV = math.ceil(K / BK), math.ceil(V / BV)
-    tile = torch.full((NV * BV, NK * BK), -1.0, device=runtime.device())  # -1: a cell the kernel never wrote
-    h0_tile_kernel[(NV, NK)](in_canary_buffer(h0, padding_needed(K, V, BK, BV)), tile, K=K, V=V, BK=BK, BV=BV,
-                             KP=NK * BK, VP=NV * BV, MASK=mask)
-    return tile.cpu().double(), exact_tile(h0, BK, BV)
-
-
-def judge_tile(mask, BK: int, BV: int, K: int, V: int) -> TileLoad:
-    """Run the learner's mask on one tile and problem shape and classify every cell against the exact tile."""
-    try:
-        got, exact = load_h0_tile(mask, K, V, BK, BV)
-    except Exception as error:  # noqa: BLE001  (Triton's refusal is one of the outcomes we report)
-        return TileLoad(BK, BV, K, V, "raises", message=f"{type(error).__name__}: {error}")
-    needed = torch.zeros_like(exact, dtype=torch.bool)
-    needed[:V, :K] = True
-    differs = ~(got == exact)  # NaN counts as different
-    missing = int((differs & needed).sum())
-    extra_outside = int((got.isnan() & ~needed).sum())
-    extra_inside = int((differs & ~needed).sum()) - extra_outside
-    status = "right" if not differs.any() else "wrong"
-    return TileLoad(BK, BV, K, V, status, missing, extra_inside, extra_outside)
+def try_mask(h0_mask, BK: int, BV: int, K: int, V: int) -> MaskTrial:
+    """Run the learner's helper in the real backward on one shape, and count the cells its mask gets wrong."""
+    backward = run_backward(K, V, (BK, BV), False, h0_mask=h0_mask)
+    if backward.status == "raises":
+        return MaskTrial(BK, BV, K, V, backward)
+    through = mask_cells(h0_mask, K, V, BK, BV)
+    rows, cols = torch.meshgrid(torch.arange(through.shape[0]), torch.arange(through.shape[1]), indexing="ij")
+    inside, past_end = (rows < V) & (cols < K), cols * V + rows >= K * V
+    extra = through & ~inside
+    transposed = BK == BV and torch.equal(through, torch.isin(h0_cells(K, V, BK, BV), torch.tensor([1, 3, 4])))
+    return MaskTrial(BK, BV, K, V, backward, int((inside & ~through).sum()), int((extra & (cols >= K)).sum()),
+                     int((extra & (rows >= V)).sum()), int((extra & past_end).sum()), transposed)
 
 
-def check_h0_mask(mask, shapes=EXERCISE_SHAPES) -> Verdict:
-    """The exercise's check: the learner's `mask(m_k, m_v)` must load the exact tile for every shape."""
-    loads = [judge_tile(mask, *shape) for shape in shapes]
-    return Verdict("the mask of the initial-state load", all(load.status == "right" for load in loads),
-                   [str(load) for load in loads],
-                   hint="tl.load applies mask cell (i, j) to pointer cell (i, j); in the [BV, BK] pointer tile, "
-                        "row i is the value o_v[i] and column j the key o_k[j].")
+FIX_LINE = "return m_v[:, None] & m_k[None, :]"
+
+
+def mask_hints(trials: list[MaskTrial]) -> tuple[str, ...]:
+    """Hint tiers chosen from what the learner's mask did: wrong shape (transposed or not), elements dropped,
+    padding let through on one axis or on both."""
+    shape_errors = [t for t in trials if t.backward.status == "raises" and "shape" in str(t)]
+    other_errors = [t for t in trials if t.backward.status == "raises" and t not in shape_errors]
+    ran = [t for t in trials if t.backward.status != "raises"]
+    if other_errors:
+        return exercises.hints(
+            f"the helper did not run inside the kernel: {other_errors[0].backward.message.splitlines()[0][:160]}",
+            "a mask helper returns one boolean tile built from m_k and m_v (index them with [:, None] / [None, :])")
+    if shape_errors:
+        where = ("look at the (BK, BV) = (16, 64) lines: Triton cannot combine your mask with the pointer tile p_h0. "
+                 "Read p_h0's line in the kernel: which index runs down its rows, o_k or o_v?")
+        if ran and all(t.transposed for t in ran):
+            what = ("p_h0 = ... + o_k[None, :] * V + o_v[:, None] is [BV, BK]: row i is the value o_v[i], column j "
+                    "the key o_k[j]. Your mask puts m_k down the rows, [BK, BV]. On square tiles it builds, and its "
+                    "cell (i, j) asks about key o_k[i] and value o_v[j], the transposed element: that is why the "
+                    "square-tile lines drop elements and let padding through")
+        else:
+            what = ("p_h0 is [BV, BK] (row i: the value o_v[i], column j: the key o_k[j]); your mask's shape "
+                    "neither matches it nor broadcasts onto it")
+        return exercises.hints(where, what, FIX_LINE)
+    if any(t.missing for t in ran):
+        return exercises.hints(
+            "look at the lines that say 'drops': those elements of h0 never reach the state",
+            "pointer cell (i, j) is h0[k=o_k[j], v=o_v[i]]: the mask must be true there exactly when o_v[i] < V "
+            "and o_k[j] < K, with m_v down the rows and m_k across", FIX_LINE)
+    k_leak, v_leak = any(t.through_k for t in ran), any(t.through_v for t in ran)
+    if k_leak or v_leak:
+        axis = " and ".join(name for name, leak in (("key columns k >= K", k_leak), ("value rows v >= V", v_leak))
+                            if leak)
+        needs = " and ".join(c for c, leak in (("o_v[i] < V", v_leak), ("o_k[j] < K", k_leak)) if leak)
+        why = ("padding value rows meet a zero-padded do, but a read past the end of h0 (NaN here) gives "
+               "0 * NaN = NaN in dq: the 'backward wrong' lines" if v_leak else
+               "dq's store drops key columns k >= K, so the gradients cannot show it, but those pointers address "
+               "the next key rows of h0 or memory past its end, which the load does not own (on a GPU: another "
+               "tensor's memory, or a fault)")
+        return exercises.hints(f"look at the shapes that K or V do not fill: your mask lets padding cells through "
+                               f"in {axis}", f"{why}. Each cell must also check {needs}", FIX_LINE)
+    return ()
+
+
+def check_h0_mask(h0_mask, shapes=EXERCISE_SHAPES) -> Verdict:
+    """The exercise's check: the learner's `h0_mask(m_k, m_v)` in the shipped dq kernel's H0_MASK slot must give the
+    right backward (fused_recurrent_rwkv6 against float64) and read exactly h0's cells, on every shape."""
+    name = "the mask of the initial-state load, in fused_recurrent_rwkv6's backward"
+    refused = exercises.not_a_jit_helper(name, h0_mask)
+    if refused is not None:  # a Verdict is falsy when it fails
+        return refused
+    trials = [try_mask(h0_mask, *shape) for shape in shapes]
+    return Verdict(name, all(t.right for t in trials), [str(t) for t in trials], mask_hints(trials))
 
 
 # ---------------------------------------------------------------------------------------------------------------
