@@ -140,12 +140,26 @@ def historical_init(layer):
     layer.apply(init)
 
 
-def formula_init(depth_aware=True, k_k_ramp_to_last_channel=True):
+def official_init(names=None, depth_aware=True, recurse=False):
+    """The notebook's solution (the layer's own vectors from `rwkv7_vectors`), or one of its usual mistakes: only
+    some of the nine, the depth left out, every parameter of the layer (recurse=True)."""
+    @torch.no_grad()
+    def init(layer):
+        l, L = (layer.layer_idx, layer.num_hidden_layers) if depth_aware else (0, lesson.DEPTH)
+        vec = official.rwkv7_vectors(layer.hidden_size, layer.head_dim, l, L)
+        for name, p in layer.named_parameters(recurse=recurse):
+            if names is None or name in names:
+                p.copy_(vec[name].view_as(p))
+    return init
+
+
+def formula_init(k_k_ramp_to_last_channel=True):
+    """The nine written from the formulas by hand, in fp32 (a few ulps from the fixed path is a pass)."""
     @torch.no_grad()
     def init(layer):
         C, l, L = layer.hidden_size, layer.layer_idx, layer.num_hidden_layers
-        c = torch.arange(C, dtype=torch.float32)  # fp32 on purpose: a few ulps from the fixed path is a pass
-        rho1 = 1 - l / L if depth_aware else 1.0
+        c = torch.arange(C, dtype=torch.float32)
+        rho1 = 1 - l / L
         for name, power in {"x_r": 0.2, "x_w": 0.9, "x_k": 0.7, "x_v": 0.7, "x_a": 0.9, "x_g": 0.2}.items():
             getattr(layer, name).copy_((1 - (c / C) ** (power * rho1)).view(1, 1, C))
         layer.k_k.copy_(0.71 - 0.1 * (c / ((C - 1) if k_k_ramp_to_last_channel else C) - 0.5))
@@ -154,53 +168,90 @@ def formula_init(depth_aware=True, k_k_ramp_to_last_channel=True):
     return init
 
 
-def test_check_rejects_the_historical_init():
+def failing(verdict):
+    return [line for line in verdict.facts if " > " in line]
+
+
+def test_check_rejects_the_historical_init_and_its_hints_explain_apply():
     verdict = lesson.check_initialisation(historical_init)
     assert not verdict.passed and str(verdict).startswith("NOT YET")
     text = str(verdict)
-    assert "output vs float64: error nan" in text and "the 31 other parameters" in text
-    assert "still hold the garbage" in verdict.hint and "layer.apply" in verdict.hint
+    assert "output vs float64: error nan" in text and "the 31 other parameters" in text and "verdict.hint()" in text
+    where, what, line = verdict.hints
+    assert "apply_visits" in where and "nothing your function ran changed" in where
+    assert "never on a parameter" in what and "RWKV7Attention" in what
+    assert "named_parameters(recurse=False)" in line and "layer.layer_idx" in line
+
+
+def test_the_solution_passes_exactly():
+    verdict = lesson.check_initialisation(official_init())
+    assert verdict.passed, str(verdict)
+    assert "49 of 49" in str(verdict) and "31 of 31" in str(verdict)
+    assert all("error 0.0e+00 <=" in line for line in verdict.facts[:9])
 
 
 def test_check_accepts_the_formulas_in_fp32():
     verdict = lesson.check_initialisation(formula_init())
     assert verdict.passed, str(verdict)
-    assert "49 of 49" in str(verdict)
+
+
+def test_a_partial_fix_is_told_which_vectors_still_hold_garbage():
+    verdict = lesson.check_initialisation(official_init(names=set(lesson.MIX_POWERS)))
+    assert not verdict.passed
+    assert {line.split()[0] for line in failing(verdict)} >= {"k_k", "k_a", "r_k"}
+    assert verdict.hints[0] == "k_k, k_a, r_k still hold the garbage"
+    assert "recurse=False" in verdict.hints[1]
 
 
 def test_check_rejects_an_init_that_ignores_the_depth():
-    verdict = lesson.check_initialisation(formula_init(depth_aware=False))
+    verdict = lesson.check_initialisation(official_init(depth_aware=False))
     assert not verdict.passed
-    failing = [line for line in verdict.facts if " > " in line]
-    assert failing and all(line.startswith(("x_r", "x_w", "x_k", "x_v", "x_a", "x_g")) for line in failing)
-    # per layer: right at layer 0 (rho1 = 1 there), wrong at layer 7, and the hint says it is the depth
-    assert all("layer 0: error" in line and "<=" in line.split(";")[0] and " > " in line.split(";")[1]
-               for line in failing)
-    assert "right at layer 0 but not at layer 7" in verdict.hint and "rho1" in verdict.hint
-    assert "k_k" not in verdict.hint
+    bad = failing(verdict)
+    assert bad and all(line.startswith(("x_r", "x_w", "x_k", "x_v", "x_a", "x_g")) for line in bad)
+    # per layer: right at layer 0 (rho1 = 1 there), wrong at layer 7, and the hints say it is the depth
+    assert all("<=" in line.split(";")[0] and " > " in line.split(";")[1] for line in bad)
+    assert "right at layer 0 and wrong at layer 7" in verdict.hints[0] and "rho1" in verdict.hints[1]
 
 
 def test_check_points_at_k_k_when_only_k_k_is_off():
     # c/C instead of c/(C-1): off by 0.1 / C at the last channel, at both layers
     verdict = lesson.check_initialisation(formula_init(k_k_ramp_to_last_channel=False))
-    assert not verdict.passed
-    failing = [line for line in verdict.facts if " > " in line]
-    assert len(failing) == 1 and failing[0].startswith("k_k") and "error 7.8e-04 >" in failing[0]
-    assert verdict.hint.startswith("k_k") and "C-1" in verdict.hint and "rho1" not in verdict.hint
+    bad = failing(verdict)
+    assert len(bad) == 1 and bad[0].startswith("k_k") and "error 7.8e-04 >" in bad[0]
+    assert verdict.hints[0].startswith("k_k") and "C-1" in verdict.hints[1]
 
 
-def test_check_hints_at_both_for_the_depth_and_k_k_together():
-    verdict = lesson.check_initialisation(formula_init(depth_aware=False, k_k_ramp_to_last_channel=False))
-    assert "right at layer 0 but not at layer 7" in verdict.hint and "C-1" in verdict.hint
-
-
-def test_check_rejects_resetting_the_whole_layer():
+@pytest.mark.parametrize("init", ["reset_official", "recursive"])
+def test_check_rejects_replacing_the_other_weights(init):
     # the fixed path's own reset sets the nine right but also replaces the other weights: not what was asked
-    verdict = lesson.check_initialisation(lambda layer: layer.reset_official(layer.num_hidden_layers))
+    candidate = ((lambda layer: layer.reset_official(layer.num_hidden_layers)) if init == "reset_official"
+                 else official_init(recurse=True))
+    verdict = lesson.check_initialisation(candidate)
     assert not verdict.passed
-    failing = [line for line in verdict.facts if " > " in line or line.endswith(" of 31")]
-    assert len(failing) == 1 and "other parameters" in failing[0] and not failing[0].endswith("31 of 31")
-    assert verdict.hint == "set only the nine: every other parameter must stay as it was"
+    if init == "recursive":  # rwkv7_vectors has no r_proj.weight: the check reports the KeyError, no traceback
+        assert "raised KeyError" in verdict.facts[0] and "submodules" in verdict.hints[1]
+        return
+    bad = [line for line in verdict.facts if " > " in line or line.endswith(" of 31")]
+    assert len(bad) == 1 and "other parameters" in bad[0] and not bad[0].endswith("31 of 31")
+    assert "besides the nine changed" in verdict.hints[0] and "r_proj.weight" in verdict.hints[0]
+
+
+def test_zeros_are_finite_but_not_the_official_init():
+    verdict = lesson.check_initialisation(torch.no_grad()(
+        lambda layer: [p.zero_() for p in layer.parameters(recurse=False)]))
+    assert not verdict.passed
+    assert "output vs float64: error" in str(verdict) and "49 of 49" in str(verdict)
+    assert verdict.hints[0] == "the nine are zeros at both layers"
+
+
+def test_the_routines_own_formula_on_the_vectors_raises_and_is_reported():
+    @torch.no_grad()
+    def xavier(layer):
+        for p in layer.parameters(recurse=False):
+            torch.nn.init.xavier_uniform_(p, gain=2 ** -2.5)
+    verdict = lesson.check_initialisation(xavier)
+    assert not verdict.passed and "raised ValueError" in verdict.facts[0]
+    assert "xavier_uniform_" in verdict.hints[1] and len(verdict.hints) == 3
 
 
 def test_check_leaves_the_global_random_state_alone():
@@ -212,9 +263,15 @@ def test_check_leaves_the_global_random_state_alone():
     assert torch.equal(torch.rand(3), expected)
 
 
+def test_the_skipped_parameters_are_the_layers_own():
+    """What the solution relies on: the nine are exactly the parameters registered on the layer itself."""
+    layer = lesson.exercise_layer(7, 64)
+    assert {name for name, _ in layer.named_parameters(recurse=False)} == EMPTY_UPSTREAM
+
+
 def test_float64_twin_is_exact_for_the_same_weights():
     layer = lesson.exercise_layer(0, 64)
-    formula_init()(layer)
+    official_init()(layer)
     twin = lesson.float64_twin(layer)
     assert twin.x_r.dtype == torch.float64 and layer.x_r.dtype == torch.float32
     x = lesson.layer_input(T=4, hidden_size=64, dtype=torch.float64, B=1)

@@ -2,9 +2,10 @@
 
 Everything runs the real layer (`fla_lab.layers.RWKV7Attention`): `bug="uninitialized_params"` rebuilds it as it was
 before d49c52f6 (x_r..x_g, k_k, k_a, r_k from `torch.empty`, emulated by reproducible garbage), the default is
-the official initialisation of `fla_lab.layers.init`. The notebook's exercise has the learner write the
-initialisation of those nine vectors; `check_initialisation` compares it with the layer's fixed path and runs the
-layer against its float64 twin.
+the official initialisation of `fla_lab.layers.init`. The notebook's exercise has the learner find which parameters
+the historical routine (run through `Module.apply`) never reached, and why, and set them to the official values;
+`check_initialisation` compares them with the layer's fixed path, runs the layer against its float64 twin, and
+chooses its hint tiers from the mistake it measured.
 """
 from __future__ import annotations
 
@@ -390,33 +391,83 @@ def vector_fact(name: str, errors: dict[int, float]) -> tuple[bool, str]:
     return all(ok for ok, _ in parts), f"{name} vs the fixed path, " + "; ".join(line for _, line in parts)
 
 
-def initialisation_hint(errors: dict[str, dict[int, float]], unset: set[str], others_touched: bool) -> str:
-    """What to look at next, from which vectors fail at which layer (most specific first)."""
-    first, deeper = EXERCISE_LAYERS[0], EXERCISE_LAYERS[1:]
-    wrong = {name for name, errs in errors.items() if not all(_within(e) for e in errs.values())}
-    mixes = [name for name in MIX_POWERS if name in wrong and name not in unset]
-    hints = []
+THE_LINE = ("vec = rwkv7_vectors(layer.hidden_size, layer.head_dim, layer.layer_idx, layer.num_hidden_layers); "
+            "for name, p in layer.named_parameters(recurse=False): p.copy_(vec[name].view_as(p))")
+
+
+def _names(names) -> str:
+    return ", ".join(sorted(names, key=lambda n: vector_parameters().index(n) if n in vector_parameters() else 99))
+
+
+def raised_hints(error: Exception) -> tuple[str, ...]:
+    """Hint tiers for a candidate that raised: where (the message), what (the usual cause of that message)."""
+    message = f"{type(error).__name__}: {error}"
+    if "fewer than 2 dimensions" in str(error):  # xavier_uniform_ on k_k / k_a: the routine's own formula
+        what = ("you reached the vectors, and the routine's formula fails on them: xavier_uniform_ is for weight "
+                "matrices, and k_k, k_a are [C] vectors; it was never the value they should hold: take the official "
+                "values from rwkv7_vectors")
+    elif isinstance(error, KeyError):
+        what = ("rwkv7_vectors has entries only for the layer's own vectors (and the LoRA biases w0, a0, v0 and "
+                "g_norm, which are not parameter names): the parameters of the submodules were reached by the "
+                "routine's other branches and need nothing")
+    elif "size" in str(error) or "shape" in str(error):
+        what = ("rwkv7_vectors gives flat [C] vectors (r_k: [H, N]) and the mixes are [1, 1, C]: copy with "
+                "value.view_as(parameter); N is layer.head_dim, not the number of heads")
+    else:
+        what = "read the message: it names the line of init_skipped that raised"
+    return (f"init_skipped raised {message}", what, THE_LINE)
+
+
+def initialisation_hints(errors: dict[str, dict[int, float]], unset: set[str], touched: list[str],
+                         zeros: bool) -> tuple[str, ...]:
+    """Hint tiers (where to look, what is wrong, the line) for the most basic mistake the measurements show:
+    the garbage left in place (all of it: the stub; some: a partial fix), other parameters changed, zeros instead
+    of the official values, the depth missing (right at layer 0, wrong at layer 7), values off at layer 0."""
+    first, deeper = EXERCISE_LAYERS[0], EXERCISE_LAYERS[1]
+    wrong = {name for name, errs in errors.items() if not all(_within(e) for e in errs.values())} - unset
+    if unset == set(vector_parameters()):
+        return ("nothing your function ran changed the nine; compare what layer.apply hands your function "
+                "(lesson.apply_visits(layer)) with where the nine are registered (layer.named_parameters())",
+                "Module.apply(fn) calls fn on every module, the submodules and then the layer itself, never on a "
+                "parameter: isinstance(module, nn.Parameter) is never true, so that branch never runs; the nine "
+                "hang directly on RWKV7Attention, so no other branch reaches them either",
+                THE_LINE)
     if unset:
-        hints.append(f"{', '.join(sorted(unset, key=vector_parameters().index))} still hold the garbage: set the "
-                     "parameters themselves by name under torch.no_grad() (layer.apply never hands your function a "
-                     "parameter)")
+        return (f"{_names(unset)} still hold the garbage",
+                "every parameter registered directly on the layer was missed by the routine, not only the ones you "
+                "set: layer.named_parameters(recurse=False) lists them all",
+                THE_LINE)
+    if touched:
+        shown = ", ".join(touched[:3]) + (", ..." if len(touched) > 3 else "")
+        return (f"{len(touched)} parameters besides the nine changed: {shown}",
+                "the routine's other branches did reach the submodules' parameters (projections, LoRAs, GroupNorm); "
+                "only the parameters on the layer itself were missed. Iterating layer.named_parameters() (which "
+                "recurses) or re-initialising the whole layer replaces weights that were fine",
+                THE_LINE)
+    if zeros:
+        return ("the nine are zeros at both layers",
+                "zeros make the layer finite (upstream's first fix did just that) but are not the official RWKV-7 "
+                "init: a zero mix never looks at the previous token, a zero k_k removes nothing from the state; "
+                "take the values from rwkv7_vectors",
+                THE_LINE)
+    mixes = [name for name in MIX_POWERS if name in wrong]
     if mixes and all(_within(errors[name][first]) for name in mixes):
-        hints.append(f"{', '.join(mixes)} are right at layer {first} but not at layer "
-                     f"{', '.join(map(str, deeper))}: at layer 0 rho1 = 1, so the depth is what is missing: "
-                     "rho1 = 1 - layer_idx / num_hidden_layers")
-    elif mixes:
-        hints.append(f"{', '.join(mixes)} are off at layer {first} already, where rho1 = 1 and the depth plays no "
-                     "part: check 1 - (c/C)^p with c = 0..C-1 and p from lesson.MIX_POWERS")
-    if "k_k" in wrong - unset:
-        hints.append("k_k's ramp is c/(C-1), running from 0 at the first channel to 1 at the last "
-                     "(the mixes divide by C)")
-    if {"k_a", "r_k"} & (wrong - unset):
-        hints.append("k_a and r_k are constants, 1.02 and -0.04, in every channel")
-    if others_touched:
-        hints.append("set only the nine: every other parameter must stay as it was")
-    if not hints:  # the nine are right, yet the layer is not: unexpected, point back at the task
-        hints.append("set x_r..x_g, k_k, k_a and r_k in place and nothing else")
-    return "; ".join(hints)
+        return (f"{_names(mixes)} are right at layer {first} and wrong at layer {deeper}",
+                f"the mixes depend on the layer's depth through rho1 = 1 - layer_idx / num_hidden_layers, which is 1 "
+                f"at layer {first} whatever the depth: pass the layer's own layer_idx and num_hidden_layers",
+                THE_LINE)
+    if wrong == {"k_k"}:
+        return ("k_k is off at both layers, and only k_k",
+                "k_k's ramp is c/(C-1), from 0 at the first channel to 1 at the last (the mixes divide by C); "
+                "rwkv7_vectors has it right",
+                THE_LINE)
+    if wrong:
+        return (f"{_names(wrong)} are off at layer {first} already",
+                "compare your values with rwkv7_vectors(C, N, layer_idx, num_hidden_layers)[name], channel by channel",
+                THE_LINE)
+    return ("the nine are right, yet the layer's output or gradients are not",
+            "set the nine in place (copy_ under torch.no_grad()), do not replace the Parameter objects",
+            THE_LINE)
 
 
 def check_initialisation(candidate, hidden_size: int = 128, T: int = 16) -> Verdict:
@@ -424,28 +475,37 @@ def check_initialisation(candidate, hidden_size: int = 128, T: int = 16) -> Verd
     - each of the nine vectors equals what the fixed path sets (largest |difference|, at each layer);
     - every parameter is finite and |x| <= HUGE, and the others (LoRAs, projections, norm) are untouched;
     - layer 0's output and gradients (fp32, the real `chunk_rwkv7` kernel) match its float64 twin.
-    The hint names what the failures point at (the depth, k_k's C - 1, the garbage left in place)."""
+    The hint tiers follow the most basic mistake measured (`initialisation_hints`); a candidate that raises gets
+    NOT YET with the exception, not a traceback."""
     vector_err = {name: {} for name in vector_parameters()}  # |yours - fixed path|, per layer
     unset = set()  # vectors the candidate left as the garbage they were
-    finite = untouched = 0
-    n_params = n_others = 0
+    touched = []  # other parameters the candidate changed
+    zeros = True
+    finite = n_params = n_others = untouched = 0
     layers = {}
     for l in EXERCISE_LAYERS:
         layer = exercise_layer(l, hidden_size)
         before = {n: p.detach().clone() for n, p in layer.named_parameters()}
-        candidate(layer)
+        try:
+            candidate(layer)
+        except Exception as error:  # the learner's code: report it as a verdict, so Run All goes on
+            return Verdict("the initialisation #150 skipped", False,
+                           [f"init_skipped(layer {l}) raised {type(error).__name__}: {error}"], raised_hints(error))
         layers[l] = layer
         want = fixed_path_vectors(l, hidden_size)
         for name in vector_parameters():
             value = getattr(layer, name).detach()
             vector_err[name][l] = float((value.double().cpu() - want[name].double()).abs().max())
+            zeros &= bool((value == 0).all())
             if torch.equal(value, before[name]):
                 unset.add(name)
         rows = parameter_census(layer)
         finite += sum(not r.garbage for r in rows)
         n_params += len(rows)
         others = [n for n in before if n not in vector_parameters()]
-        untouched += sum(torch.equal(layer.get_parameter(n).detach(), before[n]) for n in others)
+        changed = [n for n in others if not torch.equal(layer.get_parameter(n).detach(), before[n])]
+        touched += [n for n in changed if n not in touched]
+        untouched += len(others) - len(changed)
         n_others += len(others)
     layer = layers[EXERCISE_LAYERS[0]]
     x = layer_input(T, hidden_size, torch.float32, B=1)
@@ -462,4 +522,4 @@ def check_initialisation(candidate, hidden_size: int = 128, T: int = 16) -> Verd
                    _worst(check.grad_errors(grads_ref, grads)), tol.grad),
     ]
     return verdict("the initialisation #150 skipped", checks,
-                   initialisation_hint(vector_err, unset, untouched != n_others))
+                   initialisation_hints(vector_err, unset, touched, zeros and not unset))
