@@ -61,12 +61,20 @@ def state_adjoints(q, do, gi, dht, need_dh0, scale, BT, launch, gate_v, rwkv6=Fa
     return dh, dh0
 
 
-def gated_scores(q, k, gi, u, scale, BT, launch, bug_exclusive_reference=False):
+def reference_row(bug_exclusive_reference=False, helper=None):
+    """The helper for the REFERENCE_ROW slot of the RWKV6 kernels: the historical row under the bug switch, else
+    `helper` (a `@triton.jit` function, e.g. notebook 03a's) or the shipped `st.reference_row`."""
+    if bug_exclusive_reference:
+        return st.reference_row_inclusive
+    return helper or st.reference_row
+
+
+def gated_scores(q, k, gi, u, scale, BT, launch, row=st.reference_row):
     B, T, H, K = q.shape
     A = _f32(q, B, T, H, BT)
     st.gated_scores_kernel[(grid_size(T, BT) * (BT // BC), B * H)](
         q, k, gi, u, A, scale, T, H=H, K=K, BT=BT, BC=BC, BK=min(_tile(K), launch.scores_BK), DOT=_dot(launch, q),
-        RWKV6=u is not None, BUG=bug_exclusive_reference, num_warps=launch.scores_warps)
+        RWKV6=u is not None, REFERENCE_ROW=row, num_warps=launch.scores_warps)
     return A
 
 
@@ -107,12 +115,11 @@ def decay_grad(readers, d_readers, writers, d_writers, c, BT, launch, dtype, u=N
 # Key side: GLA, RWKV6 (`u` its bonus), GSA's value pass
 
 
-def key_side_forward(q, k, v, gi, u, scale, h0, output_final_state, BT, launch, out_dtype,
-                     bug_exclusive_reference=False):
+def key_side_forward(q, k, v, gi, u, scale, h0, output_final_state, BT, launch, out_dtype, row=st.reference_row):
     B, T, H, K = q.shape
     V = v.shape[-1]
     h, ht = forward_states(k, v, gi, h0, output_final_state, BT, launch, gate_v=False)
-    A = gated_scores(q, k, gi, u, 1.0, BT, launch, bug_exclusive_reference)
+    A = gated_scores(q, k, gi, u, 1.0, BT, launch, row)
     o = torch.empty(B, T, H, V, dtype=out_dtype, device=q.device)
     BV = _tile(V)
     st.chunk_fwd_o_kernel[(grid_size(V, BV), grid_size(T, BT), B * H)](
@@ -121,10 +128,11 @@ def key_side_forward(q, k, v, gi, u, scale, h0, output_final_state, BT, launch, 
     return o, ht, h, A
 
 
-def key_side_backward(q, k, v, gi, u, scale, h0, ht, h, A, do, dht, BT, launch, dg_dtype,
-                      bug_exclusive_reference=False, key_term_in_dg=True):
+def key_side_backward(q, k, v, gi, u, scale, h0, ht, h, A, do, dht, BT, launch, dg_dtype, row=st.reference_row,
+                      key_term_in_dg=True):
     """Returns dq, dk, dv (fp32), dg (dg_dtype), du (RWKV6) and dh0. `h=None`, `A=None`: recompute them here (each
-    intermediate is dropped after its last use, which bounds the peak memory of GSA's backward).
+    intermediate is dropped after its last use, which bounds the peak memory of GSA's backward). `row`: the
+    REFERENCE_ROW helper (see `reference_row`).
     `key_term_in_dg=False` leaves `- k * dk` out of dg (GSA adds it once, for the summed slot gradient)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
@@ -132,7 +140,7 @@ def key_side_backward(q, k, v, gi, u, scale, h0, ht, h, A, do, dht, BT, launch, 
     if h is None:
         h, _ = forward_states(k, v, gi, h0, False, BT, launch, gate_v=False)
     if A is None:
-        A = gated_scores(q, k, gi, u, 1.0, BT, launch)
+        A = gated_scores(q, k, gi, u, 1.0, BT, launch, row)
     dh, dh0 = state_adjoints(q, do, gi, dht, h0 is not None, scale, BT, launch, gate_v=False, rwkv6=rwkv6)
     dA = plain_scores(do, v, scale, BT, launch)
     dv = plain_rows(A, do, k, gi, dh, scale, 1.0, BT, launch, transpose_A=True, to_end=True, transpose_h=False)
@@ -141,7 +149,7 @@ def key_side_backward(q, k, v, gi, u, scale, h0, ht, h, A, do, dht, BT, launch, 
     BKi = min(_tile(K), launch.dqk_BK)  # the diagonal block is a [BC, BC, BKi] tile: keep it in registers
     st.chunk_bwd_dqk_kernel[(grid_size(K, BKi), NT * (BT // BC), B * H)](
         q, k, v, gi, u, h, dh, dA, do, dq, dk, scale, T, NT, H=H, K=K, V=V, BT=BT, BC=BC, BK=BKi, BV=_tile(V),
-        DOT=_dot(launch, q), RWKV6=rwkv6, BUG=bug_exclusive_reference, num_warps=launch.dqk_warps)
+        DOT=_dot(launch, q), RWKV6=rwkv6, REFERENCE_ROW=row, num_warps=launch.dqk_warps)
     del h, dh
     c = (ht * dht).sum(-1) if dht is not None and ht is not None else None  # the final state's share
     dg, du = decay_grad(q, dq, k, dk if key_term_in_dg else None, c, BT, launch, dg_dtype, u=u,
@@ -196,12 +204,14 @@ def value_side_backward(q, k, v, gi, scale, h0, ht, h, A, o, do, dht, BT, launch
     return dq, dk, dv, dg, dh0
 
 
-def key_side_scores(q, k, g, u=None, chunk_size=64, launch=None, bug_exclusive_reference=False):
+def key_side_scores(q, k, g, u=None, chunk_size=64, launch=None, bug_exclusive_reference=False, row=None):
     """The intra-chunk scores `A [B, T, H, chunk_size]` (fp32) the key-side forward builds, for inspection: row t
-    holds t's scores against every row of its chunk (RWKV6's bonus on the diagonal, zeros right of it)."""
+    holds t's scores against every row of its chunk (RWKV6's bonus on the diagonal, zeros right of it). `row`: a
+    REFERENCE_ROW helper in place of the shipped one."""
     BT = check_chunk_size(chunk_size)
     q, k, g, u = as_contiguous(q, k, g, u)
-    return gated_scores(q, k, chunk_cumsum(g, BT), u, 1.0, BT, resolve(launch), bug_exclusive_reference)
+    return gated_scores(q, k, chunk_cumsum(g, BT), u, 1.0, BT, resolve(launch),
+                        reference_row(bug_exclusive_reference, row))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -211,13 +221,13 @@ def key_side_scores(q, k, g, u=None, chunk_size=64, launch=None, bug_exclusive_r
 class KeySideChunkFunction(torch.autograd.Function):
     @staticmethod
     @custom_fwd
-    def forward(ctx, q, k, v, g, u, scale, h0, output_final_state, chunk_size, launch, bug):
+    def forward(ctx, q, k, v, g, u, scale, h0, output_final_state, chunk_size, launch, row):
         q, k, v, g, u, h0 = as_contiguous(q, k, v, g, u, h0)
         gi = chunk_cumsum(g, chunk_size)
         o, ht, h, A = key_side_forward(q, k, v, gi, u, scale, h0, output_final_state, chunk_size, launch, q.dtype,
-                                       bug)
+                                       row)
         ctx.save_for_backward(q, k, v, g, u, h0, ht, gi, h, A)
-        ctx.scale, ctx.chunk_size, ctx.launch, ctx.bug = scale, chunk_size, launch, bug
+        ctx.scale, ctx.chunk_size, ctx.launch, ctx.row = scale, chunk_size, launch, row
         return o, ht
 
     @staticmethod
@@ -226,7 +236,7 @@ class KeySideChunkFunction(torch.autograd.Function):
         q, k, v, g, u, h0, ht, gi, h, A = ctx.saved_tensors
         do, dht = as_contiguous(do, dht)
         dq, dk, dv, dg, du, dh0 = key_side_backward(q, k, v, gi, u, ctx.scale, h0, ht, h, A, do, dht,
-                                                    ctx.chunk_size, ctx.launch, g.dtype, ctx.bug)
+                                                    ctx.chunk_size, ctx.launch, g.dtype, ctx.row)
         return (cast(dq, q), cast(dk, k), cast(dv, v), dg, None if du is None else cast(du.sum(0), u), None,
                 cast(dh0, h0), None, None, None, None)
 
@@ -236,9 +246,11 @@ def cast(grad, like):
 
 
 def key_side_chunk(op, q, k, v, g, u, scale, initial_state, output_final_state, chunk_size, launch,
-                   bug_exclusive_reference):
-    """Chunked GLA (`u=None`) or RWKV6 (`u` the bonus), forward and backward in Triton."""
+                   bug_exclusive_reference, row=None):
+    """Chunked GLA (`u=None`) or RWKV6 (`u` the bonus), forward and backward in Triton. `row`: a `@triton.jit`
+    helper for RWKV6's REFERENCE_ROW slot in place of the shipped one (notebook 03a's exercise)."""
     contract.check_kernel_device(op, dict(q=q, k=k, v=v, g=g, u=u, initial_state=initial_state))
     o, ht = KeySideChunkFunction.apply(q, k, v, g, u, scale, initial_state, output_final_state,
-                                       check_chunk_size(chunk_size), resolve(launch), bool(bug_exclusive_reference))
+                                       check_chunk_size(chunk_size), resolve(launch),
+                                       reference_row(bug_exclusive_reference, row))
     return o, (ht if output_final_state else None)

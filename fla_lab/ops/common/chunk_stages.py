@@ -33,7 +33,8 @@ sub-chunk j is one `tl.dot` after factorising the decay around a reference row `
 - GLA, GSA: `gn = gi[first row of i]`. RWKV6 reads the state before its own decay, `gq = ge` (exclusive,
   `ge[t] = gi[t-1]`, a bit-exact shift), so it needs `gn = gi[first row of i - 1]` (upstream 0c1c0b65, the fix of
   #77); `bug="exclusive_reference"` restores the inclusive row, whose query factor `exp(|g[start]|)` overflows from a
-  per-step log-decay of about -89 while the key factor underflows: inf * 0 = NaN (`load_reference_decay`).
+  per-step log-decay of about -89 while the key factor underflows: inf * 0 = NaN. The kernels take the row as a
+  `tl.constexpr` helper, REFERENCE_ROW (default `reference_row`; the switch passes `reference_row_inclusive`).
 - Transposed, from later sub-chunks j: `gn = gi[last valid row of i]`; rows of j past the end of the sequence load
   as 0 and must be masked in the exponent, or `exp(0 - gn)` overflows and meets a zero-padded input: NaN
   (upstream #77 for GSA, fixed in 737550ff; `bug="unmasked_padding"`, `cols_from_later_subchunks`).
@@ -55,14 +56,24 @@ from fla_lab.ops.common.utils import batch_head, kernel, mma, mma_split, state_t
 # Small shared pieces
 
 
+# RWKV6's reference row, for the REFERENCE_ROW slot of the kernels that split a sub-chunk pair's decay around it: a
+# helper (gi, i_start, o_k, HK) -> the pointers of gn's row (row t of gi at gi + t * HK). `bug="exclusive_reference"`
+# takes the first helper, the default is the second (kept one blank line apart so `python -m fla_lab bugs` prints both).
 @kernel
-def load_reference_decay(gi, i_start, o_k, m_k, HK, RWKV6, BUG_EXCLUSIVE_REFERENCE):
-    """`gn`, the reference row that splits the decay between query sub-chunk `i_start..` and earlier keys."""
+def reference_row_inclusive(gi, i_start, o_k, HK):
+    return gi + i_start * HK + o_k  # upstream #77 (de4235fd dropped the -1 of cf63ac28): ge[start] - gn = |g[start]|
+
+@kernel
+def reference_row(gi, i_start, o_k, HK):
+    return gi + (i_start - 1) * HK + o_k  # 0c1c0b65: gn = gi[start - 1] = ge[start], both factors <= 1
+
+
+@kernel
+def load_reference_decay(gi, i_start, o_k, m_k, HK, RWKV6, REFERENCE_ROW):
+    """`gn`, the reference row that splits the decay between query sub-chunk `i_start..` and earlier keys: RWKV6's
+    from the REFERENCE_ROW helper (its queries are exclusive), GLA's the sub-chunk's first row."""
     if RWKV6:
-        if BUG_EXCLUSIVE_REFERENCE:  # upstream #77 (de4235fd dropped the -1 of cf63ac28): inclusive gi[start]
-            p_gn = gi + i_start * HK + o_k  # ge[start] - gn = -g[start] = |g|: exp overflows, the key side is 0
-        else:
-            p_gn = gi + (i_start - 1) * HK + o_k  # 0c1c0b65: gn = gi[start - 1] = ge[start], both factors <= 1
+        p_gn = REFERENCE_ROW(gi, i_start, o_k, HK)
     else:
         p_gn = gi + i_start * HK + o_k  # GLA's queries are inclusive: gi[start] already lies between
     return tl.load(p_gn, mask=m_k, other=0)
@@ -127,14 +138,14 @@ def channel_block(i_d, o_i, m_i, H: tl.constexpr, D: tl.constexpr, BD: tl.conste
 @kernel
 def rows_from_earlier_subchunks(S, Y, gi, b_gq, i_start, t_first, i_i, o_c, o_d, m_d, m_i, HD: tl.constexpr,
                                 SROW: tl.constexpr, BC: tl.constexpr, BD: tl.constexpr, DOT: tl.constexpr,
-                                RWKV6: tl.constexpr, BUG_EXCLUSIVE_REFERENCE: tl.constexpr):
+                                RWKV6: tl.constexpr, REFERENCE_ROW: tl.constexpr = reference_row):
     """`sum_{s in earlier sub-chunks} S[t, s] Y_s exp(gq_t - gi_s)` for the rows t of sub-chunk i: [BC, BD].
 
     `S` is a `[T, SROW]` score row block (chunk-local columns), `Y` and `gi` rows of width HD, channels o_d.
     """
     b_acc = tl.zeros([BC, BD], dtype=tl.float32)
     if i_i > 0:
-        b_gn = load_reference_decay(gi, i_start, o_d, m_d, HD, RWKV6, BUG_EXCLUSIVE_REFERENCE)
+        b_gn = load_reference_decay(gi, i_start, o_d, m_d, HD, RWKV6, REFERENCE_ROW)
         for i_j in range(0, i_i):
             o_j = t_first + i_j * BC + o_c  # all rows < i_start < T
             b_y = tl.load(Y + o_j[:, None] * HD + o_d[None, :], mask=m_d[None, :], other=0).to(tl.float32)
@@ -228,7 +239,7 @@ def chunk_fwd_h_kernel(k, v, gi, h, h0, ht, T, NT, H: tl.constexpr, K: tl.conste
 @kernel
 def gated_scores_kernel(q, k, gi, u, A, scale, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
                         BC: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr, RWKV6: tl.constexpr,
-                        BUG: tl.constexpr):
+                        REFERENCE_ROW: tl.constexpr = reference_row):
     """`A[t, s] = scale * sum_i q_t[i] k_s[i] exp(gq_t[i] - gi_s[i])` (s <= t) for one query sub-chunk: a row block
     `A[rows, 0:BT]`, zeros right of it. The key side's scores; the value side's dA (q = do, k = v).
 
@@ -253,7 +264,7 @@ def gated_scores_kernel(q, k, gi, u, A, scale, T, H: tl.constexpr, K: tl.constex
             m_ik = m_i[:, None] & m_k[None, :]
             b_q = tl.load(q + o_i[:, None] * HK + o_k[None, :], mask=m_ik, other=0).to(tl.float32)
             b_gq = load_query_decay(gi, o_i[:, None], o_k[None, :], m_ik, t_first, HK, RWKV6)
-            b_gn = load_reference_decay(gi, i_start, o_k, m_k, HK, RWKV6, BUG)
+            b_gn = load_reference_decay(gi, i_start, o_k, m_k, HK, RWKV6, REFERENCE_ROW)
             b_kt = tl.load(k + o_j[None, :] * HK + o_k[:, None], mask=m_k[:, None], other=0).to(tl.float32)
             b_gkt = tl.load(gi + o_j[None, :] * HK + o_k[:, None], mask=m_k[:, None], other=0)
             b_qg = b_q * tl.exp(tl.where(m_ik, b_gq - b_gn[None, :], 0))
@@ -379,7 +390,7 @@ def slot_rows_kernel(x, y, gi, h, A, out, scale, T, NT, H: tl.constexpr, K: tl.c
     else:
         b_out = b_xh * tl.exp(b_g)  # g <= 0, and 0 on rows past T
         b_out += rows_from_earlier_subchunks(A, y, gi, b_g, i_start, t_first, i_i, o_c, o_v, m_v, m_i, H * V,
-                                             H * BT, BC, BV, DOT, False, False)
+                                             H * BT, BC, BV, DOT, False)
         for j in range(0, BC):  # the diagonal block, one key row at a time (a [BC, BC, BV] tile reduced over its
             m_j = m_v & (i_start + j + 0 * o_v < T)  # middle axis took 2.3x as long on an H200)
             b_yj = tl.load(y + (i_start + j) * H * V + o_v, mask=m_j, other=0).to(tl.float32)
@@ -484,7 +495,8 @@ def plain_rows_kernel(A, x, y, gi, h, out, alpha, beta, T, NT, H: tl.constexpr, 
 @kernel
 def chunk_bwd_dqk_kernel(q, k, v, gi, u, h, dh, dA, do, dq, dk, scale, T, NT, H: tl.constexpr, K: tl.constexpr,
                          V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
-                         BV: tl.constexpr, DOT: tl.constexpr, RWKV6: tl.constexpr, BUG: tl.constexpr):
+                         BV: tl.constexpr, DOT: tl.constexpr, RWKV6: tl.constexpr,
+                         REFERENCE_ROW: tl.constexpr = reference_row):
     """Key side: dq and dk of one sub-chunk, intra-chunk terms from dA (RWKV6's bonus from its diagonal),
     inter-chunk terms from h and dh."""
     i_k, i_tc, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -502,7 +514,7 @@ def chunk_bwd_dqk_kernel(q, k, v, gi, u, h, dh, dA, do, dq, dk, scale, T, NT, H:
     b_u = load_bonus(u, i_h, o_k, m_k, K, BK, RWKV6)[None, :]
     # dq_t = sum_s dA[t, s] k_s exp(gq_t - gi_s), dk_s = sum_t dA[t, s] q_t exp(gq_t - gi_s): other sub-chunks
     b_dq = rows_from_earlier_subchunks(dA, k, gi, b_gq, i_start, t_first, i_i, o_c, o_k, m_k, m_i, HK, H * BT, BC,
-                                       BK, DOT, RWKV6, BUG)
+                                       BK, DOT, RWKV6, REFERENCE_ROW)
     b_dk = cols_from_later_subchunks(dA, q, gi, b_gk, i_start, t_first, i_i, T, o_c, o_k, m_k, m_i, HK, H * BT,
                                      BC, BK, NC, DOT, RWKV6, False)
     # the diagonal block: all (t, s) pairs at once, one [BC, BC, BK] weight tile serves dq and dk
