@@ -173,8 +173,11 @@ def _late_cast_decay(w_raw):
 def test_check_log_decay_rejects_the_buggy_line_and_accepts_the_fp32_one():
     stub, late, fixed = (amp.check_log_decay(f, T=16) for f in (_buggy_decay, _late_cast_decay, _fp32_decay))
     assert not stub and "w is bf16" in str(stub) and "receives w as bf16" in str(stub)
-    assert not late and "w is fp32" in str(late) and "not after" in str(late)
-    assert fixed and str(fixed).startswith("PASS") and "receives w as fp32" in str(fixed)
+    assert not late and "w is fp32" in str(late) and "before the first op that rounds" in late.hints[1]
+    assert fixed and str(fixed).startswith("PASS") and "receives w as fp32" in str(fixed) and not fixed.hints
+    # tiers follow the mistake: where (the ops that round, from the trace), what, the line
+    assert "(sigmoid, mul)" in stub.hints[0] and "sigmoid is on neither" in stub.hints[1]
+    assert stub.hints[2] == late.hints[2] == amp.FIX_LINE
 
 
 def _official_formula_decay(w_raw):
@@ -186,8 +189,9 @@ def test_check_log_decay_tells_other_bf16_roundings_from_the_sigmoids():
     assert amp.rounded_like_the_sigmoid_line(_buggy_decay(x), x, "cpu")
     assert amp.rounded_like_the_sigmoid_line(_late_cast_decay(x), x, "cpu")
     assert not amp.rounded_like_the_sigmoid_line(_fp32_decay(x), x, "cpu")
-    verdict = str(amp.check_log_decay(_official_formula_decay, T=16))
-    assert verdict.startswith("NOT YET") and "not by the historical line" in verdict and "sigmoid of a bf16" not in verdict
+    verdict = amp.check_log_decay(_official_formula_decay, T=16)
+    assert str(verdict).startswith("NOT YET") and "not by the historical line" in verdict.hints[1]
+    assert "softplus" in verdict.hints[0] and "exp" in verdict.hints[0] and "sigmoid" not in verdict.hints[0]
 
 
 def test_check_log_decay_reports_a_refused_dtype_instead_of_raising():
@@ -208,3 +212,20 @@ def test_amp_step_plugs_a_decay_line_into_the_layer():
     assert torch.equal(plugged.w, ref.w) and torch.equal(plugged.output, ref.output)
     assert ref.lora.dtype == torch.bfloat16 and ref.lora.shape == (1, 16, 64)
     assert amp.amp_step(None, T=16, log_decay=_buggy_decay).dtypes["w"] == "bf16"
+
+
+def test_trace_dtypes_gives_cpu_autocast_live_and_cuda_autocast_by_its_op_lists():
+    """The tool of the exercise: the historical line rounds at the sigmoid on both devices; the official formula
+    only under CPU autocast (CUDA lists softplus and exp as fp32 ops, and what follows them stays fp32)."""
+    historical = amp.trace_dtypes(_buggy_decay)
+    assert historical == [("linear", "bf16", "bf16"), ("sigmoid", "bf16", "bf16"), ("mul", "bf16", "bf16")]
+    official = amp.trace_dtypes(_official_formula_decay)
+    assert [name for name, _, _ in official] == ["linear", "neg", "softplus", "neg", "sub", "exp", "neg"]
+    assert all(cpu == "bf16" for _, cpu, _ in official)
+    assert [cuda for _, _, cuda in official] == ["bf16", "bf16", "fp32", "fp32", "fp32", "fp32", "fp32"]
+    assert amp.trace_dtypes(_fp32_decay)[1:] == [("float", "fp32", "fp32"), ("sigmoid", "fp32", "fp32"),
+                                                 ("mul", "fp32", "fp32")]
+    # the op lists agree with what was measured on an H200 for every op the measurement covers
+    for op in ("exp", "softplus", "log", "sigmoid", "tanh"):
+        assert amp._cuda_rule(op, [torch.bfloat16]) == {"fp32": torch.float32, "bf16": torch.bfloat16}[
+            amp.CUDA_AUTOCAST_BF16[op]]

@@ -275,6 +275,67 @@ def autocast_dtypes(device: str = "cpu") -> dict[str, str]:
     return {name: viz.DTYPE_NAMES[d] for name, d in result.items()}
 
 
+# PyTorch's CUDA autocast op reference (the ops a decay line can call): these run in fp32 on bf16 inputs, the
+# matrix ops in bf16, every other op in its inputs' dtype. The H200 measurement (CUDA_AUTOCAST_BF16) agrees.
+CUDA_FP32_OPS = frozenset({"exp", "expm1", "log", "log1p", "log2", "log10", "pow", "__pow__", "__rpow__", "softplus",
+                           "reciprocal", "rsqrt", "__rdiv__", "__rtruediv__", "cumsum", "cumprod", "sum", "prod",
+                           "softmax", "log_softmax", "layer_norm", "group_norm", "norm", "normalize", "sinh", "cosh",
+                           "tan", "acos", "asin", "erfinv"})
+CUDA_BF16_OPS = frozenset({"linear", "matmul", "mm", "bmm", "addmm", "baddbmm", "addbmm", "conv1d", "conv2d"})
+CASTS = frozenset({"float", "double", "half", "bfloat16", "to", "type"})  # explicit: autocast leaves them alone
+
+
+class _OpLog(torch.overrides.TorchFunctionMode):
+    """Records (op name, tensor inputs, output) of every top-level torch call that returns a tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = getattr(func, "__name__", str(func))
+        if isinstance(out, torch.Tensor) and name != "__get__":
+            self.ops.append((name, [a for a in args if isinstance(a, torch.Tensor)], out))
+        return out
+
+
+def _cuda_rule(name: str, inputs: list[torch.dtype]) -> torch.dtype:
+    """The dtype CUDA autocast (bf16) gives op `name` on inputs of these dtypes."""
+    floats = [d for d in inputs if d.is_floating_point]
+    if name in CUDA_FP32_OPS and floats:
+        return torch.float32
+    if name in CUDA_BF16_OPS:
+        return torch.bfloat16
+    return functools.reduce(torch.promote_types, floats) if floats else inputs[0]
+
+
+def trace_dtypes(line: Callable[[torch.Tensor], torch.Tensor], device: str = "cpu") -> list[tuple[str, str, str]]:
+    """Run `line(w_raw)` on a Linear's output under `torch.autocast(device, bf16)`, op by op: (op, the dtype it
+    returned there, the dtype CUDA autocast's op lists give it). Casts keep their own dtype in both columns."""
+    gen = torch.Generator().manual_seed(0)
+    linear, h = nn.Linear(8, 8).to(device), torch.randn(4, 8, generator=gen).to(device)
+    log, cuda = _OpLog(), {}
+    with torch.autocast(device, dtype=torch.bfloat16), torch.no_grad(), log:
+        line(linear(h))
+    rows = []
+    for name, inputs, out in log.ops:
+        dtype = out.dtype if name in CASTS else _cuda_rule(name, [cuda.get(id(t), t.dtype) for t in inputs])
+        cuda[id(out)] = dtype
+        rows.append((name.strip("_"), viz.DTYPE_NAMES[out.dtype], viz.DTYPE_NAMES[dtype]))
+    return rows
+
+
+def show_dtypes(line: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    """Print `trace_dtypes` as a table: CPU autocast live; CUDA autocast live on a GPU, else by its op lists."""
+    cuda_live = torch.cuda.is_available()
+    cpu_rows = trace_dtypes(line, "cpu")
+    cuda_col = [r[1] for r in trace_dtypes(line, "cuda")] if cuda_live else [r[2] for r in cpu_rows]
+    print(f"{'op':<18}{'CPU autocast':<16}CUDA autocast ({'live' if cuda_live else 'by its op lists'})")
+    for i, ((name, cpu, _), cuda) in enumerate(zip(cpu_rows, cuda_col)):
+        print(f"{name + (' -> w_raw' if i == 0 else ''):<18}{cpu:<16}{cuda}")
+
+
 def official_log_decay(x: torch.Tensor) -> torch.Tensor:
     """The official RWKV-7 form, in float64: w = -softplus(-x) - 0.5, log-decay -exp(w) (under CUDA autocast
     softplus and exp run in fp32, so the official code never rounds the decay to bf16)."""
@@ -403,7 +464,7 @@ def rounded_like_the_sigmoid_line(w: torch.Tensor, x: torch.Tensor, device: str)
 
 def _other_ops_note(device: str) -> str:
     if device == "cpu":
-        return "under CPU autocast exp and softplus stay bf16 too (CUDA autocast would upcast them, see the table)"
+        return "under CPU autocast exp and softplus stay bf16 too (CUDA autocast upcasts them: the trace's CUDA column)"
     return "some op on the way ran in bf16 under autocast"
 
 
@@ -439,14 +500,32 @@ def check_log_decay(candidate: Callable[[torch.Tensor], torch.Tensor], T: int = 
                                  decay_errors(step.w, step.lora)["max"], tol),
             (step.finite, f"in the layer: output and every gradient finite: {step.finite}"),
         ]
+    hints = () if all(ok for ok, _ in facts) else decay_hints(candidate, w, x, grid, tol, dev)
+    return exercises.verdict("RWKV-7 log-decay in fp32 under autocast", facts, hints)
+
+
+FIX_LINE = "return -math.exp(-0.5) * w_raw.float().sigmoid()"
+
+
+def decay_hints(candidate, w: torch.Tensor, x: torch.Tensor, grid: dict, tol: float, dev: str) -> tuple[str, ...]:
+    """Hint tiers chosen from what the candidate did: the historical bf16 sigmoid, a cast after the sigmoid, a
+    rounding by other ops (e.g. the official formula under CPU autocast), right values in the wrong dtype."""
+    rounded = [name for name, got, _ in trace_dtypes(candidate, dev)[1:] if got == "bf16"]  # [0]: w_raw's Linear
+    trace = (f"run amp.show_dtypes(my_log_decay): the ops of your line that return bf16 under {dev} autocast are "
+             f"where w loses its bits ({', '.join(rounded) or 'none'})")
     if grid["max"] <= tol:
-        hint = "the values are right: return them as fp32, the dtype the kernel takes for w"
-    elif not rounded_like_the_sigmoid_line(w, x, dev):
-        hint = (f"w was rounded on the way, but not by the historical line's bf16 sigmoid: {_other_ops_note(dev)}: "
-                "cast w_raw to fp32 explicitly (w_raw.float()) before any transcendental function")
-    elif w.dtype == torch.float32:
-        hint = "w is fp32 but was rounded to bf16 on the way: upcast before the sigmoid, not after it"
-    else:
-        hint = ("under autocast the LoRA output is bf16, and the sigmoid of a bf16 tensor is rounded to bf16: "
-                "upcast w_raw to fp32 before the sigmoid (the kernel takes an fp32 w)")
-    return exercises.verdict("RWKV-7 log-decay in fp32 under autocast", facts, hint)
+        return exercises.hints("the values are right: look at the first line, the dtype of w",
+                               "the kernel takes w in fp32: return the fp32 result, not a cast of it")
+    if not rounded_like_the_sigmoid_line(w, x, dev):
+        return exercises.hints(
+            trace, f"w was rounded on the way, but not by the historical line's sigmoid: {_other_ops_note(dev)}; a "
+            "line that relies on autocast's op lists is fp32 only on a device whose lists include its ops", FIX_LINE)
+    if w.dtype == torch.float32:
+        return exercises.hints(
+            trace, "w is fp32 but holds bf16 values: the sigmoid had already rounded them when you cast; a cast "
+            "cannot bring back the bits, it has to come before the first op that rounds", FIX_LINE)
+    return exercises.hints(
+        trace, "w_raw arrives as bf16 (a Linear's output under autocast), and sigmoid is on neither autocast's fp32 "
+        "list: it computes and returns bf16, and so does the product after it. Switching autocast off does not help: "
+        "the input is already bf16", FIX_LINE)
+
