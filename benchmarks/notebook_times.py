@@ -149,7 +149,55 @@ def kernel_pid(client) -> int | None:
     return None
 
 
-def run_notebook(path: Path, timeout: int, kernel_args: list[str], out_dir: Path | None, work: Path) -> dict:
+def _trace_channels(client, timeline: list, state: dict) -> None:
+    """Log every message the client receives (channel, type, whether it answers the running cell, seconds into it)."""
+    for name in ("iopub", "shell"):
+        channel = getattr(client.kc, f"{name}_channel")
+        original = channel.get_msg
+
+        async def get_msg(*args, _original=original, _name=name, **kwargs):
+            msg = await _original(*args, **kwargs)
+            if state.get("msg_id") is not None:
+                mine = msg.get("parent_header", {}).get("msg_id") == state["msg_id"]
+                detail = msg.get("content", {}).get("execution_state") or msg.get("content", {}).get("name") or ""
+                timeline.append((round(time.perf_counter() - state["t0"], 3), _name, msg["msg_type"], detail, mine))
+            return msg
+
+        channel.get_msg = get_msg
+
+
+def _watchdog(client, stacks: Path, after: float, state: dict, result: dict) -> None:
+    """After `after` seconds in one cell, dump the kernel's threads (SIGUSR1: faulthandler) and the client's."""
+    import faulthandler
+    import threading
+
+    def watch():
+        dumped = set()
+        while not state.get("done"):
+            time.sleep(0.5)
+            index, t0 = state.get("index"), state.get("t0")
+            if index is None or index in dumped or time.perf_counter() - t0 < after:
+                continue
+            dumped.add(index)
+            pid = kernel_pid(client)
+            before = stacks.stat().st_size
+            if pid:
+                os.kill(pid, signal.SIGUSR1)
+            time.sleep(1.5)
+            with open(stacks) as f:
+                f.seek(before)
+                kernel = f.read()
+            with tempfile.TemporaryFile("w+") as f:
+                faulthandler.dump_traceback(file=f, all_threads=True)
+                f.seek(0)
+                mine = f.read()
+            result.setdefault("slow_cells", {})[index] = {"kernel_stacks": kernel, "client_stacks": mine}
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def run_notebook(path: Path, timeout: int, kernel_args: list[str], out_dir: Path | None, work: Path,
+                 trace_after: float | None = None) -> dict:
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, CellTimeoutError
@@ -169,13 +217,27 @@ def run_notebook(path: Path, timeout: int, kernel_args: list[str], out_dir: Path
     result = {"notebook": path.name, "cells": [], "status": "ok", "compiles": 0, "compile_s": 0.0}
     t_nb = time.perf_counter()
     seen = 0
+    state: dict = {}
     try:
         with client.setup_kernel():
             result["kernel_start_s"] = time.perf_counter() - t_nb
+            timeline: list = []
+            if trace_after is not None:
+                _trace_channels(client, timeline, state)
+                _watchdog(client, stacks, trace_after, state, result)
+                original_execute = client.kc.execute
+
+                def execute(*args, **kwargs):  # the id of the cell's request, to tell its replies from others
+                    state["msg_id"] = original_execute(*args, **kwargs)
+                    return state["msg_id"]
+
+                client.kc.execute = execute
             for index, cell in enumerate(nb.cells):
                 if cell.cell_type != "code":
                     continue
                 t0 = time.perf_counter()
+                state.update(index=index, t0=t0, msg_id=None)
+                timeline.clear()
                 status = "ok"
                 try:
                     client.execute_cell(cell, index)
@@ -190,6 +252,9 @@ def run_notebook(path: Path, timeout: int, kernel_args: list[str], out_dir: Path
                     status = "error"
                     result["error"] = str(exc)[-2000:]
                 elapsed = time.perf_counter() - t0
+                state["index"] = None
+                if trace_after is not None and elapsed >= trace_after:
+                    result.setdefault("slow_cells", {}).setdefault(index, {})["messages"] = list(timeline)
                 lines = compiles.read_text().splitlines()
                 new = [json.loads(x) for x in lines[seen:]]
                 seen = len(lines)
@@ -204,6 +269,7 @@ def run_notebook(path: Path, timeout: int, kernel_args: list[str], out_dir: Path
                     break
     except Exception as exc:  # the kernel died, or could not start
         result["status"] = f"failed: {type(exc).__name__}: {exc}"[:500]
+    state["done"] = True
     result["total_s"] = round(time.perf_counter() - t_nb, 3)
     result["compile_s"] = round(result["compile_s"], 3)
     result["exercises"] = exercise_checks(nb) if result["status"] == "ok" else []
@@ -233,6 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kernel-arg", action="append", default=[], help="extra ipykernel argument")
     parser.add_argument("--out", help="folder for the executed notebooks (last run)")
     parser.add_argument("--json", help="write every measurement here")
+    parser.add_argument("--trace-slow", type=float, metavar="SECONDS",
+                        help="for a cell still running after SECONDS: dump the kernel's and the client's threads and "
+                             "list the messages the client received during it")
     parser.add_argument("--cells", type=int, default=5, help="slowest cells listed per notebook (default 5)")
     args = parser.parse_args(argv)
 
@@ -255,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"== {label} ({args.device}, cell timeout {args.timeout} s)", flush=True)
         results = []
         for path in paths:
-            r = run_notebook(path, args.timeout, args.kernel_arg, Path(args.out) if args.out else None, work)
+            r = run_notebook(path, args.timeout, args.kernel_arg, Path(args.out) if args.out else None, work,
+                             args.trace_slow)
             r["run"] = label
             results.append(r)
             print(summary_line(r), flush=True)
@@ -267,6 +337,16 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"    exercise (solution cell {e['solution_cell']}): stub check "
                       f"{'NOT YET' if e['before_ok'] else ('-' if e['before_ok'] is None else 'WRONG')}, "
                       f"solution check {'PASS' if e['after_ok'] else 'WRONG'}", flush=True)
+            for index, slow in r.get("slow_cells", {}).items():
+                messages = slow.get("messages", [])
+                print(f"    cell {index}: {len(messages)} messages received while it ran (seconds, channel, type, "
+                      f"state/name, answers this cell):")
+                for m in messages[:25] + ([("...",)] if len(messages) > 35 else []) + messages[25:][-10:]:
+                    print("      " + " ".join(map(str, m)))
+                for who in ("kernel", "client"):
+                    if slow.get(f"{who}_stacks"):
+                        print(f"    cell {index}: {who} threads after {args.trace_slow:g} s:")
+                        print("\n".join("      " + ln for ln in slow[f"{who}_stacks"].splitlines()[:60]))
             if r.get("stacks"):
                 print("    kernel threads at the timeout:\n" + "\n".join("      " + ln for ln in r["stacks"].splitlines()[:80]))
             if r.get("error"):
