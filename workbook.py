@@ -35,13 +35,19 @@ KERNEL_NAME = "fla-lab"
 SANITIZE = ROOT / "tests" / "nbval_sanitize.cfg"
 ARTIFACTS = ROOT / "artifacts"
 GPU_NOTEBOOKS = ARTIFACTS / "notebooks-gpu"  # notebooks executed on the GPU (outputs not compared, not saved back)
+GPU_CELL_TIMEOUT = 300  # seconds a notebook cell may take in the GPU phase (each notebook takes about a minute)
 GPU_SANITIZE = ARTIFACTS / "nbval_sanitize_gpu.cfg"  # SANITIZE + the torch build rule, written on a GPU machine
 # A GPU machine has torch's CUDA build: its CPU environment prints `torch 2.13.0+cu130` where the saved outputs
-# (CPU build) say `torch 2.13.0+cpu`. Same version, same CPU kernels: compare without the build tag.
+# (CPU build) say `torch 2.13.0+cpu`, or, with a preinstalled torch (`setup` without network), another version
+# altogether. The saved outputs are compared without torch's and triton's versions there (CI compares them exactly).
 TORCH_BUILD_RULE = """
-[torch build tag (CUDA build in the CPU environment of a GPU machine; added by workbook.py)]
-regex: torch (\\d+\\.\\d+\\.\\d+)\\+[0-9A-Za-z.]+
-replace: torch \\1
+[torch and triton versions (CUDA build or preinstalled torch in the CPU environment of a GPU machine; added by workbook.py)]
+regex: torch \\d+\\.\\d+\\.\\d+(\\+[0-9A-Za-z.]+)?
+replace: torch VERSION
+
+[triton version on a GPU machine (added by workbook.py)]
+regex: triton \\d+\\.\\d+\\.\\d+
+replace: triton VERSION
 """
 
 
@@ -60,11 +66,14 @@ def has_nvidia_gpu() -> bool:
     return subprocess.run([smi, "-L"], capture_output=True).returncode == 0
 
 
-def wanted_stamp(gpu: bool) -> str:
+def wanted_stamp(mode) -> str:
+    """What the set-up installed: the pins, this file, and the mode ("cpu", "gpu", "gpu+preinstalled torch ...";
+    True/False stand for "gpu"/"cpu")."""
     digest = hashlib.sha256()
     for name in ("requirements.txt", "pyproject.toml", "workbook.py"):
         digest.update((ROOT / name).read_bytes())
-    digest.update(b"gpu" if gpu else b"cpu")
+    mode = {True: "gpu", False: "cpu"}.get(mode, mode)
+    digest.update(mode.encode())
     return digest.hexdigest()
 
 
@@ -74,13 +83,13 @@ def pip(*args, check=True) -> subprocess.CompletedProcess:
                env={**os.environ, "PIP_NO_WARN_SCRIPT_LOCATION": "1"})
 
 
-def install_torch(gpu: bool) -> None:
+def install_torch(gpu: bool, offline: list | tuple = ()) -> None:
     if gpu:
         say(f"NVIDIA GPU found: installing the CUDA build of {TORCH} from PyPI")
-        pip(TORCH)
+        pip(*offline, TORCH)
         return
     say(f"no NVIDIA GPU: installing the CPU build of {TORCH} (no CUDA packages)")
-    if pip("--no-deps", "--no-index", TORCH, check=False).returncode == 0:  # a local CPU wheel (find-links)
+    if pip("--no-deps", "--no-index", TORCH, check=False).returncode == 0 or offline:  # a local CPU wheel (find-links)
         return
     pip("--no-deps", TORCH, "--index-url", CPU_TORCH_INDEX)
 
@@ -135,21 +144,130 @@ def create_venv(venv: Path = VENV, python: str = sys.executable) -> None:
                  f"removed. Its output:\n{output}\nOn Debian/Ubuntu, `sudo apt install python3-venv` is the usual fix.")
 
 
+def index_reachable(timeout: float = 3.0) -> bool:
+    """Whether pip's package index answers (PIP_INDEX_URL, PyPI by default): a TCP connection within `timeout`."""
+    import socket
+    import urllib.parse
+
+    url = urllib.parse.urlparse(os.environ.get("PIP_INDEX_URL") or "https://pypi.org/simple")
+    if url.scheme == "file":
+        return Path(url.path).exists()
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+PREINSTALLED_PTH = "_fla_lab_preinstalled.pth"  # in .venv's site-packages: the interpreter's own packages, then ROOT
+PREINSTALLED_PROBE = """
+import json, os, site, sys
+import torch, triton
+dirs = [os.path.dirname(os.path.dirname(torch.__file__)), *site.getsitepackages()]
+print(json.dumps({"torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
+                  "python": sys.executable, "dirs": list(dict.fromkeys(d for d in dirs if os.path.isdir(d)))}))
+"""
+
+
+def preinstalled_torch(python: str = sys.executable) -> tuple[dict | None, str]:
+    """(torch, triton and the folders they live in, None) when `python` already has a CUDA build of torch >= 2.11
+    and a triton that fla_lab supports (fla_lab.runtime.SUPPORTED_TRITON); else (None, why not)."""
+    import json
+
+    done = subprocess.run([python, "-c", PREINSTALLED_PROBE], capture_output=True, text=True)
+    if done.returncode != 0:
+        return None, f"{python} has no torch and triton ({(done.stderr.strip().splitlines() or ['?'])[-1]})"
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    torch_v = tuple(int(x) for x in found["torch"].split("+")[0].split(".")[:2])
+    triton_v = tuple(int(x) for x in found["triton"].split(".")[:2])
+    if torch_v < (2, 11) or not found["cuda"]:
+        return None, f"its torch {found['torch']} is not a CUDA build >= 2.11"
+    if not (3, 6) <= triton_v <= (3, 9):
+        return None, f"its triton {found['triton']} is outside 3.6-3.9"
+    return found, ""
+
+
+def installed_names(python: Path = PY) -> dict[str, str]:
+    """{normalised distribution name: version} of what `python` can import."""
+    code = ("import importlib.metadata as m; "
+            "print('\\n'.join(f\"{d.metadata['Name']}=={d.version}\" for d in m.distributions()))")
+    out = run([python, "-c", code], capture_output=True, text=True).stdout
+    pairs = (line.strip().split("==", 1) for line in out.splitlines() if "==" in line)
+    return {name.lower().replace("_", "-"): version for name, version in pairs}
+
+
+# A preinstalled package at or above one of these versions cannot serve fla_lab: the pin of requirements.txt goes
+# into .venv instead. numpy 2.5 refuses float() of a 1-element array, which Triton 3.6's interpreter does (every
+# kernel fails with CUDA hidden: "only 0-dimensional arrays can be converted to Python scalars").
+PREINSTALLED_BELOW = {"numpy": (2, 5)}
+
+
+def missing_requirements(python: Path = PY) -> list[str]:
+    """requirements.txt's pins that `python` lacks: not installed at all, or at a version PREINSTALLED_BELOW rules
+    out (any other installed version counts as there: it is what that machine's torch was built with)."""
+    have = installed_names(python)
+    todo = []
+    for line in (ROOT / "requirements.txt").read_text().splitlines():
+        pin = line.split("#")[0].strip()
+        if not pin:
+            continue
+        name = pin.split("==")[0].strip().lower().replace("_", "-")
+        limit = PREINSTALLED_BELOW.get(name)
+        version = tuple(int(x) for x in have[name].split(".")[:2] if x.isdigit()) if name in have else None
+        if version is None or (limit and version >= limit):
+            todo.append(pin)
+    return todo
+
+
+def offline_message(what: str) -> str:
+    return (f"no network (pip's index cannot be reached) and {what}. Bring the packages as wheels: on a machine "
+            "with network and the same Python, `python3 -m pip download -d wheels -r requirements.txt` (for another "
+            "Python: add --only-binary=:all: --python-version X.Y --platform manylinux2014_x86_64), copy the folder "
+            "here and run `PIP_FIND_LINKS=$PWD/wheels python3 workbook.py test` (or `setup`).")
+
+
 def setup() -> None:
     if sys.version_info < (3, 10):
         sys.exit(f"fla_lab needs Python >= 3.10, this is {sys.version.split()[0]}")
     gpu = has_nvidia_gpu()
+    online = index_reachable()
+    preinstalled, why_not = (None, "")
+    if gpu and (not online or os.environ.get("FLA_LAB_PREINSTALLED_TORCH") == "1"):
+        preinstalled, why_not = preinstalled_torch()
+        if preinstalled is None and not online:
+            sys.exit("[workbook] " + offline_message(f"{sys.executable} cannot serve: {why_not}"))
     create_venv(VENV)
-    if STAMP.exists() and STAMP.read_text() == wanted_stamp(gpu):
+    mode = "gpu" if gpu else "cpu"
+    if preinstalled:
+        mode += f"+preinstalled torch {preinstalled['torch']} triton {preinstalled['triton']}"
+    if STAMP.exists() and STAMP.read_text() == wanted_stamp(mode):
         return
-    install_torch(gpu)
-    say("installing the pinned packages (requirements.txt)")
-    pip("-r", ROOT / "requirements.txt")  # torch is already satisfied: only its small dependencies come in
-    pip("--no-deps", "-e", ROOT)
+    offline = [] if online else ["--no-index"]  # pip still reads PIP_FIND_LINKS / its config's find-links
+    if preinstalled:
+        say(f"using the torch {preinstalled['torch']} and triton {preinstalled['triton']} of {sys.executable} "
+            f"({'no network' if not online else 'FLA_LAB_PREINSTALLED_TORCH=1'}): .venv sees its packages")
+        site_packages = Path(run([PY, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                 capture_output=True, text=True).stdout.strip())
+        (site_packages / PREINSTALLED_PTH).write_text("\n".join([*preinstalled["dirs"], str(ROOT)]) + "\n")
+        todo = missing_requirements()
+        if todo:
+            say(f"installing what it lacks: {' '.join(todo)}")
+            if pip(*offline, *todo, check=False).returncode != 0:
+                sys.exit("[workbook] " + (offline_message(f"pip could not install {' '.join(todo)} from local wheels")
+                                         if not online else "pip failed (its output is above)"))
+    else:
+        if not online:
+            say("no network: installing from local wheels only (PIP_FIND_LINKS, pip's find-links)")
+        install_torch(gpu, offline)
+        say("installing the pinned packages (requirements.txt)")
+        if pip(*offline, "-r", ROOT / "requirements.txt", check=False).returncode != 0:
+            sys.exit("[workbook] " + (offline_message("pip could not install requirements.txt from local wheels")
+                                     if not online else "pip failed (its output is above)"))
+        pip("--no-deps", *offline, *(["--no-build-isolation"] if offline else []), "-e", ROOT)
     say(f"registering the Jupyter kernel '{KERNEL_NAME}'")
     run([PY, "-m", "ipykernel", "install", "--user", "--name", KERNEL_NAME, "--display-name", "Python (fla_lab)"],
         stdout=subprocess.DEVNULL)
-    STAMP.write_text(wanted_stamp(gpu))
+    STAMP.write_text(wanted_stamp(mode))
     say("set-up done")
 
 
@@ -271,16 +389,22 @@ def execute_phase(phase: Phase, env: dict) -> tuple[int, dict]:
     say(f"--- {phase.name} ---")
     (phase.out / "figures").mkdir(parents=True, exist_ok=True)  # fla_lab saves figures only into an existing folder
     counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    import time
+
     for nb in map(Path, phase.args):
         counts["tests"] += 1
         target = phase.out / nb.name
         say(f"executing {nb.name} -> {target.relative_to(ROOT) if target.is_relative_to(ROOT) else target}")
+        start = time.perf_counter()
         done = run([PY, "-m", "jupyter", "nbconvert", "--to", "notebook", "--execute", "--output-dir", phase.out,
-                    "--ExecutePreprocessor.timeout=1200", "--ExecutePreprocessor.kernel_name=python3", nb],
-                   check=False, env=env, cwd=nb.parent)
+                    f"--ExecutePreprocessor.timeout={GPU_CELL_TIMEOUT}", "--ExecutePreprocessor.kernel_name=python3",
+                    nb], check=False, env=env, cwd=nb.parent)
+        seconds = time.perf_counter() - start
         if done.returncode != 0:
             counts["failures"] += 1
-            say(f"FAILED: {nb.name} did not run to the end on the GPU (nbconvert exit {done.returncode})")
+            say(f"FAILED: {nb.name} did not run to the end on the GPU (nbconvert exit {done.returncode}, {seconds:.0f} s)")
+        else:
+            say(f"{nb.name}: ran to the end on the GPU in {seconds:.1f} s")
     return (1 if counts["failures"] else 0), counts
 
 
@@ -290,7 +414,7 @@ def test(extra: list[str]) -> int:
     _, browser_problem = ensure_chromium()
     if browser_problem:
         say(f"the browser test cannot run: {browser_problem}; running the other phases, failing at the end")
-    n_workers = "2" if (os.cpu_count() or 1) >= 2 else "1"
+    n_workers = str(max(1, min(8, (os.cpu_count() or 1) // 2)))  # 1 on 2 cores (CI), 8 on a 16-core GPU box
     phases = plan_phases(gpu, browser_problem, extra, n_workers)
     if gpu:
         say("NVIDIA GPU found: saved outputs are compared in the CPU environment, then the unit tests run on CUDA "

@@ -197,7 +197,7 @@ def _watchdog(client, stacks: Path, after: float, state: dict, result: dict) -> 
 
 
 def run_notebook(path: Path, timeout: int, kernel_args: list[str], out_dir: Path | None, work: Path,
-                 trace_after: float | None = None) -> dict:
+                 trace_after: float | None = None, keep_going: bool = False) -> dict:
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, CellTimeoutError
@@ -250,7 +250,7 @@ def run_notebook(path: Path, timeout: int, kernel_args: list[str], out_dir: Path
                     result["stacks"] = stacks.read_text()
                 except CellExecutionError as exc:
                     status = "error"
-                    result["error"] = str(exc)[-2000:]
+                    result.setdefault("error", str(exc)[-2000:])
                 elapsed = time.perf_counter() - t0
                 state["index"] = None
                 if trace_after is not None and elapsed >= trace_after:
@@ -265,8 +265,9 @@ def run_notebook(path: Path, timeout: int, kernel_args: list[str], out_dir: Path
                 result["compiles"] += len(new)
                 result["compile_s"] += sum(c["s"] for c in new)
                 if status != "ok":
-                    result["status"] = f"{status} in cell {index}"
-                    break
+                    result["status"] = result.get("status") if result["status"] != "ok" else f"{status} in cell {index}"
+                    if not (keep_going and status == "error"):
+                        break
     except Exception as exc:  # the kernel died, or could not start
         result["status"] = f"failed: {type(exc).__name__}: {exc}"[:500]
     state["done"] = True
@@ -302,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trace-slow", type=float, metavar="SECONDS",
                         help="for a cell still running after SECONDS: dump the kernel's and the client's threads and "
                              "list the messages the client received during it")
+    parser.add_argument("--keep-going", action="store_true", help="run the cells after a failing cell too")
     parser.add_argument("--cells", type=int, default=5, help="slowest cells listed per notebook (default 5)")
     args = parser.parse_args(argv)
 
@@ -325,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         results = []
         for path in paths:
             r = run_notebook(path, args.timeout, args.kernel_arg, Path(args.out) if args.out else None, work,
-                             args.trace_slow)
+                             args.trace_slow, args.keep_going)
             r["run"] = label
             results.append(r)
             print(summary_line(r), flush=True)

@@ -13,6 +13,7 @@ import triton.language as tl
 
 from fla_lab import bugs, check
 from fla_lab.lessons import gsa_padding as lesson
+from fla_lab.ops.common import chunk_stages as stages
 
 BUG = lesson.BUG
 EXP_MAX = math.log(torch.finfo(torch.float32).max)  # 88.72: exp() of anything larger is inf in fp32
@@ -190,9 +191,11 @@ def test_gradient_errors_two_measures():
 def test_switch_and_catalogue(capsys):
     lesson.show_switch()
     lesson.show_catalogue()
+    lesson.show_slot()
     out = capsys.readouterr().out
-    assert "- b_e = b_gq - b_gn[None, :]" in out
-    assert "+ b_e = tl.where(m_jd, b_gq - b_gn[None, :], 0)" in out
+    assert "b_acc += mma(b_st, b_w * tl.exp(EXPONENT(b_gq, b_gn[None, :], o_j, m_d, T)), DOT)" in out
+    assert "- return b_gq - b_gn " in out
+    assert "+ return tl.where((o_j < T)[:, None] & m_d[None, :], b_gq - b_gn, 0)" in out
     assert bugs.get(BUG).component in out and "737550ff" in out
     assert bugs.locate(BUG).split(":")[0] in out
 
@@ -247,40 +250,77 @@ def test_explorer_runs_on_demand(monkeypatch):
 
 
 @triton.jit
-def masked_exponent(b_gq, b_gn, valid):
-    return tl.where(valid, b_gq - b_gn, 0)
+def masked_gq(b_gq, b_gn, o_j, m_d, T):  # masks the load's value: the load already gave 0 there
+    return tl.where((o_j < T)[:, None], b_gq, 0) - b_gn
 
 
 @triton.jit
-def later_rows_dropped(b_gq, b_gn, valid):  # "no NaN" by throwing the later rows away: must not pass
-    return tl.where(valid, float("-inf"), float("-inf")) + 0 * b_gq
+def wrong_axis(b_gq, b_gn, o_j, m_d, T):  # a [1, 16] mask along the slot channels
+    return tl.where((o_j < T)[None, :], b_gq - b_gn, 0)
 
 
-def test_exercise_check_rejects_the_bug_and_accepts_the_mask():
-    stub = lesson.check_padded_exponent(lesson.buggy_exponent)
-    assert not stub and "non-finite 720 of 720" in str(stub) and "NOT YET" in str(stub)
-    assert "ds (T = 45, m = 1): non-finite 0 of 720" in str(stub)  # at weak decay the bug is invisible
-    good = lesson.check_padded_exponent(masked_exponent)
-    assert good and str(good).startswith("PASS")
-    assert not lesson.check_padded_exponent(later_rows_dropped)
-    assert not lesson.check_padded_exponent(lambda b_gq, b_gn, valid: b_gq - b_gn)  # not @triton.jit
+@triton.jit
+def row_T_kept(b_gq, b_gn, o_j, m_d, T):  # off by one: row T is past the end
+    return tl.where((o_j <= T)[:, None], b_gq - b_gn, 0)
 
 
-def test_exercise_kernel_fails_where_the_real_kernel_does():
-    ds = lesson.slot_write_grad(lesson.buggy_exponent, 45, 5.0)[None, :, None, :]
-    real = lesson.kernel_run(T=45, decay=5.0)
-    assert torch.equal(nonfinite(ds), nonfinite(real["ds"]))
-    assert torch.equal(nonfinite(ds), lesson.predicted_nonfinite(real["g"])["ds"])
+@triton.jit
+def later_rows_dropped(b_gq, b_gn, o_j, m_d, T):  # "no NaN" by throwing every later row away
+    return b_gq * 0 - float("inf")
 
 
-def test_exercise_reference_is_the_dense_sum():
-    T, decay = 45, 3.0
-    x = lesson.exercise_inputs(T, decay)
-    q, k, do = (x[n][0, :, 0].double() for n in ("q", "k", "do"))
-    gi = x["g"][0, :, 0].double().cumsum(0)
-    causal = torch.ones(T, T, dtype=torch.bool).tril()[..., None]  # t >= s
-    decay_ts = torch.where(causal, (gi[:, None, :] - gi[None, :, :]).clamp(max=0).exp(), 0)  # exp(gi_t - gi_s)
-    dense = torch.einsum("ts,tm,tsm->sm", x["scale"] * q @ k.T, do, decay_ts)
-    assert torch.allclose(lesson.slot_write_grad_reference(T, decay), dense, rtol=1e-10, atol=1e-12)
-    fixed = lesson.slot_write_grad(masked_exponent, T, decay)
-    assert check.rel_error(fixed, dense) < 1e-5
+@triton.jit
+def rows_only_minus_inf(b_gq, b_gn, o_j, m_d, T):  # another right answer: exp(-inf) = 0 on rows past T
+    return tl.where((o_j < T)[:, None], b_gq - b_gn, float("-inf"))
+
+
+def test_the_check_runs_the_shipped_kernel_and_tells_the_bug_from_the_fix():
+    stub = lesson.check_padded_exponent(stages.later_rows_exponent_unmasked)
+    assert not stub and "NOT YET" in str(stub) and "non-finite: ds 1080, dg 1080 of 1080 each" in str(stub)
+    assert len(stub.hints) == 3 and "45..47" in stub.hints[0] and "unmasked line" in stub.hints[1]
+    good = lesson.check_padded_exponent(stages.later_rows_exponent)
+    assert good and str(good).startswith("PASS") and "non-finite: ds 0, dg 0" in str(good)
+    assert not lesson.check_padded_exponent(lambda b_gq, b_gn, o_j, m_d, T: b_gq - b_gn)  # not @triton.jit
+    assert not hasattr(lesson, "slot_write_grad_kernel")  # no lesson-only copy of the kernel
+
+
+def test_the_slot_carries_the_learners_helper_into_chunk_gsa():
+    from fla_lab.ops import chunk_gsa
+
+    x = lesson.exercise_inputs(45, 30.0)
+    default = lesson._run(x, None, torch.float32)
+    shipped = lesson._run(x, None, torch.float32, exponent=stages.later_rows_exponent)
+    historical = lesson._run(x, None, torch.float32, exponent=stages.later_rows_exponent_unmasked)
+    switch = lesson._run(x, BUG, torch.float32)
+    for name in default:
+        assert torch.equal(default[name], shipped[name]), name  # the default is the shipped helper, bit for bit
+        assert torch.equal(historical[name].nan_to_num(7.0), switch[name].nan_to_num(7.0)), name
+    assert nonfinite(switch["ds"]).any()
+    with pytest.raises(ValueError, match="one or the other"):
+        chunk_gsa(**x, bug=BUG, later_rows_exponent=stages.later_rows_exponent)
+
+
+def test_hints_follow_the_mistake():
+    stub = lesson.diagnose(stages.later_rows_exponent_unmasked)
+    assert stub["like_stub"] and stub["overflow_rows"] == [45, 46, 47] and stub["wrong_real"] == 0
+    found = lesson.diagnose(masked_gq)  # the same values as the stub: the load had masked it already
+    assert found["like_stub"] and "changes nothing" in lesson.exponent_hints(found)[1]
+    found = lesson.diagnose(wrong_axis)
+    assert "incompatible dimensions" in found["raised"] and "[1, 16]" in lesson.exponent_hints(found)[1]
+    found = lesson.diagnose(row_T_kept)
+    assert found["overflow_rows"] == [lesson.PROBE_T] and "row t = T itself" in lesson.exponent_hints(found)[1]
+    found = lesson.diagnose(later_rows_dropped)
+    assert not found["overflow_rows"] and found["wrong_real"] == found["real"] > 0
+    assert lesson.exponent_hints(found)[0].startswith("real rows")
+    for right in (stages.later_rows_exponent, rows_only_minus_inf):
+        found = lesson.diagnose(right)
+        assert not found["raised"] and not found["overflow_rows"] and not found["wrong_real"]
+    assert all(hint.endswith(lesson.LINE[-40:]) for hint in lesson.exponent_hints(stub)[2:])
+
+
+def test_probe_tile_is_a_partial_chunk_at_strong_decay():
+    tile = lesson.probe_tile()
+    assert tile["past_T"].sum() == 3 * lesson.EXERCISE_SLOTS and tile["real"].sum() == 13 * lesson.EXERCISE_SLOTS
+    M = lesson.EXERCISE_SLOTS
+    assert (tile["gn"][:M] <= -lesson.PROBE_GN).all() and (tile["gn"][M:] == 0).all()  # exp(|gn|) = inf in fp32
+    assert (tile["expected"][tile["real"]] < 0).all()  # real later rows: gq_t - gn <= 0

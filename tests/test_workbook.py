@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -62,7 +63,7 @@ def test_gpu_plan_adds_cuda_unit_tests_and_gpu_notebook_run(wb):
     assert not any("nbval" in a for a in run.args)
 
 
-def test_gpu_nbval_ignores_only_the_torch_build_tag(wb, tmp_path):
+def test_gpu_nbval_ignores_only_torch_and_triton_versions(wb, tmp_path):
     from nbval.plugin import get_sanitize_patterns
 
     assert f"--nbval-sanitize-with={wb.SANITIZE}" in wb.plan_phases(gpu=False, nbs=NBS)[1].args
@@ -70,7 +71,7 @@ def test_gpu_nbval_ignores_only_the_torch_build_tag(wb, tmp_path):
     path = wb.write_gpu_sanitize(tmp_path / "gpu.cfg")
     rules = get_sanitize_patterns(path.read_text())
     base = get_sanitize_patterns(wb.SANITIZE.read_text())
-    assert rules[:len(base)] == base and len(rules) == len(base) + 1
+    assert rules[:len(base)] == base and len(rules) == len(base) + 2
 
     def clean(text):
         for regex, replace in rules:
@@ -78,8 +79,9 @@ def test_gpu_nbval_ignores_only_the_torch_build_tag(wb, tmp_path):
         return text
 
     saved = "fla_lab: Triton interpreter on the CPU | torch 2.13.0+cpu | triton 3.7.1\n"
-    assert clean(saved) == clean(saved.replace("+cpu", "+cu130")) == saved.replace("+cpu", "")
-    assert clean(saved) != clean(saved.replace("2.13.0", "2.12.0"))  # a different torch still shows
+    gpu_box = "fla_lab: Triton interpreter on the CPU | torch 2.11.0+cu130 | triton 3.6.0\n"  # preinstalled torch
+    assert clean(saved) == clean(saved.replace("+cpu", "+cu130")) == clean(gpu_box)
+    assert clean(saved) != clean(saved.replace("interpreter on the CPU", "compiled on the GPU"))  # the rest still shows
 
 
 def test_phase_environments(wb):
@@ -302,3 +304,53 @@ def test_reset_names_the_notebook_or_prints_its_usage(wb, monkeypatch, capsys):
     assert wb.reset([]) == 2 and "usage" in capsys.readouterr().out and not calls
     assert wb.reset(["03a"]) == 0
     assert calls[0][-4:] == ["fla_lab", "edition", "--reset", "03a"]
+
+
+def test_offline_gpu_setup_without_usable_torch_says_what_to_do(wb, monkeypatch, tmp_path):
+    monkeypatch.setattr(wb, "has_nvidia_gpu", lambda: True)
+    monkeypatch.setattr(wb, "index_reachable", lambda: False)
+    monkeypatch.setattr(wb, "preinstalled_torch", lambda: (None, "its torch 2.13.0+cpu is not a CUDA build >= 2.11"))
+    monkeypatch.setattr(wb, "create_venv", lambda venv: pytest.fail("nothing is created before the reason is given"))
+    with pytest.raises(SystemExit) as exit_:
+        wb.setup()
+    message = str(exit_.value)
+    assert "no network" in message and "not a CUDA build" in message and "PIP_FIND_LINKS" in message
+
+
+def test_offline_gpu_setup_uses_the_preinstalled_torch(wb, monkeypatch, tmp_path):
+    """No network, a CUDA torch in the interpreter: .venv sees its packages (a .pth), only the missing pins are
+    installed, from local wheels (--no-index), and torch is never downloaded."""
+    venv, site = tmp_path / ".venv", tmp_path / "site"
+    site.mkdir()
+    found = {"torch": "2.11.0+cu130", "triton": "3.6.0", "cuda": "13.0", "python": "/opt/py", "dirs": ["/opt/site"]}
+    calls = []
+    monkeypatch.setattr(wb, "has_nvidia_gpu", lambda: True)
+    monkeypatch.setattr(wb, "index_reachable", lambda: False)
+    monkeypatch.setattr(wb, "preinstalled_torch", lambda: (found, ""))
+    monkeypatch.setattr(wb, "create_venv", lambda v: venv.mkdir(exist_ok=True))
+    monkeypatch.setattr(wb, "STAMP", venv / ".fla_lab_setup")
+    monkeypatch.setattr(wb, "missing_requirements", lambda: ["nbval==0.11.0", "ipykernel==7.4.0"])
+    monkeypatch.setattr(wb, "install_torch", lambda *a: pytest.fail("torch is not installed"))
+    monkeypatch.setattr(wb, "pip", lambda *a, check=True: calls.append(a) or subprocess.CompletedProcess(a, 0))
+
+    def fake_run(cmd, check=True, **kw):
+        calls.append(tuple(map(str, cmd)))
+        return subprocess.CompletedProcess(cmd, 0, stdout=f"{site}\n")
+
+    monkeypatch.setattr(wb, "run", fake_run)
+    wb.setup()
+    assert ("--no-index", "nbval==0.11.0", "ipykernel==7.4.0") in calls
+    assert (site / wb.PREINSTALLED_PTH).read_text().splitlines() == ["/opt/site", str(wb.ROOT)]
+    assert "preinstalled" not in wb.STAMP.read_text() and wb.STAMP.read_text() == wb.wanted_stamp(
+        "gpu+preinstalled torch 2.11.0+cu130 triton 3.6.0")
+
+
+def test_missing_requirements_counts_any_installed_version(wb, monkeypatch):
+    have = {"torch": "2.11.0+cu130", "triton": "3.6.0", "numpy": "2.4.1", "matplotlib": "3.10.0", "tqdm": "4.0",
+            "pytest": "8.0", "pytest-xdist": "3.0", "hypothesis": "6.0"}
+    monkeypatch.setattr(wb, "installed_names", lambda python=None: have)
+    todo = wb.missing_requirements()
+    assert not any(t.startswith(("torch==", "triton==", "numpy==", "matplotlib==")) for t in todo)
+    assert "nbval==0.11.0" in todo and "ipykernel==7.4.0" in todo
+    have["numpy"] = "2.5.2"  # Triton's interpreter fails with it: the pin goes into .venv
+    assert any(t.startswith("numpy==") for t in wb.missing_requirements())

@@ -8,13 +8,15 @@ end of the sequence (a partial last chunk) loads its decay as 0, so the factor i
 `|gn| > 88.72` in fp32, times the zero-padded `do`: NaN, which the `tl.dot` spreads over the sub-chunk's rows and the
 decay gradient's reverse cumulative sum over every earlier row. The fix 737550ff masks rows past T in the exponent.
 Everything here runs the real kernel `chunk_gsa` (and the layer `GatedSlotAttention`) with and without
-`bug="unmasked_padding"`, against the float64 spec `reference.recurrent_gsa`.
+`bug="unmasked_padding"`, against the float64 spec `reference.recurrent_gsa`; the exercise's helper goes into the
+EXPONENT slot of that kernel (`chunk_gsa(later_rows_exponent=...)`).
 """
 from __future__ import annotations
 
 import functools
 import json
 import math
+import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fla_lab import bugs, check, harness, runtime, viz, widgets
+from fla_lab import bugs, check, exercises, harness, runtime, viz, widgets
 from fla_lab.lessons.overflow import decade, spans, summary  # noqa: F401  (decade, summary: for the notebook)
 
 BUG = "unmasked_padding"
@@ -265,10 +267,10 @@ def constant_gate_inputs(T: int, log_decay: float, seed: int = 0) -> dict:
 
 
 def _run(x: dict, bug: str | None, dtype: torch.dtype, seed: int = 0, reference: bool = False,
-         chunk_size: int = CHUNK) -> dict:
+         chunk_size: int = CHUNK, exponent=None) -> dict:
     """`chunk_gsa` forward and backward under a random cotangent `do`: `o` and `d<name>` of every input (fp32, on the
     CPU), and `g`. `reference=True` adds `ref_o`, `ref_d<name>`: the float64 recurrence on the same rounded inputs
-    with the same `do`."""
+    with the same `do`. `exponent`: a helper for the kernel's EXPONENT slot (`chunk_gsa(later_rows_exponent=)`)."""
     from fla_lab import reference as spec
     from fla_lab.ops import chunk_gsa
 
@@ -283,7 +285,7 @@ def _run(x: dict, bug: str | None, dtype: torch.dtype, seed: int = 0, reference:
                 for n, v in tree.items() for i, t in (enumerate(v) if isinstance(v, tuple) else [(0, v)])}
 
     ours = {n: (tuple(leaf(n, t) for t in v) if isinstance(v, tuple) else leaf(n, v)) for n, v in x.items()}
-    o, _ = chunk_gsa(**ours, bug=bug, chunk_size=chunk_size)
+    o, _ = chunk_gsa(**ours, bug=bug, chunk_size=chunk_size, later_rows_exponent=exponent)
     do = torch.randn(o.shape, generator=torch.Generator().manual_seed(seed + 1))
     (o * do.to(dev, o.dtype)).sum().backward()
     out = {"o": o.detach().float().cpu(), "g": x["g"]}
@@ -336,15 +338,17 @@ def show_catalogue() -> None:
 
 
 def show_switch() -> None:
-    """The switch in `cols_from_later_subchunks`, from the catalogue, and the one-line difference."""
-    lines = [line[7:] for line in bugs.switch_lines(BUG, 3)]  # drop the "{number:5d}  " prefix
-    assert lines[2].strip() == "else:", "the switch block changed shape: update show_switch"
+    """The two helpers for the EXPONENT slot as the catalogue prints them (`bugs.switch_lines`): the historical one
+    that `bug="unmasked_padding"` plugs in, then the shipped default; and the one-line difference."""
+    lines = [line[7:] for line in bugs.switch_lines(BUG)]  # drop the "{number:5d}  " prefix
+    assert lines[0].lstrip().startswith("return") and lines[4].lstrip().startswith("return"), \
+        "the two helpers changed shape: update show_switch"
     path = bugs.locate(BUG).rsplit(":", 1)[0]
-    print(f"{path}, cols_from_later_subchunks:")
+    print(f"{path}: the historical helper (bug={BUG!r}), then the shipped one")
     print("\n".join(lines))
     code = lambda s: s.split("#")[0].strip()  # noqa: E731
-    print(f"\n- {code(lines[1])}    # rows past T: 0 - gn")
-    print(f"+ {code(lines[3])}    # rows past T: exponent 0, times do = 0")
+    print(f"\n- {code(lines[0])}    # rows past T: 0 - gn = |gn|")
+    print(f"+ {code(lines[4])}    # rows past T: exponent 0, times W = 0")
 
 
 # ---------------------------------------------------------------------------------------------------- the clamp
@@ -623,122 +627,159 @@ def explorer():
 
 
 # ---------------------------------------------------------------------------------------------------- exercise
-# The learner writes the fix. `slot_write_grad_kernel` is the value-side slot computation of one partial last chunk,
-# reduced to what the bug needs: pass 1's slot-write gradient `ds_r = sum_{t >= r} A[t, r] do_t exp(gi_t - gi_r)`
-# (no state between chunks, B = H = 1), with the same sub-chunk split, reference row and masked loads as
-# `cols_from_later_subchunks` in `slot_rows_kernel`. The exponent of the later rows' factor is the learner's
-# `@triton.jit` helper, passed in the `tl.constexpr` slot EXPONENT.
+# The learner writes the exponent helper of `cols_from_later_subchunks` (`chunk_stages.later_rows_exponent` ships);
+# `chunk_gsa(..., later_rows_exponent=helper)` puts it into the EXPONENT slot of the real `slot_rows_kernel`.
 
-EXERCISE = "exponent of the later rows, fit for rows past T"
-EXERCISE_SETTINGS = ((45, 30.0), (45, 1.0))  # (T, decay knob m): a partial chunk at strong, then weak, slot decay
-EXERCISE_SLOTS = 16
+EXERCISE = "the exponent of the later rows in chunk_gsa's slot-gradient kernel"
+EXERCISE_T, EXERCISE_DECAY = 45, 30.0  # a partial chunk (sub-chunks 0..2 meet rows past T) at strong slot decay
+EXERCISE_SLOTS = 24  # M: a slot tile of 32 channels, 8 of them past M (the helper's m_d); not 16, so that a mask
+#                      built along the wrong axis fails to broadcast instead of silently masking slots
+PROBE_ROWS, PROBE_T, PROBE_GN = 32, 45, 100.0  # the probe tile: later rows 32..47 with T = 45, |gn| >= 100
+
+
+def exercise_inputs(T: int, decay: float, seed: int = 0) -> dict:
+    """GSA inputs (B = H = 1, K = V = 16, M = 24 slots) with slot log-decay `-decay * U(0.05, 1)`, both initial
+    states."""
+    return harness.gsa_inputs(1, T, 1, 16, 16, EXERCISE_SLOTS, decay=decay, seed=seed)
 
 
 @triton.jit
-def buggy_exponent(b_gq, b_gn, valid):
-    """What the kernel had before 737550ff: the exponent of exp(gi_t - gn), rows past T included (their gi_t is 0)."""
-    return b_gq - b_gn
+def _probe_kernel(GQ, GN, E, T, ROW0: tl.constexpr, M: tl.constexpr, BC: tl.constexpr, BD: tl.constexpr,
+                  EXPONENT: tl.constexpr):
+    """E = EXPONENT(gq, gn, o_j, m_d, T) on one [BC, BD] tile of later rows ROW0.. (no kernel around it): what the
+    helper returns, cell by cell, for the check's hints."""
+    o_c, o_d = tl.arange(0, BC), tl.arange(0, BD)
+    p = o_c[:, None] * BD + o_d[None, :]
+    b_e = EXPONENT(tl.load(GQ + p), tl.load(GN + o_d)[None, :], ROW0 + o_c, o_d < M, T)
+    tl.store(E + p, b_e + tl.zeros([BC, BD], dtype=tl.float32))
 
 
-@triton.jit
-def slot_write_grad_kernel(A, DO, GI, DS, T, M: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-                           BM: tl.constexpr, EXPONENT: tl.constexpr):
-    """`ds_r = sum_{t >= r} A[t, r] do_t exp(gi_t - gi_r)` for the rows r of sub-chunk `program_id(0)` of one chunk
-    of T <= BT rows. A `[T, BT]` (scores with the scale, chunk-local columns), DO, GI, DS `[T, M]`, fp32."""
-    i_i = tl.program_id(0)
-    NC: tl.constexpr = BT // BC
-    i_start = i_i * BC
-    if i_start >= T:  # a sub-chunk wholly past T has no rows to write
-        return
-    o_c = tl.arange(0, BC)
-    o_i = i_start + o_c  # the rows r of this sub-chunk
-    m_i = o_i < T
-    o_m = tl.arange(0, BM)
-    m_m = o_m < M
-    m_im = m_i[:, None] & m_m[None, :]
-    b_gr = tl.load(GI + o_i[:, None] * M + o_m[None, :], mask=m_im, other=0)
-    b_ds = tl.zeros([BC, BM], dtype=tl.float32)
-    if i_i + 1 < NC:  # later sub-chunks: one tl.dot each, the decay split at gn (cols_from_later_subchunks)
-        b_gn = tl.load(GI + (tl.minimum(i_start + BC, T) - 1) * M + o_m, mask=m_m, other=0)  # last valid row of i_i
-        for i_j in range(i_i + 1, NC):
-            o_j = i_j * BC + o_c  # the later rows t: in a partial chunk some (or all) lie past T
-            m_jm = (o_j < T)[:, None] & m_m[None, :]
-            b_do = tl.load(DO + o_j[:, None] * M + o_m[None, :], mask=m_jm, other=0)  # 0 past T
-            b_gq = tl.load(GI + o_j[:, None] * M + o_m[None, :], mask=m_jm, other=0)  # 0 past T
-            b_at = tl.load(A + o_j[None, :] * BT + o_i[:, None], mask=(o_j < T)[None, :] & m_i[:, None], other=0)
-            b_e = EXPONENT(b_gq, b_gn[None, :], m_jm)  # the learner's helper
-            b_ds += tl.dot(b_at, b_do * tl.exp(b_e), input_precision="ieee")
-        b_ds *= tl.exp(tl.where(m_im, b_gn[None, :] - b_gr, 0))  # exp(gn - gi_r) <= 1
-    # the diagonal block: pairs t >= r inside the sub-chunk, exponent masked before exp (never the bug)
-    b_do_i = tl.load(DO + o_i[:, None] * M + o_m[None, :], mask=m_im, other=0)
-    b_a = tl.load(A + o_i[:, None] * BT + o_i[None, :], mask=m_i[:, None] & m_i[None, :], other=0)  # A[t, r]
-    causal = ((o_c[:, None] >= o_c[None, :]) & m_i[:, None])[:, :, None]  # [t, r, 1]
-    b_w = tl.where(causal, tl.exp(tl.where(causal, b_gr[:, None, :] - b_gr[None, :, :], 0)), 0)
-    b_ds += tl.sum(b_w * b_a[:, :, None] * b_do_i[:, None, :], axis=0)
-    tl.store(DS + o_i[:, None] * M + o_m[None, :], b_ds, mask=m_im)
+def probe_tile() -> dict[str, torch.Tensor]:
+    """A tile as `cols_from_later_subchunks` loads it: later rows t = 32..47 of a partial chunk with T = 45, 24 slots
+    of a 32-wide tile. gn = -(100 + slot); gq_t = gn - 1.5 (t - 31) on real rows and slots, the load's 0 elsewhere.
+    `expected`: gq - gn on real cells (NaN where any finite exponent will do)."""
+    rows, slots = torch.arange(BC)[:, None] + PROBE_ROWS, torch.arange(32)[None, :]
+    real_slot = slots < EXERCISE_SLOTS
+    gn = torch.where(real_slot, -(PROBE_GN + slots), 0.0).float()
+    real = (rows < PROBE_T) & real_slot
+    gq = torch.where(real, gn - 1.5 * (rows - PROBE_ROWS + 1), 0.0).float()
+    return {"gq": gq, "gn": gn[0], "real": real, "past_T": (rows >= PROBE_T) & real_slot,
+            "rows": rows.expand(BC, 32), "expected": torch.where(real, gq - gn, math.nan)}
 
 
-def show_exercise_kernel() -> None:
-    """The source of the exercise's kernel, where the learner's helper is called."""
+def probe_exponent(helper) -> torch.Tensor:
+    """What `helper` returns on `probe_tile()`: `[16, 32]` fp32 (raises what the helper raises)."""
+    tile = probe_tile()
+    out = torch.empty(BC, 32)
+    _probe_kernel[(1,)](tile["gq"], tile["gn"].contiguous(), out, PROBE_T, ROW0=PROBE_ROWS, M=EXERCISE_SLOTS, BC=BC,
+                        BD=32, EXPONENT=helper)
+    return out
+
+
+def _message(error: Exception) -> str:
+    """The innermost message of a Triton error (the interpreter wraps it: `InterpreterError("ValueError('...')")`)."""
+    text = (str(error).strip() or type(error).__name__).splitlines()[-1]
+    return re.sub(r"""^(\w+\(['"])+|(['"]\))+$""", "", text)[:160]
+
+
+def diagnose(helper) -> dict:
+    """What the helper got wrong on the probe tile: `raised` (the error's first line, or None), `overflow_rows` (rows
+    past T whose exp() is inf or NaN), `wrong_real` (real cells whose exponent is not gq - gn), `like_stub` (the
+    same values as the unmasked line), `example` (one wrong real cell: row, slot, got, expected)."""
+    from fla_lab.ops.common import chunk_stages
+
+    try:
+        got = probe_exponent(helper)
+    except Exception as error:  # noqa: BLE001  (the learner's helper may fail to compile in any way)
+        return {"raised": _message(error)}
+    tile = probe_tile()
+    blows_up = ~torch.isfinite(got.exp())
+    overflow_rows = sorted(set(tile["rows"][blows_up & tile["past_T"]].tolist()))
+    wrong = tile["real"] & ~torch.isclose(got, tile["expected"], rtol=0, atol=1e-5)
+    example = None
+    if wrong.any():
+        r, m = (int(i) for i in wrong.nonzero()[0])
+        example = (PROBE_ROWS + r, m, float(got[r, m]), float(tile["expected"][r, m]))
+    stub = probe_exponent(chunk_stages.later_rows_exponent_unmasked)
+    return {"raised": None, "overflow_rows": overflow_rows, "wrong_real": int(wrong.sum()),
+            "real": int(tile["real"].sum()), "like_stub": bool(torch.equal(got, stub)), "example": example}
+
+
+LINE = ("`return tl.where((o_j < T)[:, None] & m_d[None, :], b_gq - b_gn, 0)`: a [16, 1] row mask (with the "
+        "channel mask) keeps every real row's exponent and gives each row past T an exponent of 0, whose exp() "
+        "times the row's zero W adds exactly 0")
+
+
+def exponent_hints(found: dict) -> tuple[str, ...]:
+    """Hint tiers (where to look, what is wrong, the line) for what `diagnose` measured."""
+    if found["raised"]:
+        return exercises.hints(
+            where=f"your helper does not compile against the kernel's tile: {found['raised']}",
+            what="the tile is [16 later rows t, 32 slot channels]; o_j is [16], one entry per row. A mask built "
+                 "from it must vary down the rows: (o_j < T)[None, :] is a [1, 16] row vector, laid along the "
+                 "channels (with exactly 16 channels it would broadcast and mask the wrong cells without an error)",
+            line=LINE)
+    rows = found["overflow_rows"]
+    if rows:
+        where = (f"rows past T: on the probe tile (later rows 32..47, T = 45, |gn| >= 100) exp() of your exponent "
+                 f"is inf or NaN on row{'s' if len(rows) > 1 else ''} {spans(rows)}")
+        if rows == [PROBE_T]:
+            what = ("row t = T itself: rows 0..T-1 exist, so row T is the first past the end. A comparison "
+                    "o_j <= T keeps it live, with gq = 0 and an exponent |gn|")
+        elif found["like_stub"]:
+            what = ("your helper returns what the unmasked line returns, everywhere. On a row past T the load "
+                    "already gave gq = 0 (masking b_gq again changes nothing): the difference 0 - gn = |gn| is "
+                    "what overflows, before the multiplication by the row's zero W can cancel it")
+        else:
+            what = ("on a row past T the load gave gq = 0, so gq - gn = |gn| > 88.7 and exp() is inf; inf times "
+                    "the row's zero W is NaN. Those rows need an exponent whose exp() is finite: the row "
+                    "contributes W = 0 either way")
+        if found["wrong_real"]:
+            where += f"; and {found['wrong_real']} of its {found['real']} real cells changed"
+        return exercises.hints(where=where, what=what, line=LINE)
+    if found["wrong_real"]:
+        r, m, got, want = found["example"]
+        return exercises.hints(
+            where=f"real rows: {found['wrong_real']} of the probe tile's {found['real']} real cells changed "
+                  f"(row {r}, slot {m}: {exercises.fmt(got)} instead of gq - gn = {exercises.fmt(want)})",
+            what="a real later row t has gq_t <= gn and its exponent gq_t - gn must stay exactly that; only the "
+                 "rows past T (o_j >= T) may get another value",
+            line=LINE)
+    return exercises.hints(where="the helper is right on the probe tile (rows 32..47, T = 45) but not in the "
+                                 "kernel: does it depend on values the probe does not have?", line=LINE)
+
+
+def check_padded_exponent(helper) -> exercises.Verdict:
+    """Run the real `chunk_gsa` (fp32, T = 45, 24 slots, decay knob m = 30) with `helper` in the EXPONENT slot of
+    its slot-gradient kernel, forward and backward, against the float64 recurrence: PASS when every gradient is
+    finite and within the fp32 gradient tolerance (scale-aware, as `harness.compare`); ds and dg are printed, the
+    two the helper reaches. The hints follow what the helper does on a probe tile (`diagnose`)."""
+    if rejected := exercises.not_a_jit_helper(EXERCISE, helper):
+        return rejected
+    found = diagnose(helper)
+    if found["raised"]:
+        return exercises.Verdict(EXERCISE, False, [f"the helper raised: {found['raised']}"], exponent_hints(found))
+    got = _run(exercise_inputs(EXERCISE_T, EXERCISE_DECAY), None, torch.float32, reference=True, exponent=helper)
+    names = [n[4:] for n in got if n.startswith("ref_d")]
+    errors = check.grad_errors({n: got[f"ref_{n}"] for n in names}, {n: got[n] for n in names})
+    tol = check.tolerance(torch.float32).grad
+    bad = {n: int((~torch.isfinite(got[n])).sum()) for n in ("ds", "dg")}
+    others = [n for n in names if n not in bad]
+    others_ok = all(errors[n] <= tol for n in others)
+    extra = [(not any(bad.values()), f"non-finite: ds {bad['ds']}, dg {bad['dg']} of {got['ds'].numel()} each"),
+             (others_ok, f"the other gradients ({', '.join(others)}) within tolerance: {others_ok}")]
+    shown = {f"{n} (T = {EXERCISE_T}, m = {EXERCISE_DECAY:g})": errors[n] for n in ("ds", "dg")}
+    return exercises.verdict_from_errors(EXERCISE, shown, tol, exponent_hints(found), extra)
+
+
+def show_slot() -> None:
+    """The loop of `cols_from_later_subchunks` over later sub-chunks, where the EXPONENT helper is called."""
     import inspect
 
-    print(inspect.getsource(slot_write_grad_kernel.fn))
+    from fla_lab.ops.common import chunk_stages
 
-
-def exercise_inputs(T: int, decay: float, seed: int = 0) -> dict[str, torch.Tensor]:
-    """One partial chunk of pass 1 (`T < 64`, B = H = 1, K = M = 16): the queries, keys and gate of
-    `inputs(T, decay)` (the notebook's kernel runs), a random cotangent `do` of the slot scores, and the scale."""
-    x = inputs(T, decay, seed)
-    do = torch.randn(x["g"].shape, generator=torch.Generator().manual_seed(seed + 1))
-    return {"q": x["q"], "k": x["k"], "g": x["g"], "do": do, "scale": x["q"].shape[-1] ** -0.5}
-
-
-def slot_write_grad(exponent, T: int, decay: float, seed: int = 0) -> torch.Tensor:
-    """`slot_write_grad_kernel` with `exponent` in its EXPONENT slot, on `exercise_inputs(T, decay)`: ds `[T, M]`."""
-    x = exercise_inputs(T, decay, seed)
-    q, k, g, do = (x[n][0, :, 0].float().contiguous() for n in ("q", "k", "g", "do"))
-    A = torch.zeros(T, CHUNK)
-    A[:, :T] = (x["scale"] * q @ k.T).tril()  # plain scores, causal, chunk-local columns
-    gi = chunk_cumsum(x["g"])[0, :, 0].contiguous()
-    ds = torch.zeros(T, g.shape[-1])
-    slot_write_grad_kernel[(triton.cdiv(CHUNK, BC),)](A, do, gi, ds, T, M=g.shape[-1], BT=CHUNK, BC=BC,
-                                                      BM=triton.next_power_of_2(g.shape[-1]), EXPONENT=exponent)
-    return ds
-
-
-def slot_write_grad_reference(T: int, decay: float, seed: int = 0) -> torch.Tensor:
-    """The float64 spec of ds: pass 1 of GSA, where each slot m alone is a GLA recurrence with the gate g[m] on every
-    key channel and the slot write s[m] as its only value channel (`reference.recurrent_gla`, one head per slot),
-    differentiated by autograd. `[T, M]`."""
-    from fla_lab import reference
-
-    x = exercise_inputs(T, decay, seed)
-    q, k, g, do = (x[n].double() for n in ("q", "k", "g", "do"))
-    B, _, _, K = q.shape
-    M = g.shape[-1]
-    s = torch.zeros(B, T, M, 1, dtype=torch.float64, requires_grad=True)  # ds does not depend on s's value
-    heads = lambda t: t.expand(B, T, M, K)  # noqa: E731  (one head per slot)
-    o, _ = reference.recurrent_gla(heads(q), heads(k), s, g[0, :, 0][None, :, :, None].expand(B, T, M, K),
-                                   scale=x["scale"])
-    (ds,) = torch.autograd.grad(o, s, do[:, :, 0, :, None])
-    return ds[0, :, :, 0]
-
-
-def check_padded_exponent(candidate) -> "exercises.Verdict":
-    """Run `candidate` (a `@triton.jit` helper `(b_gq, b_gn, valid) -> exponent`) in the exercise kernel on a
-    partial chunk (T = 45) at strong slot decay (m = 30) and at weak decay (m = 1), against the float64 spec:
-    PASS when ds is finite and within the fp32 gradient tolerance in both."""
-    from fla_lab import exercises
-
-    if rejected := exercises.not_a_jit_helper(EXERCISE, candidate):
-        return rejected
-    tol = check.tolerance(torch.float32).grad
-    errors, extra = {}, []
-    for T, decay in EXERCISE_SETTINGS:
-        ds = slot_write_grad(candidate, T, decay)
-        bad = int((~torch.isfinite(ds)).sum())
-        extra.append((bad == 0, f"ds (T = {T}, m = {decay:g}): non-finite {bad} of {ds.numel()}"))
-        errors[f"ds (T = {T}, m = {decay:g})"] = check.rel_error(ds, slot_write_grad_reference(T, decay))
-    hint = ("rows past T load gi_t = 0 and do_t = 0; make their exponent harmless (`valid` says which rows are "
-            "real) and leave every real row's exponent as it is")
-    return exercises.verdict_from_errors(EXERCISE, errors, tol, hint, extra)
+    source = inspect.getsource(chunk_stages.cols_from_later_subchunks.fn).splitlines()
+    print("fla_lab/ops/common/chunk_stages.py, cols_from_later_subchunks (the loop over later sub-chunks):")
+    start = next(i for i, line in enumerate(source) if "for i_j in range" in line)
+    stop = next(i for i in range(start, len(source)) if "EXPONENT(" in source[i])
+    print("\n".join(source[start:stop + 1]))

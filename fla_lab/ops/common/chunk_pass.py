@@ -171,14 +171,15 @@ def value_side_forward(q, k, v, gi, scale, h0, output_final_state, BT, launch):
     BV = min(_tile(V), launch.slots_BV)
     st.slot_rows_kernel[(grid_size(V, BV), grid_size(T, BT) * (BT // BC), B * H)](
         q, v, gi, h, A, o, scale, T, grid_size(T, BT), H=H, K=K, V=V, BT=BT, BC=BC, BK=_tile(K), BV=BV,
-        DOT=_dot(launch, q), BACKWARD=False, BUG_UNMASKED_PADDING=False, ACC=False, num_warps=launch.slots_warps)
+        DOT=_dot(launch, q), BACKWARD=False, ACC=False, num_warps=launch.slots_warps)
     return o, ht, h, A
 
 
-def value_side_backward(q, k, v, gi, scale, h0, ht, h, A, o, do, dht, BT, launch, bug_unmasked_padding=False,
-                        dv_add=None, dg_add=None):
+def value_side_backward(q, k, v, gi, scale, h0, ht, h, A, o, do, dht, BT, launch,
+                        exponent=st.later_rows_exponent, dv_add=None, dg_add=None):
     """Returns dq, dk, dv, dg (all fp32) and dh0; `o` is the pass's fp32 output, `do` its cotangent. `h=None`,
-    `A=None`: recompute them here. `dv_add`, `dg_add` (GSA's other pass) are added in place."""
+    `A=None`: recompute them here. `exponent`: the dv kernel's EXPONENT helper (`chunk_stages.later_rows_exponent`
+    ships). `dv_add`, `dg_add` (GSA's other pass) are added in place."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     NT = grid_size(T, BT)
@@ -192,7 +193,7 @@ def value_side_backward(q, k, v, gi, scale, h0, ht, h, A, o, do, dht, BT, launch
     BV = min(_tile(V), launch.slots_BV)
     st.slot_rows_kernel[(grid_size(V, BV), NT * (BT // BC), B * H)](
         k, do, gi, dh, A, dv, scale, T, NT, H=H, K=K, V=V, BT=BT, BC=BC, BK=_tile(K), BV=BV, DOT=_dot(launch, q),
-        BACKWARD=True, BUG_UNMASKED_PADDING=bug_unmasked_padding, ACC=dv_add is not None,
+        BACKWARD=True, ACC=dv_add is not None, EXPONENT=exponent,
         num_warps=launch.slots_warps)
     del A
     dq = plain_rows(dA, k, do, gi, h, 1.0, scale, BT, launch, transpose_A=False, to_end=False, transpose_h=True)

@@ -37,7 +37,8 @@ sub-chunk j is one `tl.dot` after factorising the decay around a reference row `
   `tl.constexpr` helper, REFERENCE_ROW (default `reference_row`; the switch passes `reference_row_inclusive`).
 - Transposed, from later sub-chunks j: `gn = gi[last valid row of i]`; rows of j past the end of the sequence load
   as 0 and must be masked in the exponent, or `exp(0 - gn)` overflows and meets a zero-padded input: NaN
-  (upstream #77 for GSA, fixed in 737550ff; `bug="unmasked_padding"`, `cols_from_later_subchunks`).
+  (upstream #77 for GSA, fixed in 737550ff). `cols_from_later_subchunks` takes that exponent as a `tl.constexpr`
+  helper, EXPONENT (default `later_rows_exponent`; `bug="unmasked_padding"` passes `later_rows_exponent_unmasked`).
 Diagonal blocks are evaluated pair by pair with the exponent masked *before* exp.
 
 RWKV6's bonus sits on A's diagonal (`A[t, t] = q_t . (u * k_t)`), so `A @ v`, `A^T @ do` and dA's diagonal carry it.
@@ -157,14 +158,27 @@ def rows_from_earlier_subchunks(S, Y, gi, b_gq, i_start, t_first, i_i, o_c, o_d,
     return b_acc
 
 
+# The exponent of the later rows' factor exp(gq_t - gn) in `cols_from_later_subchunks`, for its EXPONENT slot: a
+# helper (b_gq [BC, BD]: gq of the later rows t as loaded, 0 on rows past T; b_gn [1, BD]: the reference; o_j [BC]:
+# the rows t; m_d [BD]: the channels that exist; T) -> [BC, BD]. `bug="unmasked_padding"` takes the first helper,
+# the default is the second (one blank line apart so `python -m fla_lab bugs` prints both).
+@kernel
+def later_rows_exponent_unmasked(b_gq, b_gn, o_j, m_d, T):
+    return b_gq - b_gn  # upstream #77, GSA (before 737550ff): rows past T load 0, exp(0 - gn) = inf, times W = 0
+
+@kernel
+def later_rows_exponent(b_gq, b_gn, o_j, m_d, T):
+    return tl.where((o_j < T)[:, None] & m_d[None, :], b_gq - b_gn, 0)  # 737550ff: rows past T, exp(0) * 0 = 0
+
+
 @kernel
 def cols_from_later_subchunks(S, W, gi, b_gk, i_start, t_first, i_i, T, o_c, o_d, m_d, m_i, HD: tl.constexpr,
                               SROW: tl.constexpr, BC: tl.constexpr, BD: tl.constexpr, NC: tl.constexpr,
-                              DOT: tl.constexpr, RWKV6: tl.constexpr, BUG_UNMASKED_PADDING: tl.constexpr):
+                              DOT: tl.constexpr, RWKV6: tl.constexpr, EXPONENT: tl.constexpr):
     """`sum_{t in later sub-chunks} S[t, s] W_t exp(gq_t - gi_s)` for the rows s of sub-chunk i: [BC, BD].
 
     The reference is this sub-chunk's last valid row. The loop visits every later sub-chunk of the chunk, so in a
-    partial last chunk it meets rows past T, whose decay loads as 0.
+    partial last chunk it meets rows past T, whose decay loads as 0; `EXPONENT` forms `gq_t - gn` for them.
     """
     b_acc = tl.zeros([BC, BD], dtype=tl.float32)
     if i_i + 1 < NC:
@@ -175,11 +189,7 @@ def cols_from_later_subchunks(S, W, gi, b_gk, i_start, t_first, i_i, T, o_c, o_d
             b_w = tl.load(W + o_j[:, None] * HD + o_d[None, :], mask=m_jd, other=0).to(tl.float32)
             b_gq = load_query_decay(gi, o_j[:, None], o_d[None, :], m_jd, t_first, HD, RWKV6)
             b_st = tl.load(S + o_j[None, :] * SROW + (i_i * BC + o_c)[:, None], mask=(o_j < T)[None, :], other=0)
-            if BUG_UNMASKED_PADDING:  # upstream #77, GSA (before 737550ff): rows past T load 0, exp(0 - gn) = inf
-                b_e = b_gq - b_gn[None, :]
-            else:
-                b_e = tl.where(m_jd, b_gq - b_gn[None, :], 0)  # 737550ff: rows past T masked out of the exponent
-            b_acc += mma(b_st, b_w * tl.exp(b_e), DOT)
+            b_acc += mma(b_st, b_w * tl.exp(EXPONENT(b_gq, b_gn[None, :], o_j, m_d, T)), DOT)
         b_acc *= tl.exp(tl.where(m_i[:, None] & m_d[None, :], b_gn[None, :] - b_gk, 0))
     return b_acc
 
@@ -350,14 +360,15 @@ def chunk_fwd_o_kernel(q, v, gi, h, A, o, scale, T, NT, H: tl.constexpr, K: tl.c
 @kernel
 def slot_rows_kernel(x, y, gi, h, A, out, scale, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                      BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
-                     BACKWARD: tl.constexpr, BUG_UNMASKED_PADDING: tl.constexpr, ACC: tl.constexpr):
+                     BACKWARD: tl.constexpr, ACC: tl.constexpr, EXPONENT: tl.constexpr = later_rows_exponent):
     """Value side, one sub-chunk and value block per program; the decay stays on the value channel.
 
     - forward, the pass output (x = q, y = v, h = h_n):
       `out_t = scale * ((x_t @ h) * exp(gi_t) + sum_{s <= t} A[t, s] y_s exp(gi_t - gi_s))`;
     - BACKWARD, dv (x = k, y = do, h = dh_{n+1}; upstream's intra dv kernel, where the padded-row bug lived):
       `out_s = scale * sum_{t >= s} A[t, s] y_t exp(gi_t - gi_s) + (x_s @ h) * exp(gi_last - gi_s)`.
-    ACC adds the result to what `out` holds (GSA's slots get gradients from both passes).
+    ACC adds the result to what `out` holds (GSA's slots get gradients from both passes). EXPONENT: the helper
+    `cols_from_later_subchunks` calls for the later rows' exponent (`later_rows_exponent` ships).
     """
     i_v, i_tc, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_bh, i_b, i_h = batch_head(i_bh, H)
@@ -381,7 +392,7 @@ def slot_rows_kernel(x, y, gi, h, A, out, scale, T, NT, H: tl.constexpr, K: tl.c
         b_glast = tl.load(gi + (tl.minimum(t_first + BT, T) - 1) * H * V + o_v, mask=m_v, other=0)
         b_out = b_xh * tl.exp(tl.where(m_iv, b_glast[None, :] - b_g, 0))
         b_in = cols_from_later_subchunks(A, y, gi, b_g, i_start, t_first, i_i, T, o_c, o_v, m_v, m_i, H * V,
-                                         H * BT, BC, BV, NC, DOT, False, BUG_UNMASKED_PADDING)
+                                         H * BT, BC, BV, NC, DOT, False, EXPONENT)
         b_yi = tl.load(y + p_iv, mask=m_iv, other=0).to(tl.float32)
         b_Aii = tl.load(A + o_i[:, None] * H * BT + (i_i * BC + o_c)[None, :], mask=m_i[:, None], other=0)
         b_w = diagonal_tile(b_g, b_g, b_g, o_c, m_i, False)
@@ -516,7 +527,7 @@ def chunk_bwd_dqk_kernel(q, k, v, gi, u, h, dh, dA, do, dq, dk, scale, T, NT, H:
     b_dq = rows_from_earlier_subchunks(dA, k, gi, b_gq, i_start, t_first, i_i, o_c, o_k, m_k, m_i, HK, H * BT, BC,
                                        BK, DOT, RWKV6, REFERENCE_ROW)
     b_dk = cols_from_later_subchunks(dA, q, gi, b_gk, i_start, t_first, i_i, T, o_c, o_k, m_k, m_i, HK, H * BT,
-                                     BC, BK, NC, DOT, RWKV6, False)
+                                     BC, BK, NC, DOT, RWKV6, later_rows_exponent)
     # the diagonal block: all (t, s) pairs at once, one [BC, BC, BK] weight tile serves dq and dk
     b_qi = tl.load(q + p_ik, mask=m_ik, other=0).to(tl.float32)
     b_ki = tl.load(k + p_ik, mask=m_ik, other=0).to(tl.float32)

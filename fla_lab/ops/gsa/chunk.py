@@ -8,7 +8,8 @@
 Pass 1 is `chunk_pass.value_side_*`, pass 2 the GLA pass `chunk_pass.key_side_*` with the slots as keys; both
 share one cumulative decay. Reference: `fla_lab.reference.recurrent_gsa`. flash-linear-attention 0.6.0's
 `chunk_gsa` signature, plus `bug=`; `bug="unmasked_padding"` turns on upstream #77's padded rows in pass 1's dv
-kernel (`chunk_stages.cols_from_later_subchunks`, fixed upstream in 737550ff).
+kernel: it passes `chunk_stages.later_rows_exponent_unmasked` into the EXPONENT slot of `slot_rows_kernel`
+(`cols_from_later_subchunks`), where `later_rows_exponent` ships (fixed upstream in 737550ff).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import triton.language as tl
 from fla_lab.bugs import check_bug
 from fla_lab.ops import contract
 from fla_lab.ops.common import chunk_pass as cp
+from fla_lab.ops.common import chunk_stages as st
 from fla_lab.ops.common.launch import check_chunk_size, resolve
 from fla_lab.ops.common.utils import as_contiguous, custom_bwd, custom_fwd, grid_size, kernel, next_pow2
 
@@ -79,7 +81,7 @@ class ChunkGSAFunction(torch.autograd.Function):
 
     @staticmethod
     @custom_fwd
-    def forward(ctx, q, k, v, s, g, scale, hk0, hv0, output_final_state, chunk_size, launch, bug):
+    def forward(ctx, q, k, v, s, g, scale, hk0, hv0, output_final_state, chunk_size, launch, exponent):
         q, k, v, s, g, hk0, hv0 = as_contiguous(q, k, v, s, g, hk0, hv0)
         gi = cp.chunk_cumsum(g, chunk_size)
         scores, hkt, _, _ = cp.value_side_forward(q, k, s, gi, scale, hk0, output_final_state, chunk_size, launch)
@@ -87,7 +89,7 @@ class ChunkGSAFunction(torch.autograd.Function):
         o, hvt, _, _ = cp.key_side_forward(p, s, v, gi, None, 1.0, hv0, output_final_state, chunk_size, launch,
                                            v.dtype)
         ctx.save_for_backward(q, k, v, s, g, hk0, hv0, hkt, hvt, scores, p)
-        ctx.scale, ctx.chunk_size, ctx.launch, ctx.bug = scale, chunk_size, launch, bug
+        ctx.scale, ctx.chunk_size, ctx.launch, ctx.exponent = scale, chunk_size, launch, exponent
         return o, hkt, hvt
 
     @staticmethod
@@ -103,7 +105,7 @@ class ChunkGSAFunction(torch.autograd.Function):
         dv, dhv0 = cast(dv, v), cast(dhv0, hv0)  # drop the fp32 copies before the second pass
         dscores = slot_softmax_backward(scores, dp, out=dp)
         dq, dk, ds, dg, dhk0 = cp.value_side_backward(q, k, s, gi, ctx.scale, hk0, hkt, None, None, scores, dscores,
-                                                      dhkt, BT, launch, ctx.bug, dv_add=ds, dg_add=dg)
+                                                      dhkt, BT, launch, ctx.exponent, dv_add=ds, dg_add=dg)
         return (cast(dq, q), cast(dk, k), dv, cast(ds, s), cast(dg, g), None, cast(dhk0, hk0), dhv0, None, None,
                 None, None)
 
@@ -116,15 +118,26 @@ def additive_gates(s):
     return (s.float() - z).exp().to(s.dtype), g
 
 
+def padded_rows_exponent(bug=None, helper=None):
+    """The EXPONENT helper of pass 1's dv kernel: the historical one under `bug="unmasked_padding"`, else `helper` or
+    the shipped `chunk_stages.later_rows_exponent`."""
+    if bug == "unmasked_padding":
+        if helper is not None:
+            raise ValueError("chunk_gsa: bug='unmasked_padding' is its own exponent helper; pass one or the other")
+        return st.later_rows_exponent_unmasked
+    return helper if helper is not None else st.later_rows_exponent
+
+
 def chunk_gsa(q, k, v, s, g=None, scale=None, initial_state=None, output_final_state=False, chunk_size=64,
-              bug=None, launch=None, **kwargs):
+              bug=None, launch=None, later_rows_exponent=None, **kwargs):
     """Chunked Gated Slot Attention, forward and backward in Triton.
 
     q, k `[B, T, H, K]`, v `[B, T, H, V]`, s (slot writes) and g (natural-log forget gate <= 0) `[B, T, H, M]`;
     `g=None` is vanilla ABC. `initial_state` is the pair `(Hk0 [B, H, K, M], Hv0 [B, H, M, V])`. Returns
     `(o [B, T, H, V], (HkT, HvT) in fp32 or None)`. `chunk_size` a power of two >= 16; `launch` a
     `fla_lab.ops.ChunkLaunch`. `bug="unmasked_padding"`: upstream #77's NaN gradients of s and g when the last
-    chunk is partial and the slot decay is strong.
+    chunk is partial and the slot decay is strong. `later_rows_exponent`: a `@triton.jit` helper for the EXPONENT
+    slot of pass 1's dv kernel instead of `chunk_stages.later_rows_exponent` (notebook 03b's exercise).
     """
     check_bug(bug, "chunk_gsa")
     contract.check_gsa_inputs("chunk_gsa", q, k, v, s, g, initial_state=initial_state, kwargs=kwargs)
@@ -134,5 +147,6 @@ def chunk_gsa(q, k, v, s, g=None, scale=None, initial_state=None, output_final_s
     contract.check_kernel_device("chunk_gsa", dict(q=q, k=k, v=v, s=s, g=g, hk0=hk0, hv0=hv0))
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     o, hkt, hvt = ChunkGSAFunction.apply(q, k, v, s, g, scale, hk0, hv0, output_final_state,
-                                         check_chunk_size(chunk_size), resolve(launch), bug == "unmasked_padding")
+                                         check_chunk_size(chunk_size), resolve(launch),
+                                         padded_rows_exponent(bug, later_rows_exponent))
     return o, ((hkt, hvt) if output_final_state else None)
