@@ -200,6 +200,7 @@ def installed_names(python: Path = PY) -> dict[str, str]:
 # into .venv instead. numpy 2.5 refuses float() of a 1-element array, which Triton 3.6's interpreter does (every
 # kernel fails with CUDA hidden: "only 0-dimensional arrays can be converted to Python scalars").
 PREINSTALLED_BELOW = {"numpy": (2, 5)}
+BROWSER_ONLY = {"jupyterlab", "playwright"}  # only `lab` and the browser phase use them: optional without network
 
 
 def missing_requirements(python: Path = PY) -> list[str]:
@@ -250,11 +251,16 @@ def setup() -> None:
                                  capture_output=True, text=True).stdout.strip())
         (site_packages / PREINSTALLED_PTH).write_text("\n".join([*preinstalled["dirs"], str(ROOT)]) + "\n")
         todo = missing_requirements()
-        if todo:
-            say(f"installing what it lacks: {' '.join(todo)}")
-            if pip(*offline, *todo, check=False).returncode != 0:
-                sys.exit("[workbook] " + (offline_message(f"pip could not install {' '.join(todo)} from local wheels")
+        needed = [t for t in todo if t.split("==")[0].lower() not in BROWSER_ONLY]
+        if needed:
+            say(f"installing what it lacks: {' '.join(needed)}")
+            if pip(*offline, *needed, check=False).returncode != 0:
+                sys.exit("[workbook] " + (offline_message(f"pip could not install {' '.join(needed)} from local wheels")
                                          if not online else "pip failed (its output is above)"))
+        optional = [t for t in todo if t not in needed]
+        if optional and pip(*offline, *optional, check=False).returncode != 0:
+            say(f"not installed: {' '.join(optional)} (no wheels here): `workbook.py lab` and the browser test need "
+                "them; the unit and notebook phases run without")
     else:
         if not online:
             say("no network: installing from local wheels only (PIP_FIND_LINKS, pip's find-links)")
@@ -412,6 +418,9 @@ def test(extra: list[str]) -> int:
     setup()
     gpu = has_nvidia_gpu()
     _, browser_problem = ensure_chromium()
+    if not browser_problem and run([PY, "-c", "import playwright, jupyterlab"], check=False,
+                                   capture_output=True).returncode != 0:
+        browser_problem = "Playwright or JupyterLab is not installed in .venv (set-up without network or wheels)"
     if browser_problem:
         say(f"the browser test cannot run: {browser_problem}; running the other phases, failing at the end")
     n_workers = str(max(1, min(8, (os.cpu_count() or 1) // 2)))  # 1 on 2 cores (CI), 8 on a 16-core GPU box
