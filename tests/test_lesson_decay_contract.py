@@ -203,6 +203,11 @@ def naive_log_of_gate(x):
     return tl.log(tl.sigmoid(x))  # -inf where fp32 rounds the sigmoid to 0
 
 
+STABLE_SOURCE = """
+    return tl.minimum(x, 0.0) - tl.log(1.0 + tl.exp(-tl.abs(x)))
+"""
+
+
 @triton.jit
 def stable_log_sigmoid(x):
     return tl.minimum(x, 0.0) - tl.log(1.0 + tl.exp(-tl.abs(x)))
@@ -216,16 +221,47 @@ def test_gate_kernel_applies_the_helper_elementwise():
     assert torch.isfinite(dc.gate_to_log_decay(stable_log_sigmoid, dc.saturated_activations())).all()
 
 
-def test_check_log_decay_rejects_the_reported_gate():
+@triton.jit
+def clamped_log_of_gate(x):
+    return tl.log(tl.maximum(tl.sigmoid(x), 1e-30))  # finite, but capped near -69 where log(sigmoid(x)) ~ x
+
+
+def _tiers(verdict) -> list[str]:
+    return list(verdict.hints)
+
+
+def test_check_log_decay_rejects_the_reported_gate_and_its_hints_start_from_the_positive_w():
     verdict = dc.check_log_decay(gate_as_reported)
     assert not verdict.passed
     text = str(verdict)
-    assert text.startswith("NOT YET") and "ValueError" in text and "error inf" in text and "hint:" in text
+    assert text.startswith("NOT YET") and "ValueError" in text and "error inf" in text and "verdict.hint()" in text
+    where, what, line = _tiers(verdict)
+    assert "positive" in where and "exp(w)" in what and "tl.log(tl.sigmoid(x))" in line
+    assert "tl.abs" not in "".join(_tiers(verdict))  # the stable form comes only after the naive one
 
 
-def test_check_log_decay_rejects_the_naive_log_and_plain_python():
+def test_naive_log_of_gate_gets_hints_that_say_where_and_why_it_is_not_finite():
+    """The naive log(sigmoid(x)) passes #11's randn x and fails only where fp32 rounds the sigmoid to 0: the hints
+    name that range of x and the reason, and only the last tier gives the stable line."""
     verdict = dc.check_log_decay(naive_log_of_gate)
     assert not verdict.passed and "non-finite w on saturated x: 0 of" not in str(verdict)
+    where, what, line = _tiers(verdict)
+    lo, hi = (float(v) for v in where.split("from ")[1].split(" that")[0].split(" to "))
+    assert lo == dc.SATURATED_X[0] and -90 < hi < -88  # exp(-x) overflows fp32 below x = -88.7 (interpreter)
+    assert "every other x matches float64" in where
+    assert "log(0) = -inf" in what and "88.7" in what and dc.STABLE_LOG_SIGMOID not in where + what
+    assert dc.STABLE_LOG_SIGMOID in line
+    assert _tiers(verdict) != _tiers(dc.check_log_decay(gate_as_reported))  # not the stub's hints
+
+
+def test_a_clamped_log_is_finite_but_off_and_the_hint_says_where():
+    verdict = dc.check_log_decay(clamped_log_of_gate)
+    assert not verdict.passed and "non-finite w on saturated x: 0 of" in str(verdict)
+    where, what, _ = _tiers(verdict)
+    assert "finite but off" in where and "x = -200.00" in where and "clamp" in what
+
+
+def test_check_log_decay_rejects_plain_python():
     assert not dc.check_log_decay(lambda x: x).passed
 
 
@@ -235,33 +271,94 @@ def test_check_log_decay_accepts_a_stable_log_sigmoid():
     assert str(verdict).startswith("PASS") and "accepted" in str(verdict)
 
 
-# the exercise of #150
+def test_the_solution_line_in_the_hints_is_the_helper_that_passes():
+    assert STABLE_SOURCE.strip().endswith(dc.STABLE_LOG_SIGMOID)
 
 
-def test_check_removal_rejects_the_reported_a_b_and_accepts_the_layers():
-    reported = dc.check_removal(lambda k, a, b: (a, b))
-    assert not reported.passed and "TransitionWarning" in str(reported)
-    assert not dc.check_removal(lambda k, a, b: (torch.zeros_like(a), torch.zeros_like(b))).passed  # bounded, wrong
-
-    def layer_like(k, a, b):
-        kk = F.normalize(k, dim=-1)
-        return -kk, kk * a
-
-    verdict = dc.check_removal(layer_like)
-    assert verdict.passed, str(verdict)
+# the exercise of #150: a, b as a learner might build them
 
 
-def test_removal_lines_point_at_the_layer():
-    import inspect
+def _unit(k):
+    return F.normalize(k, dim=-1)
 
-    from fla_lab.layers import rwkv7
 
-    source = inspect.getsource(rwkv7).splitlines()
-    for line in dc.removal_lines().splitlines():
-        where, text = line.split("  ", 1)
-        number = int(where.rsplit(":", 1)[1])
-        assert source[number - 1].strip() == text
-    assert "-kk, kk * a" in dc.removal_lines()
+REMOVALS = {
+    "reported": lambda k, a, b: (a, b),
+    "same sign": lambda k, a, b: (_unit(k), _unit(k) * a),
+    "unnormalised": lambda k, a, b: (-k, k * a),
+    "zero": lambda k, a, b: (torch.zeros_like(a), torch.zeros_like(b)),
+    "gate read": lambda k, a, b: (-_unit(k) * a, _unit(k)),
+    "layer": lambda k, a, b: (-_unit(k), _unit(k) * a),
+    "sign on b": lambda k, a, b: (_unit(k), -_unit(k) * a),
+}
+
+
+@pytest.fixture(scope="module")
+def removal_verdicts():
+    return {name: dc.check_removal(f) for name, f in REMOVALS.items()}
+
+
+def test_check_removal_accepts_the_layers_step_in_either_sign_convention(removal_verdicts):
+    for name in ("layer", "sign on b"):  # only b a^T enters the recurrence
+        assert removal_verdicts[name].passed, str(removal_verdicts[name])
+
+
+@pytest.mark.parametrize("name, where, what", [
+    ("reported", "b . a > 0", "report's b"),
+    ("same sign", "wrong sign", "minus sign"),
+    ("unnormalised", "below -1", "normalised per head"),
+    ("zero", "b . a = 0", "fraction a_gate"),
+    ("gate read", "transpose", "scales b"),
+])
+def test_check_removal_hints_follow_the_mistake(removal_verdicts, name, where, what):
+    verdict = removal_verdicts[name]
+    assert not verdict.passed and str(verdict).startswith("NOT YET")
+    tiers = _tiers(verdict)
+    assert len(tiers) == 3 and where in tiers[0] and what in tiers[1], tiers
+    assert "-kk, kk * a" in tiers[2] and not any("-kk, kk * a" in t for t in tiers[:2])
+
+
+def test_check_removal_facts_do_not_print_the_answer(removal_verdicts):
+    text = str(removal_verdicts["reported"])
+    assert "TransitionWarning" in text and "normalize" not in text and "kk" not in text
+
+
+def test_probe_reads_b_dot_a_and_the_eigenvalues():
+    x = dc.rwkv7_case(dc.RWKV7_CASES[0], T=16, K=8)
+    probed = dc.probe(**x)
+    ba = (x["a"] * x["b"]).sum(-1)
+    assert probed.ba == pytest.approx((float(ba.min()), float(ba.max())))
+    assert probed.radius == pytest.approx(float(dc.step_radii(x["w"], x["a"], x["b"]).max()))
+    assert probed.radius > 1 and probed.state == pytest.approx(float(dc.rwkv7_state_trajectory(**x).max()))
+    layer = dc.probe_removal(REMOVALS["layer"], widths=(8,), T=16)[0]
+    assert layer.K == 8 and -1 < layer.ba[0] <= layer.ba[1] < 0 and layer.radius <= 1
+
+
+def test_brief_verdict_stops_before_the_advice():
+    x = dc.rwkv7_case(dc.RWKV7_CASES[0], T=16, K=16)
+    from fla_lab import ops
+
+    full, brief = dc.verdict(ops.chunk_rwkv7, **x), dc.verdict(ops.chunk_rwkv7, **x, brief=True)
+    assert full.startswith(brief) and "kk" in full and "kk" not in brief and brief.startswith("TransitionWarning")
+
+
+@pytest.mark.parametrize("lines, expected", [
+    ("decay_lines", "b_h = b_h * tl.exp(b_g)[:, None] + b_kv"),
+    ("rwkv7_step_lines", "removed = "),
+    ("removal_lines", "o = self.attend(r, w, k, v, -kk, kk * a)"),
+])
+def test_source_lines_point_at_the_shipped_code(lines, expected):
+    import importlib
+
+    text = getattr(dc, lines)()
+    assert expected in text
+    for line in text.splitlines():
+        where, code = line.split("  ", 1)
+        path, number = where.rsplit(":", 1)
+        module = importlib.import_module(path[:-3].replace("/", "."))
+        import inspect
+
+        assert inspect.getsource(module).splitlines()[int(number) - 1].strip() == code
 
 
 def test_on_device_moves_tensors_in_containers_and_leaves_the_rest():
