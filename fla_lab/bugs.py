@@ -74,6 +74,10 @@ CATALOGUE: tuple[Bug, ...] = (
         located=("chunk_rwkv7", None, "rounded_decay")),
 )
 
+# Switches planted for notebook 06's hunt: real lines behind neutral names, deliberately NOT in the catalogue, so
+# `index()`, `show()` and the locator's `suspects()` never list them (the answer key: docs/answers/06_nan_hunting.md).
+PLANTED: tuple[tuple[str, str], ...] = (("capstone_a", "GatedSlotAttention"), ("capstone_b", "chunk_rwkv7"))
+
 _PACKAGE = pathlib.Path(__file__).resolve().parent
 
 
@@ -89,8 +93,8 @@ def for_op(op: str) -> list[Bug]:
 
 
 def check_bug(bug: str | None, op: str) -> None:
-    """`bug=None` is the fixed code; anything else must be a catalogue entry for this op or layer."""
-    if bug is None:
+    """`bug=None` is the fixed code; anything else must be a catalogue entry or planted switch of this op or layer."""
+    if bug is None or (bug, op) in PLANTED:
         return
     names = [b.name for b in for_op(op)]
     if bug not in names:

@@ -51,6 +51,10 @@ CAUSES = {
     "rounded_decay": ("the decay reached the op rounded to 16 bits: a per-step bias that compounds over the "
                       "sequence (no NaN, just wrong)", "input",
                       "compute the decay in fp32 under autocast (cf. #181, 965c3553)"),
+    "nonfinite_cotangent": ("the gradient reached the op's output already non-finite: it was made later in the "
+                            "forward (earlier in the backward), outside this op", "input",
+                            "look downstream: census the gradients of what consumed this output (parameters of "
+                            "later modules, their PyTorch code between ops)"),
     "wrong_but_finite": ("the op's result is finite but disagrees with the float64 reference beyond the dtype's "
                          "tolerance", "kernel", "compare each output and gradient with fla_lab.harness.compare"),
     "none": ("no non-finite value and nothing suspicious", "-", "-"),
@@ -226,6 +230,9 @@ def replay(spec: registry.OpSpec, fn, inputs: dict, kwargs: dict | None = None, 
     reference on the same inputs, and say where the first non-finite value appeared and why."""
     kwargs = dict(kwargs or {})
     stats = input_stats(spec, inputs)
+    arrived = _nonfinite_cotangent(spec, do, dht, stats)
+    if arrived is not None:  # nothing to replay: the op only passed on what it was given
+        return arrived
     leaves = {n: (tuple(t.detach().clone().requires_grad_(t.is_floating_point()) for t in x)
                   if isinstance(x, (tuple, list)) else x.detach().clone().requires_grad_(x.is_floating_point()))
               for n, x in inputs.items()}
@@ -259,6 +266,18 @@ def replay(spec: registry.OpSpec, fn, inputs: dict, kwargs: dict | None = None, 
     diagnosis.where = _where(o, leaves, diagnosis.phase) or diagnosis.where
     diagnosis.cause, diagnosis.note = _classify(spec, stats, ref, diagnosis, kwargs)
     return diagnosis
+
+
+def _nonfinite_cotangent(spec, do, dht, stats) -> Diagnosis | None:
+    """A cotangent (of the output or a final state) that arrived non-finite: the op is a victim, not the source."""
+    named = {"do": do} | {f"dht[{i}]": d for i, d in enumerate(dht if isinstance(dht, tuple) else (dht,))}
+    bad = {n: d for n, d in named.items() if d is not None and not torch.isfinite(d).all()}
+    if not bad:
+        return None
+    name, d = next(iter(bad.items()))
+    census = check.nonfinite_census(d, dims=_dims(d))
+    return Diagnosis(spec.label, "backward", "nonfinite_cotangent", where={"grad of": name, **census.first},
+                     stats=stats, note=f"`{name}` arrived with {census.count} non-finite value(s) of {d.numel()}")
 
 
 def _first_line(exc: Exception) -> str:
@@ -346,12 +365,14 @@ class Report:
     diagnosis: Diagnosis | None
     modules: dict[str, str] = field(default_factory=dict)  # first module with a non-finite output / parameter
 
-    def suspects(self) -> list[str]:
-        """Catalogue entries whose located (op, kernel, cause) is what this report found."""
+    def suspects(self) -> "Suspects":
+        """Catalogue entries whose located (op, kernel, cause) is what this report found; printed empty, it says
+        that nothing in the catalogue matches (a new bug) and what to compare next."""
         from fla_lab import bugs
 
         d = self.diagnosis
-        return [] if d is None else [b.name for b in bugs.CATALOGUE if b.located == (d.op, d.kernel, d.cause)]
+        found = (d.op, d.kernel, d.cause) if d is not None else None
+        return Suspects([b.name for b in bugs.CATALOGUE if b.located == found], found)
 
     def __str__(self) -> str:
         if self.diagnosis is None:
@@ -360,6 +381,26 @@ class Report:
                 f"call     : #{self.event.call.index} of {len(self.calls)} ({self.event.what})"]
         head += [f"params   : {v}" for v in self.modules.values()]
         return "\n".join(head + self.diagnosis.lines())
+
+
+class Suspects(list):
+    """A list of catalogue names that says, when empty, that the failure matches no catalogue entry."""
+
+    def __init__(self, names, located: tuple | None):
+        super().__init__(names)
+        self.located = located
+
+    def __str__(self) -> str:
+        if self or self.located is None:
+            return list.__repr__(self) if self else "[] (nothing was located)"
+        op, kernel, cause = self.located
+        head = f"[] no catalogue entry matches (op={op}, kernel={kernel or '-'}, cause={cause}): a bug it does not know"
+        if CAUSES[cause][1] == "input":
+            return head + "; the op received it: follow the report's fix line upstream of the op"
+        return head + ("; compare the op with its float64 reference (fla_lab.harness.compare) and census where the "
+                       "bad values sit")
+
+    __repr__ = __str__
 
 
 class Locator:
@@ -501,8 +542,8 @@ class Locator:
 
 
 def _store_state_grad(call: Call, i: int):
-    def store(grad):
-        call.dht[i] = grad.detach().clone()
+    def store(grad):  # None when autograd gives this state no gradient (GSA's pair: only one of them used)
+        call.dht[i] = None if grad is None else grad.detach().clone()
     return store
 
 

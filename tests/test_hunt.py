@@ -89,3 +89,40 @@ def test_tracer_tells_backward_launches_from_forward_ones_on_its_own():
     assert {launch.phase for launch in tracer.launches} == {"forward", "backward"}
     bad = tracer.first_bad()
     assert (bad.kernel, bad.phase) == ("slot_rows_kernel", "backward"), bad
+
+
+def test_a_final_state_without_gradient_does_not_break_the_locator():
+    """GSA returns a pair of final states; a loss that uses only one leaves the other without a gradient, and the
+    locator's hook must take that (it used to raise AttributeError inside the backward and report it as the op's)."""
+    spec = registry.get("chunk_gsa")
+    x = {n: tuple(t.to(fla_lab.device()).requires_grad_() for t in v) if isinstance(v, tuple)
+         else v.to(fla_lab.device()).requires_grad_()
+         for n, v in spec.inputs(registry.Shape(1, 20, 1, 16, 16, 16), initial_state=False).items()}
+    with hunt.locate() as found:
+        o, (hk, hv) = fla_lab.ops.chunk_gsa(**x, output_final_state=True)
+        (o.sum() + hv.sum()).backward()
+    assert found.report.event is None and str(found.report) == "no non-finite value in 1 op call(s)", found.report
+    assert found.report.calls[0].dht[0] is None and found.report.calls[0].dht[1] is not None
+
+
+def test_suspects_say_when_nothing_in_the_catalogue_matches():
+    call = hunt.Call(0, "chunk_rwkv7", "-", None, {}, {})
+    new = hunt.Diagnosis("chunk_rwkv7", "forward", "exp_overflow", kernel="dplr_fwd_h_kernel")
+    suspects = hunt.Report([call], hunt.Event(call, "forward", "non-finite output"), new).suspects()
+    assert suspects == [] and "no catalogue entry matches" in str(suspects) and "float64" in str(suspects)
+    op, kernel, cause = bugs.get("exclusive_reference").located
+    known = hunt.Diagnosis(op, "forward", cause, kernel=kernel)
+    assert hunt.Report([call], None, known).suspects() == ["exclusive_reference"]
+    assert "nothing was located" in str(hunt.Report([call], None, None).suspects())
+
+
+def test_a_non_finite_cotangent_is_the_input_s_fault_not_the_kernel_s():
+    """A NaN made downstream reaches an op's output as its gradient: the op only passes it on."""
+    spec = registry.get("chunk_gla")
+    x = spec.inputs(registry.Shape(1, 20, 1, 16, 16), initial_state=False)
+    do = torch.randn(1, 20, 1, 16)
+    do[0, 7, 0, 3] = float("nan")
+    found = hunt.replay(spec, fla_lab.ops.chunk_gla, x, do=do)
+    assert (found.cause, found.fault, found.kernel) == ("nonfinite_cotangent", "input", None), str(found)
+    assert found.where == {"grad of": "do", "b": 0, "t": 7, "h": 0, "d": 3}, str(found)
+    assert hunt.replay(spec, fla_lab.ops.chunk_gla, x, do=torch.randn(1, 20, 1, 16)).cause == "none"

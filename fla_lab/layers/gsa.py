@@ -31,6 +31,8 @@ from fla_lab.bugs import check_bug
 from fla_lab.layers.rwkv6 import split_heads
 
 FEATURE_MAPS = {"swish": F.silu, "relu": F.relu}  # the parameter-free ones of upstream's three
+LAYER_SWITCHES = ("capstone_a",)  # switches of this layer's own code (notebook 06), never passed to the kernel
+LOGSIGMOID_LINEAR_BELOW = -20.0  # log sigmoid(x) = x - log(1 + e^x): x itself to 2e-9 below this
 
 
 class GatedSlotAttention(nn.Module):
@@ -56,7 +58,7 @@ class GatedSlotAttention(nn.Module):
                  bug: str | None = None, **kwargs):
         super().__init__()
         name = "GatedSlotAttention"
-        check_bug(bug, "chunk_gsa")  # the only switch is the kernel's
+        check_bug(bug, name if bug in LAYER_SWITCHES else "chunk_gsa")  # the kernel's switches go to chunk_gsa
         if mode == "fused_recurrent":
             raise NotImplementedError(f"{name}: fla_lab has no fused_recurrent_gsa; use mode='chunk' (the same "
                                       "function at every length)")
@@ -120,7 +122,11 @@ class GatedSlotAttention(nn.Module):
         `s = 1 - exp(f)`, written `-expm1(f)`: the same number without the cancellation that zeroes small writes.
         The projection may come out in bf16 (autocast); everything after it is fp32.
         """
-        f = F.logsigmoid(self.f_proj(hidden_states).float()) / self.gate_logit_normalizer
+        if self.bug == "capstone_a":
+            x = self.f_proj(hidden_states).float()
+            f = torch.where(x < LOGSIGMOID_LINEAR_BELOW, x, torch.log(torch.sigmoid(x))) / self.gate_logit_normalizer
+        else:
+            f = F.logsigmoid(self.f_proj(hidden_states).float()) / self.gate_logit_normalizer
         if self.gate_clamp is not None:
             f = f.clamp(min=-self.gate_clamp)
         f = split_heads(f, self.num_slots)
@@ -149,5 +155,6 @@ class GatedSlotAttention(nn.Module):
     def _attend(self, q, k, v, s, f):
         from fla_lab import ops  # looked up at call time, so a wrapper (a spy, the NaN locator) sees the call
 
-        o, _ = ops.chunk_gsa(q, k, v, s, g=f, scale=self.scale, bug=self.bug)
+        bug = None if self.bug in LAYER_SWITCHES else self.bug
+        o, _ = ops.chunk_gsa(q, k, v, s, g=f, scale=self.scale, bug=bug)
         return o

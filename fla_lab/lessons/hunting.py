@@ -1,25 +1,32 @@
-"""Notebook 06: hunting NaNs with the package's own tools (`fla_lab.hunt`, `fla_lab.atlas`, `fla_lab.bugs`).
+"""Notebook 06: hunting bugs nobody has catalogued, with the package's own tools (`fla_lab.hunt`, the census in
+`fla_lab.check`, `fla_lab.atlas`).
 
 Two kinds of models live here:
 - `scenario(name)`: one layer (or one op call) per catalogue entry, triggered the way its report met it; the
   tests check the locator names the entry's op, kernel and cause (`bugs.Bug.located`) on every one;
-- `mystery_model()`: a small language model built from fla_lab layers with historical bugs planted
-  deterministically, for the learner to find one at a time while training it in bf16.
+- `mystery_model()`: a small language model built from fla_lab layers with switches planted inside that are NOT
+  in the catalogue (`bugs.PLANTED`), for the learner to find while training it in bf16; `audit` replays the op
+  calls the locator recorded against float64, `register_as_called` puts an op as the model called it in the atlas,
+  `check_nan_hunt` / `check_silent_hunt` are the two exercises' checks.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
 
-from fla_lab import exercises, hunt, runtime
+from fla_lab import bugs, check, exercises, harness, hunt, registry, runtime
+from fla_lab.ops import contract
 from fla_lab.layers import GatedSlotAttention, RWKV6Attention, RWKV7Attention
 from fla_lab.lessons import gsa_padding
 
 VOCAB, HIDDEN, T_TRAIN = 64, 32, 80  # T = 80: past the chunk path's 64 and a partial last chunk (80 = 64 + 16)
+T_HUNT = 48  # the capstone's model: three 16-row chunks of RWKV-7, a partial 64-row chunk of GSA
+GATE_GROWTH = 90.0  # the capstone's GSA gate weights, scaled from their init: slots trained to forget fast
 FAST_DECAY_BIAS = 5.0  # w = -exp(5) = -148 per step on a few channels: a decay training pushed to forget at once
 
 
@@ -65,39 +72,67 @@ class TinyLM(nn.Module):
         return self.head(x)
 
 
-def _layers(bugs: dict[str, str | None], seed: int) -> list[nn.Module]:
+def _layers(switches: dict[str, str | None], seed: int) -> list[nn.Module]:
     with _fork(seed):
         rwkv6 = fast_forgetting(RWKV6Attention("chunk", hidden_size=HIDDEN, num_heads=1, layer_idx=0,
-                                               num_hidden_layers=3, bug=bugs.get("rwkv6")))
-        gsa = GatedSlotAttention(hidden_size=HIDDEN, num_heads=1, num_slots=16, bug=bugs.get("gsa"))
+                                               num_hidden_layers=3, bug=switches.get("rwkv6")))
+        gsa = GatedSlotAttention(hidden_size=HIDDEN, num_heads=1, num_slots=16, bug=switches.get("gsa"))
         with torch.no_grad():
-            gsa.f_proj.weight.mul_(gsa_padding.GROWTH)  # some slots have learnt to forget fast (notebook 03b)
-        rwkv7 = RWKV7Attention("chunk", hidden_size=HIDDEN, head_dim=HIDDEN, layer_idx=0, num_hidden_layers=3,
-                               bug=bugs.get("rwkv7"))
+            gsa.f_proj.weight.mul_(GATE_GROWTH)  # some slots have learnt to forget fast (notebook 03b)
+        rwkv7 = RWKV7Attention("chunk", hidden_size=HIDDEN, head_dim=HIDDEN, layer_idx=0, num_hidden_layers=3)
+        if switches.get("rwkv7"):
+            rwkv7.attention_op = KernelSwitch("chunk_rwkv7", switches["rwkv7"])
     return [rwkv6, gsa, rwkv7]
 
 
-PLANTED = {"rwkv6": "exclusive_reference", "gsa": "unmasked_padding", "rwkv7": "bf16_decay"}
+class KernelSwitch:
+    """An op looked up in `fla_lab.ops` at call time (so the locator sees the call) with a `bug=` switch on: how a
+    layer without a kernel switch of its own (RWKV7Attention) runs a switched kernel."""
+
+    def __init__(self, op: str, bug: str):
+        self.op, self.bug = op, bug
+
+    def __call__(self, *args, **kwargs):
+        from fla_lab import ops
+
+        return getattr(ops, self.op)(*args, **kwargs, bug=self.bug)
 
 
-def mystery_model(seed: int = 0) -> TinyLM:
-    """Three blocks (RWKV6, GSA, RWKV-7) with historical bugs switched on somewhere inside. Which ones is the
-    exercise; `planted(model)` tells (the notebook's solutions use it)."""
-    return TinyLM(_layers(PLANTED, seed)).to(runtime.device())
+_SWITCHES = {"gsa": "capstone_a", "rwkv7": "capstone_b"}  # bugs.PLANTED, by the block that holds each
 
 
-def planted(model: TinyLM) -> dict[str, str]:
-    return {name: m.bug for name, m in model.named_modules() if getattr(m, "bug", None)}
+def mystery_model(seed: int = 0, switched_on: bool = True) -> TinyLM:
+    """Three blocks (RWKV6, GSA, RWKV-7) with bugs planted somewhere inside, none of them in the catalogue. Where,
+    and why, is the exercise (the answer key: docs/answers/06_nan_hunting.md)."""
+    return TinyLM(_layers(_SWITCHES if switched_on else {}, seed)).to(runtime.device())
 
 
-def switch_off(model: nn.Module, module_name: str) -> str | None:
-    """Set `bug = None` on the module the locator named (its `module` line); returns the bug it held."""
+def switches_on(model: TinyLM) -> int:
+    """How many planted switches are still on (not which)."""
+    return sum(_switch(m) is not None for m in model.modules())
+
+
+def _switch(module: nn.Module) -> str | None:
+    planted = {name for name, _ in bugs.PLANTED}
+    op = getattr(module, "attention_op", None)
+    for bug in (getattr(module, "bug", None), getattr(op, "bug", None)):
+        if bug in planted:
+            return bug
+    return None
+
+
+def switch_off(model: nn.Module, module_name: str) -> bool:
+    """Turn off every switch of the module `module_name` (the locator's `module` line, or a name like
+    "blocks.0.attn"): its `bug=` and a switched op. Returns whether it held one."""
     module = model.get_submodule(module_name.split(" (")[0])
-    bug, module.bug = module.bug, None
-    return bug
+    held = _switch(module) is not None or getattr(module, "bug", None) is not None
+    module.bug = None
+    if isinstance(getattr(module, "attention_op", None), KernelSwitch):
+        module.attention_op = None
+    return held
 
 
-def tokens(T: int = T_TRAIN, seed: int = 0) -> torch.Tensor:
+def tokens(T: int = T_HUNT, seed: int = 0) -> torch.Tensor:
     """Synthetic data: a repeated random sequence, so a working model's loss falls within a few steps."""
     gen = torch.Generator().manual_seed(seed)
     period = torch.randint(0, VOCAB, (T // 4 + 1,), generator=gen)
@@ -121,15 +156,21 @@ def autocast():
     return torch.autocast(runtime.device(), dtype=torch.bfloat16)
 
 
+def loss_of(model: TinyLM, data: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy of one bf16 autocast forward."""
+    with autocast():
+        logits = model(data[:, :-1])
+    return nn.functional.cross_entropy(logits.float().flatten(0, 1), data[:, 1:].flatten())
+
+
 def train_step(model: TinyLM, optimizer, data: torch.Tensor) -> Step:
-    """One bf16 autocast step: next-token cross-entropy, backward, and an update only if every gradient is finite."""
+    """One bf16 autocast step: next-token cross-entropy, backward, and an update only if every gradient is finite
+    (the guard a training loop has: a NaN gradient skips the step rather than poison the weights)."""
     optimizer.zero_grad()
     try:
-        with autocast():
-            logits = model(data[:, :-1])
+        loss = loss_of(model, data)
     except ValueError as exc:  # an op's input check: non-finite or out-of-contract input
         return Step(math.nan, False, str(exc).split(";")[0])
-    loss = nn.functional.cross_entropy(logits.float().flatten(0, 1), data[:, 1:].flatten())
     loss.backward()
     finite = all(p.grad is None or bool(torch.isfinite(p.grad).all()) for p in model.parameters())
     if finite:
@@ -143,30 +184,172 @@ def train(model: TinyLM, steps: int = 3, lr: float = 1e-3, seed: int = 0) -> lis
     return [train_step(model, optimizer, data) for _ in range(steps)]
 
 
-def check_hunt(model: TinyLM, steps: int = 2) -> exercises.Verdict:
-    """The capstone's check: no planted switch is left on (only how many, not where), then `steps` bf16 training
-    steps with finite loss and gradients and a falling loss."""
-    left = len(planted(model))
-    facts = [(left == 0, f"planted bugs still switched on: {left} of {len(PLANTED)}")]
-    if left == 0:
-        trained = train(model, steps=steps)
-        finite = all(step.grads_finite and math.isfinite(step.loss) for step in trained)
-        losses = " -> ".join(f"{step.loss:.3f}" for step in trained)
-        facts += [(finite, f"{steps} training steps, every loss and gradient finite: {finite}"),
-                  (finite and trained[-1].loss < trained[0].loss, f"loss {losses}")]
-    return exercises.verdict("hunt down every planted bug", facts,
-                             hint="locate, read the report, look up its suspects, switch the named module off; "
-                                  "repeat until the locator finds nothing (one bug never makes a NaN)")
-
-
 def hunt_step(model: TinyLM, seed: int = 0) -> hunt.Report:
-    """One training step's forward and backward inside the locator; returns its report."""
-    data = tokens(seed=seed)
+    """One training step's forward and backward inside the locator; returns its report (`report.calls` holds
+    every op call it recorded, with its inputs)."""
     with hunt.locate(model) as found:
-        with autocast():
-            logits = model(data[:, :-1])
-        nn.functional.cross_entropy(logits.float().flatten(0, 1), data[:, 1:].flatten()).backward()
+        loss_of(model, tokens(seed=seed)).backward()
     return found.report
+
+
+def grad_census(model: nn.Module, prefix: str = "") -> dict[str, check.Census]:
+    """The non-finite census of every parameter's gradient under `prefix` (after a backward)."""
+    return {name: check.nonfinite_census(p.grad, dims=tuple(f"i{n}" for n in range(p.grad.dim())))
+            for name, p in model.named_parameters() if name.startswith(prefix) and p.grad is not None}
+
+
+# --- the audit: every recorded op call against float64 ---------------------------------------------------------
+
+def as_called(call: hunt.Call):
+    """The op of a recorded call with the call's own options (scale, chunk size, switches) bound."""
+    return functools.partial(call.fn, **call.kwargs)
+
+
+def audit(calls: list[hunt.Call], grads: bool = False, seed: int = 0) -> list[tuple[hunt.Call, harness.Comparison]]:
+    """Replay every recorded op call on its own inputs and compare its output and final state (and, with `grads`,
+    every gradient under random cotangents: about three times the cost) with the float64 reference on the same
+    rounded inputs."""
+    out = []
+    for call in calls:
+        spec = registry.get(call.op)
+        options = {n: v for n, v in call.kwargs.items() if n in ("scale",)}  # what the reference takes too
+        op = functools.partial(call.fn, **{n: v for n, v in call.kwargs.items() if n not in options})
+        with contract.value_checks(False):
+            out.append((call, harness.compare(op, spec.reference, call.inputs, dtype=_dtype(call), grads=grads,
+                                              seed=seed, **options)))
+    return out
+
+
+def _dtype(call: hunt.Call) -> torch.dtype:
+    return next(t.dtype for _, t in hunt._tensors(call.inputs))
+
+
+def format_audit(results) -> str:
+    lines = [f"{'module':<14} {'op':<22} {'dtype':<9} {'worst':<5} {'error':>8} {'tolerance':>9}  verdict"]
+    for call, cmp in results:
+        worst = max(cmp.errors, key=lambda n: cmp.errors[n] / cmp.tolerance.of(n))
+        lines.append(f"{call.module.split(' (')[0]:<14} {call.op:<22} {str(cmp.dtype)[6:]:<9} {worst:<5} "
+                     f"{cmp.errors[worst]:>8.1e} {cmp.tolerance.of(worst):>9.0e}  "
+                     f"{'right' if cmp.ok else 'WRONG'}")
+    return "\n".join(lines)
+
+
+def register_as_called(call: hunt.Call, library: str = "model") -> str:
+    """Register the op of a recorded call, with the call's switches bound, as `<library>:<op>` in the registry
+    (same inputs, reference and tolerances as the shipped op), so the atlas can sweep it beside the shipped one."""
+    spec = registry.get(call.op)
+    switches = {n: v for n, v in call.kwargs.items() if n == "bug"}
+    registry.ops()[f"{library}:{spec.name}"] = replace(spec, fn=functools.partial(spec.fn, **switches),
+                                                       library=library, bug_names=())
+    return f"{library}:{spec.name}"
+
+
+# --- the checks ------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Answer:
+    module: str
+    where: tuple[str, ...]  # accepted last names of the code that holds the line (a kernel, a layer method)
+    victim: str             # the module the locator (or a careless reading) points at instead
+
+
+_ANSWERS = {"nan": Answer("blocks.1.attn", ("gates",), "blocks.0.attn"),
+           "silent": Answer("blocks.2.attn", ("dplr_fwd_h_kernel",), "")}
+
+
+def _named(finding: dict, key: str) -> str:
+    return str(finding.get(key) or "").split(" (")[0].strip().rsplit(".", 1)[-1] if key == "where" else \
+        str(finding.get(key) or "").split(" (")[0].strip()
+
+
+def _finding_facts(finding: dict, answer: Answer, what: str) -> tuple[list[tuple[bool, str]], str, str]:
+    module, where = _named(finding, "module"), _named(finding, "where")
+    cause = len(str(finding.get("cause") or "").split())
+    facts = [(module == answer.module, f"module: {module or '(empty)'}"
+                                       + ("" if module == answer.module else f" (not where {what} is made)")),
+             (module == answer.module and where in answer.where, f"where: {where or '(empty)'}"
+                                                                 + ("" if where in answer.where else " (not yet)")),
+             (cause >= 4, f"cause: {cause} word(s) (write a sentence)" if cause < 4 else f"cause: {cause} words")]
+    return facts, module, where
+
+
+def check_nan_hunt(model: TinyLM, finding: dict, steps: int = 1) -> exercises.Verdict:
+    """Exercise 1: `finding` names the module and the code (kernel or layer method) that make the NaN, and says
+    why; the module's switch is off; a bf16 training step is finite."""
+    answer = _ANSWERS["nan"]
+    facts, module, where = _finding_facts(finding, answer, "the NaN")
+    on = _switch(model.get_submodule(answer.module)) is not None
+    facts.append((not on, f"the NaN's switch is off: {not on}"))
+    if all(ok for ok, _ in facts):
+        trained = train(model, steps=steps)
+        finite = all(step.grads_finite for step in trained)
+        facts.append((finite, f"{steps} bf16 training steps, every gradient finite: {finite}"))
+    return exercises.verdict("find where the NaN is made", facts, hint=_nan_hints(module, where, on))
+
+
+def _nan_hints(module: str, where: str, on: bool) -> tuple[str, ...]:
+    answer = _ANSWERS["nan"]
+    if module in ("", answer.victim):
+        return exercises.hints(
+            where="the report's `call` line: did the NaN appear in chunk_rwkv6, or did it arrive there?",
+            what="the gradient reached block 0 already non-finite, so it was made later in the forward; the census "
+                 "of the parameter gradients of blocks.1 and blocks.2 shows where finite turns non-finite",
+            line="blocks.1.attn: the only parameter of that block whose gradient is non-finite is f_proj.weight: "
+                 "read GatedSlotAttention.gates")
+    if module != answer.module:
+        return exercises.hints(where=f"{module}'s parameter gradients: are they all finite? (grad_census)",
+                               what="the block whose gradients turn non-finite on the way back is the one "
+                                    "between the finite ones and block 0")
+    if where not in answer.where:
+        return exercises.hints(
+            where="no op of blocks.1.attn reports a non-finite gradient (the locator watched them): the NaN is "
+                  "made in the layer's own PyTorch code",
+            what="which parameter of the block has a non-finite gradient? Follow it to the method that uses it",
+            line="where = 'GatedSlotAttention.gates' (the forget gate)")
+    if on:
+        return exercises.hints(what="the finding is right: now switch it off, lesson.switch_off(model, module)")
+    return exercises.hints(what="write the cause as a sentence: which operation, why finite forward, why NaN backward")
+
+
+def check_silent_hunt(model: TinyLM, finding: dict) -> exercises.Verdict:
+    """Exercise 2: `finding` names the module and the kernel of the wrong-but-finite result and why; its switch
+    is off; the module's op, as the model calls it now, matches float64 over two chunks."""
+    answer = _ANSWERS["silent"]
+    facts, module, where = _finding_facts(finding, answer, "the wrong result")
+    layer = model.get_submodule(answer.module)
+    on = _switch(layer) is not None
+    facts.append((not on, f"the wrong result's switch is off: {not on}"))
+    if all(ok for ok, _ in facts):
+        cmp = _layer_op_check(layer)
+        worst = max(cmp.errors.values())
+        facts.append((cmp.ok, f"the block's op against float64 (T = 32, bf16): worst error {worst:.1e}, tolerance "
+                              f"{cmp.tolerance.fwd:.0e}: {'right' if cmp.ok else 'WRONG'}"))
+    return exercises.verdict("find the wrong-but-finite result", facts, hint=_silent_hints(module, where, on))
+
+
+def _layer_op_check(layer) -> harness.Comparison:
+    spec = registry.get("chunk_rwkv7")
+    op = layer.attention_op or layer.default_op()
+    return harness.compare(op, spec.reference, spec.inputs(registry.Shape(1, 32, 1, 16, 16), initial_state=False),
+                           dtype=torch.bfloat16)
+
+
+def _silent_hints(module: str, where: str, on: bool) -> tuple[str, ...]:
+    answer = _ANSWERS["silent"]
+    if module != answer.module:
+        return exercises.hints(where="the audit table: which call is WRONG while finite?",
+                               what="the module is the one whose op call is beyond its tolerance")
+    if where not in answer.where:
+        forward = where in ("dplr_intra_kernel", "dplr_fwd_o_kernel")
+        return exercises.hints(
+            where="the atlas: at T = 16 (one chunk) the output is right; from T = 32 it is not" if forward else
+                  "the output o is already wrong, so a forward kernel is at fault, and only with more than one chunk",
+            what="only one forward kernel carries the state from one chunk to the next (the module docstring of "
+                 "fla_lab.ops.rwkv7.chunk names it); the final state is wrong even at T = 16",
+            line="kernel = 'dplr_fwd_h_kernel': read the line that loads the decay at the chunk's last row")
+    if on:
+        return exercises.hints(what="the finding is right: now switch it off, lesson.switch_off(model, module)")
+    return exercises.hints(what="write the cause as a sentence: which row's decay, and why the error grows per chunk")
 
 
 # --- one scenario per catalogue entry -----------------------------------------------------------------------------
@@ -235,34 +418,3 @@ SCENARIOS = {"uninitialized_params": _uninitialized_params, "sigmoid_decay": _si
 def scenario(name: str) -> hunt.Report:
     """Trigger catalogue entry `name` in a layer (or op call) inside the locator; returns the report."""
     return SCENARIOS[name]()
-
-
-# --- the atlas part ------------------------------------------------------------------------------------------------
-
-ATLAS_OPS = ("chunk_rwkv6", "chunk_gsa")  # the two planted kernel bugs, fixed and switched on
-ATLAS_DECAYS = (1.0, 10.0, 100.0)
-ATLAS_LENGTHS = (48, 64)  # a partial chunk and a whole one
-
-
-def cpu_atlas(dtype: str = "bf16") -> list[dict]:
-    """The atlas of the planted kernels at CPU sizes: both variants, decays 1, 10, 100, T = 48 and 64."""
-    from fla_lab import atlas
-
-    todo = atlas.settings(ATLAS_OPS, dtypes=(dtype,), decays=ATLAS_DECAYS, lengths=ATLAS_LENGTHS, chunk_sizes=(64,),
-                          B=1, H=1, K=16, V=16, M=16)
-    return atlas.sweep(todo)
-
-
-def atlas_explorer(records: list[dict]):
-    """Pick op and variant: the heatmap of that slice of `records` (already measured: redraws at once)."""
-    from fla_lab import atlas, widgets
-
-    keys = sorted({(r["op"], r["variant"]) for r in records})
-    dtype = records[0]["dtype"]
-
-    def draw(slice):
-        op, variant = slice
-        atlas.plot_heatmap(records, op, variant, dtype, 64)
-
-    return widgets.explorer(draw, slice=widgets.choice("op [variant]", [(f"{o} [{v}]", (o, v)) for o, v in keys],
-                                                       keys[0]))

@@ -193,7 +193,7 @@ def dplr_intra_kernel(r, k, v, a, b, gi, do, Arb, Ark, Aak, W, U0, Wb, dX0, scal
 @kernel
 def dplr_fwd_h_kernel(k, v, b, gi, W, U0, h, u, h0, ht, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
-                      USE_H0: tl.constexpr, STORE_HT: tl.constexpr):
+                      USE_H0: tl.constexpr, STORE_HT: tl.constexpr, CAPSTONE_B: tl.constexpr = False):
     """The only loop over chunks of the forward: `h[n]` (the state entering chunk n, fp32) and
     `u = W S_0 + U0` (the rows the transition removes, fp32), one `[K, BV]` state tile per program."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
@@ -210,7 +210,10 @@ def dplr_fwd_h_kernel(k, v, b, gi, W, U0, h, u, h0, ht, T, NT, H: tl.constexpr, 
         m_tk, m_tv, m_kt = m_t[:, None] & m_k[None, :], m_t[:, None] & m_v[None, :], m_k[:, None] & m_t[None, :]
         b_u = mma_split(load_rows(W, o_t, o_k, m_tk, HK), b_h, DOT) + load_rows(U0, o_t, o_v, m_tv, H * V)
         tl.store(u + o_t[:, None] * H * V + o_v[None, :], b_u, mask=m_tv)
-        b_glast = tl.load(gi + t_last * HK + o_k, mask=m_k, other=0)
+        if CAPSTONE_B:
+            b_glast = load_query_decay(gi, t_last + 0 * o_k, o_k, m_k, t_first, HK, True)
+        else:
+            b_glast = tl.load(gi + t_last * HK + o_k, mask=m_k, other=0)
         b_gend = tl.exp(tl.where(m_kt, b_glast[:, None] - load_cols(gi, o_t, o_k, m_kt, HK), 0))  # [BK, BT]
         b_bt = load_cols(b, o_t, o_k, m_kt, HK) * b_gend
         b_kt = load_cols(k, o_t, o_k, m_kt, HK) * b_gend
@@ -414,23 +417,23 @@ def _intra(r, k, v, a, b, gi, do, scale, backward):
     return Arb, Ark, Aak, W, U0, Wb, dX0
 
 
-def _states(k, v, b, gi, W, U0, h0, store_ht, dot):
+def _states(k, v, b, gi, W, U0, h0, store_ht, dot, bug=None):
     B, T, H, K, V, NT, BK, BV = _shapes(k, v)
     h, u = _f32(k, B, NT, H, K, V), _f32(k, B, T, H, V)
     ht = _f32(k, B, H, K, V) if store_ht else None
     dplr_fwd_h_kernel[(grid_size(V, BV), B * H)](k, v, b, gi, W, U0, h, u, h0, ht, T, NT, H=H, K=K, V=V, BT=CHUNK,
                                                  BK=BK, BV=BV, DOT=dot, USE_H0=h0 is not None, STORE_HT=store_ht,
-                                                 num_warps=WARPS["fwd_h"])
+                                                 CAPSTONE_B=bug == "capstone_b", num_warps=WARPS["fwd_h"])
     return h, u, ht
 
 
-def _forward(r, w, k, v, a, b, scale, h0, output_final_state, keep=False):
+def _forward(r, w, k, v, a, b, scale, h0, output_final_state, keep=False, bug=None):
     """o, the final state, and (keep=True) the intermediates by name; otherwise each is dropped after its use."""
     B, T, H, K, V, NT, BK, BV = _shapes(r, v)
     dot = dot_dtype(r.dtype)
     gi = chunk_cumsum(w, CHUNK)
     Arb, Ark, _, W, U0, _, _ = _intra(r, k, v, a, b, gi, None, scale, backward=False)
-    h, u, ht = _states(k, v, b, gi, W, U0, h0, output_final_state, dot)
+    h, u, ht = _states(k, v, b, gi, W, U0, h0, output_final_state, dot, bug)
     kept = {"G": gi, "A_rb": Arb, "A_rk": Ark, "W": W, "U0": U0, "u": u, "h": h} if keep else {}
     del W, U0
     o = torch.empty(B, T, H, V, dtype=r.dtype, device=r.device)
@@ -439,13 +442,13 @@ def _forward(r, w, k, v, a, b, scale, h0, output_final_state, keep=False):
     return o, ht, kept
 
 
-def _backward(r, w, k, v, a, b, scale, h0, ht, do, dht):
+def _backward(r, w, k, v, a, b, scale, h0, ht, do, dht, bug=None):
     """Recomputes the forward's intermediates, drops each after its last use."""
     B, T, H, K, V, NT, BK, BV = _shapes(r, v)
     dot = dot_dtype(r.dtype)
     gi = chunk_cumsum(w, CHUNK)
     _, Ark, Aak, W, U0, Wb, dX0 = _intra(r, k, v, a, b, gi, do, scale, backward=True)
-    h, u, _ = _states(k, v, b, gi, W, U0, h0, False, dot)
+    h, u, _ = _states(k, v, b, gi, W, U0, h0, False, dot, bug)
     del W, U0
     dh, dX = _f32(r, B, NT, H, K, V), _f32(r, B, T, H, V)
     dh0 = _f32(r, B, H, K, V) if h0 is not None else None
@@ -468,11 +471,11 @@ def _backward(r, w, k, v, a, b, scale, h0, ht, do, dht):
 class ChunkRWKV7Function(torch.autograd.Function):
     @staticmethod
     @custom_fwd
-    def forward(ctx, r, w, k, v, a, b, scale, h0, output_final_state):
+    def forward(ctx, r, w, k, v, a, b, scale, h0, output_final_state, bug=None):
         r, w, k, v, a, b, h0 = as_contiguous(r, w, k, v, a, b, h0)
-        o, ht, _ = _forward(r, w, k, v, a, b, scale, h0, output_final_state)
+        o, ht, _ = _forward(r, w, k, v, a, b, scale, h0, output_final_state, bug=bug)
         ctx.save_for_backward(r, w, k, v, a, b, h0, ht)
-        ctx.scale = scale
+        ctx.scale, ctx.bug = scale, bug
         return o, ht
 
     @staticmethod
@@ -480,13 +483,13 @@ class ChunkRWKV7Function(torch.autograd.Function):
     def backward(ctx, do, dht):
         r, w, k, v, a, b, h0, ht = ctx.saved_tensors
         do, dht = as_contiguous(do, dht)
-        dr, dw, dk, dv, da, db, dh0 = _backward(r, w, k, v, a, b, ctx.scale, h0, ht, do, dht)
+        dr, dw, dk, dv, da, db, dh0 = _backward(r, w, k, v, a, b, ctx.scale, h0, ht, do, dht, ctx.bug)
         return (cast(dr, r), cast(dw, w), cast(dk, k), cast(dv, v), cast(da, a), cast(db, b), None, cast(dh0, h0),
-                None)
+                None, None)
 
 
 @torch.no_grad()
-def chunk_rwkv7_intermediates(r, w, k, v, a, b, scale=1.0, initial_state=None) -> dict[str, torch.Tensor]:
+def chunk_rwkv7_intermediates(r, w, k, v, a, b, scale=1.0, initial_state=None, bug=None) -> dict[str, torch.Tensor]:
     """The forward's fp32 intermediates, for inspection (no value checks: pass anything you want to trace).
 
     `G` (chunk-local cumulative log-decay) and `W`, `U0` `[B, T, H, K or V]` (`u = W S_0 + U0` per chunk),
@@ -495,7 +498,8 @@ def chunk_rwkv7_intermediates(r, w, k, v, a, b, scale=1.0, initial_state=None) -
     the output `o`.
     """
     r, w, k, v, a, b, initial_state = as_contiguous(r, w, k, v, a, b, initial_state)
-    o, _, kept = _forward(r, w, k, v, a, b, scale, initial_state, False, keep=True)
+    check_bug(bug, "chunk_rwkv7")
+    o, _, kept = _forward(r, w, k, v, a, b, scale, initial_state, False, keep=True, bug=bug)
     return {**kept, "o": o}
 
 
@@ -522,5 +526,5 @@ def chunk_rwkv7(r, w, k, v, a, b, scale=1.0, initial_state=None, output_final_st
     check_chunk_size(op, chunk_size)
     contract.check_kernel_device(op, dict(r=r, w=w, k=k, v=v, a=a, b=b, initial_state=initial_state))
     scale = r.shape[-1] ** -0.5 if scale is None else scale
-    o, ht = ChunkRWKV7Function.apply(r, w, k, v, a, b, scale, initial_state, output_final_state)
+    o, ht = ChunkRWKV7Function.apply(r, w, k, v, a, b, scale, initial_state, output_final_state, bug)
     return o, (ht if output_final_state else None)
