@@ -129,17 +129,12 @@ def test_decade_and_summary():
     assert "worst error non-finite" in line and line.endswith("failing: o, r, v, w")
 
 
-def test_show_switch_prints_both_lines(capsys):
-    overflow.show_switch()
-    out = capsys.readouterr().out
-    assert "- p_gn = gi + i_start * HK + o_k" in out
-    assert "+ p_gn = gi + (i_start - 1) * HK + o_k" in out
-
-
 def test_figures_draw():
     import matplotlib
     matplotlib.use("Agg")
     assert len(overflow.plot_exponents(-100.0).axes) == 2
+    assert [ax.get_title() for ax in overflow.plot_exponents(-100.0, ("buggy",)).axes] == [
+        overflow.EXPONENT_TITLES["buggy"]]
     results = overflow.sweep(decays=(1.0, 1e3), dtypes=("fp32",), progress=False)
     assert "fp32" in overflow.plot_sweep(results).axes[0].get_title()
     assert "bf16" in overflow.plot_setting(300.0, torch.bfloat16, 32).axes[1].get_title()
@@ -164,6 +159,8 @@ def test_explorer_controls_drive_plot_setting(monkeypatch):
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from fla_lab.ops.common import chunk_stages  # noqa: E402
+
 
 @triton.jit
 def inclusive_reference(gi, i_start, o_k, HK: tl.constexpr):  # the notebook's stub: de4235fd's row
@@ -176,55 +173,71 @@ def exclusive_reference(gi, i_start, o_k, HK: tl.constexpr):  # 0c1c0b65's row
 
 
 @triton.jit
-def previous_subchunk_start(gi, i_start, o_k, HK: tl.constexpr):  # too early: above the keys of sub-chunk i - 1
-    return gi + (i_start - 16) * HK + o_k
-
-
-def test_check_rejects_the_inclusive_row_and_accepts_the_fix():
-    stub = overflow.check_reference_row(inclusive_reference)
-    assert not stub.passed and "NOT YET" in str(stub)
-    assert "strong decay (m = 100): 64 of 1536 scores non-finite, first bad row t = 16 (rows 16, 48)" in stub.facts
-    assert "weak decay (m = 0.1): error" in str(stub) and "<= 2.0e-05" in stub.facts[1]  # weak decay hides it
-    fixed = overflow.check_reference_row(exclusive_reference)
-    assert fixed.passed, str(fixed)
-    assert not overflow.check_reference_row(previous_subchunk_start).passed
-    assert "QUERY side" in stub.hint and "row i_start." in stub.hint
-
-
-@triton.jit
 def two_rows_back(gi, i_start, o_k, HK: tl.constexpr):  # too early by one: the last key's factor overflows
     return gi + (i_start - 2) * HK + o_k
 
 
-def test_check_names_the_side_that_overflows():
-    """gn above gi[start - 1] breaks the key side (every query row, at the last key's column), not the query side."""
+@triton.jit
+def previous_subchunk_start(gi, i_start, o_k, HK: tl.constexpr):  # too early: above the keys of sub-chunk i - 1
+    return gi + (i_start - 16) * HK + o_k
+
+
+@triton.jit
+def three_rows_late(gi, i_start, o_k, HK: tl.constexpr):  # too late: the first four query rows overflow
+    return gi + (i_start + 3) * HK + o_k
+
+
+def test_check_rejects_the_inclusive_row_and_accepts_the_fix():
+    stub = overflow.check_reference_row(inclusive_reference)
+    assert not stub.passed and str(stub).startswith("NOT YET")
+    assert stub.facts[0].startswith("strong decay (m = 100): o, ht and every gradient vs float64, worst error inf")
+    assert stub.facts[0].endswith("failing: o, dr, dv, dw; o non-finite at t = 16, 48")
+    assert "within tolerance" in stub.facts[1]  # weak decay hides it
+    fixed = overflow.check_reference_row(exclusive_reference)
+    assert fixed.passed, str(fixed)
+    assert "verdict.hint()" not in str(fixed)
+
+
+def test_hints_follow_the_side_that_overflows(capsys):
+    """The stub breaks the query side (one row per sub-chunk), a row above start - 1 the key side (every row)."""
+    stub = overflow.check_reference_row(inclusive_reference)
+    assert len(stub.hints) == 3
+    assert "exp(ge[t] - gn)" in stub.hints[0] and "reads row i_start." in stub.hints[1]
+    assert "return gi + (i_start - 1) * HK + o_k" in stub.hints[2]
+    assert not any("(i_start - 1)" in h for h in stub.hints[:2])  # the line only in the last tier
     early = overflow.check_reference_row(two_rows_back)
-    assert not early.passed and "KEY side" in early.hint and "row i_start - 2" in early.hint
-    assert "48 of 1536 scores non-finite, first bad row t = 16 (rows 16..63)" in str(early)
-    assert overflow.reference_row_offset(exclusive_reference) == -1
-    assert overflow.reference_row_offset(previous_subchunk_start) == -16
+    assert not early.passed and early.facts[0].endswith("o non-finite at t = 16..63")
+    assert "key factor exp(gn - gi[s])" in early.hints[0] and "reads row i_start - 2," in early.hints[1]
+    stub.hint()
+    stub.hint()
+    out = capsys.readouterr().out
+    assert out.startswith("hint 1 of 3 (where to look)") and "hint 2 of 3 (what is wrong)" in out
 
 
-@pytest.mark.parametrize("gn, bug", [(inclusive_reference, BUG), (exclusive_reference, None)])
-def test_lesson_kernel_builds_the_real_kernels_blocks(gn, bug):
-    """The lesson kernel is the real score stage's inter-sub-chunk part: same blocks, same NaN pattern."""
-    from fla_lab.ops.common.chunk_pass import key_side_scores
+@pytest.mark.parametrize("helper, offset", [(inclusive_reference, 0), (exclusive_reference, -1), (two_rows_back, -2),
+                                            (previous_subchunk_start, -16), (three_rows_late, 3)])
+def test_the_probe_reads_the_row_a_helper_points_at(helper, offset):
+    assert overflow.reference_row_offset(helper) == offset
 
+
+def test_the_shipped_default_and_the_switch_are_the_slot_helpers():
+    """The slot's default is the shipped row and `bug=` swaps in the historical helper: identical results, bit
+    for bit, whether the helper comes from the switch, the default or a caller."""
     x = overflow.inputs(100.0, T=128)
-    ours = overflow.exercise_scores(gn, x)
-    real = key_side_scores(x["r"], x["k"], x["w"], x["u"], 64, bug_exclusive_reference=bug == BUG)[0, :, 0]
-    t = torch.arange(128)
-    earlier = (t[None, :64] // 16) < ((t % 64) // 16)[:, None]  # [T, BT] chunk-local columns of earlier sub-chunks
-    assert torch.equal(torch.isfinite(ours[earlier]), torch.isfinite(real[earlier]))
-    finite = torch.isfinite(real[earlier])
-    assert torch.allclose(ours[earlier][finite], real[earlier][finite], rtol=1e-5, atol=1e-6)
-    assert (ours[~earlier] == 0).all()
+    default = overflow.run_with_grads(x, None)
+    passed = overflow.run_with_grads(x, None, row=chunk_stages.reference_row)
+    learners = overflow.run_with_grads(x, None, row=exclusive_reference)
+    assert all(torch.equal(default[n], passed[n]) and torch.equal(default[n], learners[n]) for n in default)
+    bug = overflow.scores(x, BUG)
+    historical = overflow.scores(x, None, row=chunk_stages.reference_row_inclusive)
+    assert torch.equal(bug.isnan(), historical.isnan()) and torch.equal(bug.nan_to_num(), historical.nan_to_num())
 
 
-def test_exact_scores_agree_with_the_fixed_lesson_kernel_at_every_decay():
-    for decay in (0.1, 10.0, 1e4):
-        r = overflow.scores_report(exclusive_reference, decay, T=128)
-        assert r["nonfinite"] == 0 and r["error"] < 2e-6 and r["scores"] == 3072
+def test_kernel_lines_show_the_split_from_the_shipped_kernel():
+    text = overflow.kernel_lines(chunk_stages.gated_scores_kernel)
+    assert len(text.splitlines()) == 4 and text.splitlines()[0].startswith("b_gq = load_query_decay(")
+    assert "b_gq - b_gn[None, :]" in text and "b_gn[:, None] - b_gkt" in text
+    assert "(i_start - 1)" not in text  # the split, not the answer
 
 
 @pytest.mark.parametrize("T", [64, 128])

@@ -11,13 +11,10 @@ from __future__ import annotations
 
 import functools
 import math
-import pathlib
 
 import torch
-import triton
-import triton.language as tl
 
-from fla_lab import bugs, check, exercises, harness, reference, viz, widgets
+from fla_lab import check, exercises, harness, reference, viz, widgets
 
 BUG = "exclusive_reference"
 NAMES = ("r", "k", "v", "w")
@@ -38,11 +35,25 @@ def inputs(decay: float, T: int = 64, K: int = 16, V: int = 16, seed: int = 0) -
     return harness.gated_inputs(1, T, 1, K, V, decay=decay, bonus=True, names=NAMES, seed=seed)
 
 
-def chunk_op(bug: str | None, chunk_size: int = 64):
-    """`chunk_rwkv6` with the bug switch and chunk size bound, in `harness.compare`'s call form."""
+def chunk_op(bug: str | None, chunk_size: int = 64, row=None):
+    """`chunk_rwkv6` with the bug switch and chunk size bound, in `harness.compare`'s call form; `row`: a
+    `@triton.jit` helper in the kernels' REFERENCE_ROW slot (`chunk_rwkv6_with_row`)."""
     from fla_lab.ops import chunk_rwkv6
 
+    if row is not None:
+        return functools.partial(chunk_rwkv6_with_row, row=row, chunk_size=chunk_size)
     return functools.partial(chunk_rwkv6, chunk_size=chunk_size, bug=bug)
+
+
+def chunk_rwkv6_with_row(r, k, v, w, u, row, scale=None, initial_state=None, output_final_state=False,
+                         chunk_size=64):
+    """The shipped `chunk_rwkv6`, forward and backward, with `row` (a `@triton.jit` helper
+    `(gi, i_start, o_k, HK)` -> pointers of gn) in the REFERENCE_ROW slot of its score and dq kernels."""
+    from fla_lab.ops.common.chunk_pass import key_side_chunk
+
+    scale = r.shape[-1] ** -0.5 if scale is None else scale
+    return key_side_chunk("chunk_rwkv6", r, k, v, w, u, scale, initial_state, output_final_state, chunk_size, None,
+                          False, row=row)
 
 
 def sub_chunk_starts(T: int, chunk_size: int) -> list[int]:
@@ -73,12 +84,12 @@ def first_row_miss_rate(decay: float = 100.0, T: int = 1024, draws: int = 200, K
 
 
 def run_with_grads(x: dict[str, torch.Tensor], bug: str | None, chunk_size: int = 64,
-                   dtype: torch.dtype = torch.float32, seed: int = 0) -> dict[str, torch.Tensor]:
+                   dtype: torch.dtype = torch.float32, seed: int = 0, row=None) -> dict[str, torch.Tensor]:
     """The kernel's output `o`, final state `ht` and every input gradient (`d<name>`) under a random cotangent of
-    `o`, in fp32."""
+    `o`, in fp32 (`row`: see `chunk_op`)."""
     ours = {n: (t if n == "initial_state" else t.to(dtype)).detach().clone().requires_grad_(True)
             for n, t in x.items()}
-    o, ht = chunk_op(bug, chunk_size)(**ours, output_final_state=True)
+    o, ht = chunk_op(bug, chunk_size, row)(**ours, output_final_state=True)
     do = torch.randn(o.shape, generator=torch.Generator().manual_seed(seed + 1)).to(o.dtype)
     (o * do).sum().backward()
     return {"o": o.detach().float(), "ht": ht.detach().float(), **{f"d{n}": ours[n].grad.float() for n in GRADS}}
@@ -95,15 +106,19 @@ def bad_rows(x: torch.Tensor) -> list[int]:
     return torch.nonzero((~torch.isfinite(x)).flatten(2).any(-1).any(0)).flatten().tolist()
 
 
-def score_census(x: dict[str, torch.Tensor], bug: str | None, chunk_size: int = 64) -> dict[int, list[int]]:
-    """Which intra-chunk scores A[t, s] the forward produces non-finite: {row t: [columns s within the chunk]}.
-
-    Runs the kernel's own score stage (`fla_lab.ops.common.chunk_pass.key_side_scores`) to read the matrix it builds.
-    """
+def scores(x: dict[str, torch.Tensor], bug: str | None, chunk_size: int = 64, row=None) -> torch.Tensor:
+    """The intra-chunk scores A [T, chunk_size] (head 0) of the kernel's own score stage
+    (`fla_lab.ops.common.chunk_pass.key_side_scores`), with the bug switch or `row` in its REFERENCE_ROW slot."""
     from fla_lab.ops.common.chunk_pass import key_side_scores
 
-    A = key_side_scores(x["r"], x["k"], x["w"], x["u"], chunk_size, bug_exclusive_reference=bug == BUG)
-    bad = ~torch.isfinite(A[0, :, 0])  # [T, BT]
+    return key_side_scores(x["r"], x["k"], x["w"], x["u"], chunk_size, bug_exclusive_reference=bug == BUG,
+                           row=row)[0, :, 0]
+
+
+def score_census(x: dict[str, torch.Tensor], bug: str | None, chunk_size: int = 64,
+                 row=None) -> dict[int, list[int]]:
+    """Which intra-chunk scores A[t, s] the forward produces non-finite: {row t: [columns s within the chunk]}."""
+    bad = ~torch.isfinite(scores(x, bug, chunk_size, row))  # [T, BT]
     return {int(t): torch.nonzero(bad[t]).flatten().tolist() for t in torch.nonzero(bad.any(-1)).flatten()}
 
 
@@ -154,12 +169,16 @@ def exponents(log_decay: float = -100.0, reference_row: str = "buggy", chunk_siz
 EXPONENT_FLOOR = -450.0  # the exponents figure's lower edge: points below it are drawn as a marker on the edge
 
 
-def plot_exponents(log_decay: float = -100.0):
-    """Both reference rows side by side. Exponents below EXPONENT_FLOOR (down to 16 * log_decay) are off scale:
-    drawn as open triangles on the lower edge, so no row silently disappears."""
-    fig, axes = viz.figure(ncols=2, width=4.7, height=3.6)
-    for ax, which, title in ((axes[0], "buggy", "bug: gn = gi[start] (inclusive)"),
-                             (axes[1], "fixed", "fix 0c1c0b65: every exponent <= 0")):
+EXPONENT_TITLES = {"buggy": "bug: gn = gi[start] (inclusive)", "fixed": "fix 0c1c0b65: every exponent <= 0"}
+
+
+def plot_exponents(log_decay: float = -100.0, rows: tuple[str, ...] = ("buggy", "fixed")):
+    """The exponents of each reference row in `rows` ("buggy", "fixed"), side by side. Exponents below
+    EXPONENT_FLOOR (down to 16 * log_decay) are off scale: drawn as open triangles on the lower edge, so no row
+    silently disappears."""
+    fig, axes = viz.figure(ncols=len(rows), width=4.7, height=3.6)
+    for ax, which in zip(axes, rows):
+        title = EXPONENT_TITLES[which]
         e = exponents(log_decay, which)
         ax.axhspan(FP32_EXP_MAX, 1e9, color="#d62728", alpha=0.12)
         ax.axhline(FP32_EXP_MAX, color="#d62728", lw=0.8)
@@ -289,20 +308,6 @@ def plot_clamp_cost(levels=(1, 2, 4, 6, 8, 10, 12, 16, 20, 24, 30), decays=(30.0
 # ---------------------------------------------------------------------------------------------------- fix
 
 
-def show_switch() -> None:
-    """Where the switch is, and the one-row difference between the buggy and the fixed reference row."""
-    where = bugs.locate(BUG)
-    path, line = where.rsplit(":", 1)
-    lines = (pathlib.Path(bugs.__file__).resolve().parent.parent / path).read_text().splitlines()
-    i = int(line) - 1
-    buggy, fixed = lines[i + 1], lines[i + 3]
-    assert lines[i + 2].strip() == "else:", "the switch block changed shape: update show_switch"
-    print(f"{path}, load_reference_decay (RWKV6 branch):")
-    print("\n".join(lines[i - 1:i + 4]))
-    code = lambda s: s.split("#")[0].strip()  # noqa: E731
-    print(f"\n- {code(buggy)}    # gn = gi[start]\n+ {code(fixed)}    # gn = gi[start - 1] = ge[start]")
-
-
 def verify(decay: float = 1e4, chunk_size: int = 64, bug: str | None = None, dtype=torch.float32, T: int = 64,
            K: int = 16) -> harness.Comparison:
     """`harness.compare` of `chunk_rwkv6` (forward, final state and every gradient) against the float64 spec."""
@@ -320,143 +325,109 @@ def gla_check(decay: float = 1e4, chunk_size: int = 64, T: int = 64, K: int = 16
 
 
 # ---------------------------------------------------------------------------------------------------- exercise
-# The learner writes the reference row. `inter_subchunk_scores_kernel` is the part of the real score stage
-# (`chunk_stages.gated_scores_kernel`, RWKV6 branch) that the reference row decides: the blocks of A pairing a query
-# sub-chunk with each earlier key sub-chunk of its chunk, one `tl.dot` each. Same index and pointer maths as the
-# real kernel, one sequence and one head, K = 16 channels in one block (every dot dimension is 16).
+# The learner writes the reference-row helper and it runs in the shipped kernels: `chunk_rwkv6_with_row` passes it
+# into the REFERENCE_ROW slot of `gated_scores_kernel` (forward scores) and `chunk_bwd_dqk_kernel` (dq), where
+# `chunk_stages.reference_row` sits by default. The check compares output, final state and every gradient with the
+# float64 recurrence; when it fails, a probe with a constant decay reads off which row the helper points at.
 
-EXERCISE = "the reference row gn of an RWKV6 sub-chunk block"
+EXERCISE = "the reference row gn of chunk_rwkv6"
 EXERCISE_DECAYS = {"strong": 100.0, "weak": 0.1}  # the decay knob m of `inputs`: per-step log-decay -m * U(0.05, 1)
+PROBE_START = 2 * BC  # the probe's query sub-chunk: rows 32..47 of a 64-row chunk, keys 0..31
+THE_LINE = "return gi + (i_start - 1) * HK + o_k"
+SPLIT_LINES = ("b_gq = load_query_decay(", "b_gn = load_reference_decay(", "b_qg = b_q * tl.exp(",
+               "b_A += mma(b_qg")
 
 
-@triton.jit
-def inter_subchunk_scores_kernel(q, k, gi, A, T, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-                                 GN_POINTER: tl.constexpr):
-    """`A[t, s] = sum_i q_t[i] k_s[i] exp(ge_t[i] - gi_s[i])` for the rows t of one query sub-chunk and the keys s of
-    every earlier sub-chunk of its chunk. q, k, gi are [T, K] (gi: chunk-local inclusive cumulative log-decay,
-    fp32), A is [T, BT] with chunk-local columns. `GN_POINTER(gi, i_start, o_k, HK)` is the learner's helper: the
-    pointers to the reference row gn, as in `chunk_stages.load_reference_decay`."""
-    NC: tl.constexpr = BT // BC
-    i_tc = tl.program_id(0)
-    i_t, i_i = i_tc // NC, i_tc % NC  # chunk, and sub-chunk within it
-    t_first = i_t * BT
-    i_start = t_first + i_i * BC  # this query sub-chunk's first row
-    if i_i == 0:
-        return  # a chunk's first sub-chunk has no earlier keys in the chunk (the state carries the past)
-    o_c = tl.arange(0, BC)
-    o_i = i_start + o_c
-    m_i = o_i < T
-    o_k = tl.arange(0, K)
-    m_k = o_k < K
-    m_ik = m_i[:, None] & m_k[None, :]
-    b_q = tl.load(q + o_i[:, None] * K + o_k[None, :], mask=m_ik, other=0).to(tl.float32)
-    # RWKV6's queries read the exclusive decay ge[t] = gi[t - 1] (0 on the chunk's first row)
-    b_gq = tl.load(gi + (o_i[:, None] - 1) * K + o_k[None, :], mask=m_ik & (o_i[:, None] > t_first), other=0)
-    b_gn = tl.load(GN_POINTER(gi, i_start, o_k, K), mask=m_k, other=0)
-    for i_j in range(0, i_i):  # earlier key sub-chunks: one dot each around the reference row
-        o_j = t_first + i_j * BC + o_c
-        b_kt = tl.load(k + o_j[None, :] * K + o_k[:, None], mask=m_k[:, None], other=0).to(tl.float32)
-        b_gkt = tl.load(gi + o_j[None, :] * K + o_k[:, None], mask=m_k[:, None], other=0)
-        b_qg = b_q * tl.exp(tl.where(m_ik, b_gq - b_gn[None, :], 0))  # query factor exp(ge[t] - gn)
-        b_kg = b_kt * tl.exp(b_gn[:, None] - b_gkt)  # key factor exp(gn - gi[s])
-        tl.store(A + o_i[:, None] * BT + (i_j * BC + o_c)[None, :],
-                 tl.dot(b_qg, b_kg, input_precision="ieee"), mask=m_i[:, None])
+def kernel_lines(fn, needles=SPLIT_LINES) -> str:
+    """The lines of a shipped kernel's source that contain one of `needles`, dedented, up to the first line with the
+    last needle: the exponent split of `chunk_stages.gated_scores_kernel`, read from the code that runs."""
+    import inspect
+
+    source = inspect.getsource(getattr(fn, "fn", fn)).splitlines()
+    end = next(i for i, line in enumerate(source) if needles[-1] in line)
+    return "\n".join(line.strip() for line in source[:end + 1] if any(n in line for n in needles))
 
 
-def chunk_cumsum(w: torch.Tensor, chunk_size: int) -> torch.Tensor:
-    """Chunk-local inclusive cumulative sum of a [T, K] log-decay, in w's dtype (T a multiple of chunk_size)."""
-    T, K = w.shape
-    return w.reshape(T // chunk_size, chunk_size, K).cumsum(1).reshape(T, K)
+def probe_inputs(decay: float = 100.0, T: int = 64, K: int = 16) -> dict[str, torch.Tensor]:
+    """One chunk with a constant per-step log-decay -decay; q = k = 1, u = 0.
+
+    One step already passes 88.72, so a reference row n overflows the query factor on every query row t <= n
+    and the key factor on every key row s > n."""
+    w = torch.full((1, T, 1, K), -decay)
+    ones = torch.ones(1, T, 1, K)
+    return {"r": ones, "k": ones, "w": w, "u": torch.zeros(1, K)}
 
 
-def exercise_scores(gn_pointer, x: dict[str, torch.Tensor], chunk_size: int = 64) -> torch.Tensor:
-    """`inter_subchunk_scores_kernel` with the learner's `gn_pointer` on `inputs(...)` (head 0): A [T, chunk_size],
-    zero outside the blocks that pair a sub-chunk with an earlier one."""
-    q, k = (x[n][0, :, 0].float().contiguous() for n in ("r", "k"))
-    T, K = q.shape
-    if T % chunk_size or chunk_size % BC or K < 16 or K & (K - 1):
-        raise ValueError(f"T = {T} must be a multiple of chunk_size = {chunk_size} (a multiple of {BC}), "
-                         f"K = {K} a power of two >= 16")
-    gi = chunk_cumsum(x["w"][0, :, 0].float(), chunk_size).contiguous()  # fp32, as chunk_cumsum_kernel
-    A = torch.zeros(T, chunk_size)
-    inter_subchunk_scores_kernel[(T // BC,)](q, k, gi, A, T, K, chunk_size, BC, gn_pointer)
-    return A
+def reference_row_offset(row) -> float | None:
+    """The row the helper `row` reads for query sub-chunk 32..47, relative to its first row (-1 for 0c1c0b65's,
+    0 for the bug's, 15 for "15 or later"), measured in the shipped score kernel on `probe_inputs`; None when the
+    non-finite scores fit no single row (a row outside the chunk, or no row at all)."""
+    bad = ~torch.isfinite(scores(probe_inputs(), None, 64, row)[PROBE_START:PROBE_START + BC, :PROBE_START])
+    full_rows = [t for t in range(BC) if bool(bad[t].all())]  # query rows t <= n
+    full_cols = [s for s in range(PROBE_START) if bool(bad[:, s].all())]  # key rows s > n
+    if not bad.any():
+        return -1.0
+    if full_rows and full_rows == list(range(len(full_rows))):
+        return float(full_rows[-1])  # n = PROBE_START + last broken query row (>= 15: at or past the last one)
+    if full_cols and full_cols == list(range(full_cols[0], PROBE_START)) and full_cols[0] > 0:
+        return float(full_cols[0] - 1 - PROBE_START)
+    return None
 
 
-def exact_inter_subchunk_scores(x: dict[str, torch.Tensor], chunk_size: int = 64) -> torch.Tensor:
-    """The same blocks in float64 without any split: `sum_i q_t[i] k_s[i] exp(ge_t[i] - gi_s[i])`."""
-    q, k, w = (x[n][0, :, 0].double() for n in ("r", "k", "w"))
-    T = q.shape[0]
-    gi = chunk_cumsum(w, chunk_size)
-    ge = gi - w  # exclusive: gi[t - 1] inside the chunk, 0 on its first row
-    t = torch.arange(T)
-    earlier = ((t[:, None] // chunk_size == t[None, :] // chunk_size)  # same chunk, earlier sub-chunk
-               & (t[None, :] // BC < t[:, None] // BC))
-    exponent = torch.where(earlier[:, :, None], ge[:, None, :] - gi[None, :, :], -math.inf)
-    full = torch.einsum("tc,sc,tsc->ts", q, k, exponent.exp())  # [T, T]
-    return torch.stack([full[i, (i // chunk_size) * chunk_size:][:chunk_size] for i in range(T)])
-
-
-def scores_report(gn_pointer, decay: float, T: int = 64, chunk_size: int = 64) -> dict:
-    """Run the learner's reference row at one decay knob: error vs float64, non-finite count, first bad row."""
-    x = inputs(decay, T)
-    got, exact = exercise_scores(gn_pointer, x, chunk_size), exact_inter_subchunk_scores(x, chunk_size)
-    bad = ~torch.isfinite(got)
-    rows = torch.nonzero(bad.any(-1)).flatten().tolist()
-    n_scores = int(sum(BC * (i % (chunk_size // BC)) * BC for i in range(T // BC)))
-    return {"error": check.rel_error(got, exact), "nonfinite": int(bad.sum()), "scores": n_scores,
-            "bad rows": rows, "first bad row": rows[0] if rows else None}
-
-
-@triton.jit
-def reference_row_probe_kernel(rows, out, i_start, K: tl.constexpr, GN_POINTER: tl.constexpr):
-    """Loads through the learner's helper from a [T, K] table whose row t holds the number t: which row it reads."""
-    o_k = tl.arange(0, K)
-    tl.store(out + o_k, tl.load(GN_POINTER(rows, i_start, o_k, K)))
-
-
-def reference_row_offset(gn_pointer, i_start: int = 2 * BC, K: int = 16) -> float:
-    """The row the learner's `gn_pointer` reads, relative to `i_start` (-1 for 0c1c0b65's row, 0 for the bug's).
-
-    The table has 4 * BC rows of margin on each side, so a helper that points a few sub-chunks off still reads it."""
-    margin = 4 * BC
-    table = torch.arange(-margin, i_start + 2 * margin, dtype=torch.float32)[:, None].repeat(1, K)
-    out = torch.full((K,), math.nan)
-    reference_row_probe_kernel[(1,)](table[margin:], out, i_start, K, gn_pointer)
-    return float(out[0]) - i_start
-
-
-def reference_row_hint(offset: float) -> str:
-    """Which factor overflows for a reference row `offset` rows from the sub-chunk's first row, and which way to
-    move it (the cumulative decay falls row by row, so an earlier row has a larger value)."""
+def reference_row_hints(offset: float | None) -> tuple[str, ...]:
+    """Hint tiers for the row a helper reads: where to look, what is wrong, the line."""
+    line = f"{THE_LINE}  # gn = gi[start - 1] = ge[start]: the first query's ge, and the last earlier key's gi"
+    if offset is None:
+        return exercises.hints(
+            "The non-finite scores follow no single row or column: your helper reads a row outside the chunk of "
+            "the query sub-chunk (gi is chunk-local: it restarts at 0 on every chunk's first row).",
+            "gn must come from the rows of the same chunk that lie between the earlier keys (rows before i_start) "
+            "and the queries (rows from i_start on).", line)
     row = "i_start" if offset == 0 else f"i_start {'+' if offset > 0 else '-'} {abs(offset):g}"
-    where = f"your helper reads row {row}" if math.isfinite(offset) else "your helper reads no row of gi"
-    if offset > -1:
-        return (f"{where}. The QUERY side overflows: exp(ge[t] - gn) > 1 for a query whose ge[t] lies above gn. "
-                "The first query row has the largest ge[t] of its sub-chunk: gn must not lie below it.")
-    if offset < -1:
-        return (f"{where}. The KEY side overflows: exp(gn - gi[s]) > 1 for an earlier key whose gi[s] lies below gn. "
-                "The last key row before the sub-chunk has the smallest gi[s]: gn must not lie above it.")
-    return (f"{where}. Pick the row whose cumulative decay lies between every query's ge[t] and every earlier "
-            "key's gi[s], for every channel")
+    row += " or later" if offset >= BC - 1 else ""
+    if offset >= 0:
+        return exercises.hints(
+            "o breaks only on the first row of a sub-chunk (and a few after it): one query at a time, so look at "
+            "the factor a single query owns, exp(ge[t] - gn), on the first row of a sub-chunk.",
+            f"Your helper reads row {row}. The cumulative decay only falls, so that row's gi lies below the first "
+            "query's ge[start] = gi[start - 1]: ge[start] - gn > 0 there, and exp overflows once one step's |w| "
+            "passes 88.72. gn must not lie below any query's ge[t] (and not above any earlier key's gi[s]).", line)
+    if offset <= -2:
+        return exercises.hints(
+            "o breaks on every row of the later sub-chunks at once: a factor all their queries share broke. Look at "
+            "the key factor exp(gn - gi[s]) of the last key rows before the sub-chunk.",
+            f"Your helper reads row {row}, above the last earlier key's gi[start - 1]: gn - gi[start - 1] > 0 for "
+            "that key, and exp overflows once the steps in between pass 88.72. gn must not lie above any earlier "
+            "key's gi[s] (and not below any query's ge[t]).", line)
+    return exercises.hints(
+        "Your helper reads the safe row, yet the results differ from float64: check the rest of the pointer "
+        "(the channel offsets o_k, the row stride HK).", "", line)
 
 
-def check_reference_row(gn_pointer, T: int = 64, chunk_size: int = 64) -> exercises.Verdict:
-    """PASS when the learner's `gn_pointer` gives finite scores within the fp32 tolerance of the float64
-    computation at strong (m = 100) and weak (m = 0.1) decay. The hint says which factor overflows."""
-    tol = check.tolerance(torch.float32).fwd
-    errors, extra = {}, []
+def check_reference_row(row, T: int = 64, chunk_size: int = 64) -> exercises.Verdict:
+    """PASS when `chunk_rwkv6` with the learner's `row` helper in its REFERENCE_ROW slot matches the float64
+    recurrence: output, final state and every gradient at strong decay (m = 100), the output and final state at
+    weak decay (m = 0.1). The facts say which tensors fail and at which time steps; the hints follow the row the
+    helper reads (`reference_row_offset`)."""
+    refused = exercises.not_a_jit_helper(EXERCISE, row)
+    if refused is not None:
+        return refused
+    facts = []
     for name, decay in EXERCISE_DECAYS.items():
-        r = scores_report(gn_pointer, decay, T, chunk_size)
-        errors[f"{name} decay (m = {decay:g})"] = r["error"]
-        where = f", first bad row t = {r['first bad row']} (rows {spans(r['bad rows'])})" if r["nonfinite"] else ""
-        extra.append((r["nonfinite"] == 0,
-                      f"{name} decay (m = {decay:g}): {r['nonfinite']} of {r['scores']} scores non-finite{where}"))
-    verdict = exercises.verdict_from_errors(EXERCISE, errors, tol, extra=extra)
-    if verdict.passed:
-        return verdict
-    return exercises.verdict_from_errors(EXERCISE, errors, tol, extra=extra,
-                                         hint=reference_row_hint(reference_row_offset(gn_pointer)))
+        grads = name == "strong"
+        comparison = harness.compare(chunk_op(None, chunk_size, row), reference.recurrent_rwkv6, inputs(decay, T),
+                                     grads=grads)
+        failing = [n if n in ("o", "ht") else f"d{n}" for n in comparison.errors if n in comparison.failures()]
+        checked = "o, ht and every gradient" if grads else "o and ht"
+        said = "within tolerance" if not failing else f"failing: {', '.join(failing)}"
+        rows = bad_rows(comparison.outputs["o"])
+        where = f"; o non-finite at t = {spans(rows)}" if rows else ""
+        facts.append((not failing, f"{name} decay (m = {decay:g}): {checked} vs float64, worst error "
+                                   f"{exercises.fmt(max(comparison.errors.values()))}, {said}{where}"))
+    verdict = exercises.verdict(EXERCISE, facts)
+    if not verdict.passed:
+        verdict.hints = reference_row_hints(reference_row_offset(row))
+    return verdict
 
 
 # ---------------------------------------------------------------------------------------------------- sweep
