@@ -74,7 +74,7 @@ def fused_recurrent_bwd_dq_kernel(k, v, g, do, dq, h0, scale, B, T,
     o_k, o_v, m_k, m_v, m_kv, p_kv = state_tile(i_k, i_v, K, V, BK, BV)
     b_h = tl.zeros([BV, BK], dtype=tl.float32)  # value-major state tile: rows are values, columns keys
     if USE_H0:
-        p_h0 = h0 + i_bh * K * V + o_k[None, :] * V + o_v[:, None]  # cell (i, j) -> h0[k=o_k[j], v=o_v[i]]
+        p_h0 = h0 + i_bh * K * V + o_k[None, :] * V + o_v[:, None]  # h0 is stored key-major, [K, V] per head
         b_h += tl.load(p_h0, mask=H0_MASK(m_k, m_v), other=0).to(tl.float32)
     for t in range(0, T):
         row = (i_b * T + t) * H + i_h
