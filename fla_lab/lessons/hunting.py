@@ -283,7 +283,7 @@ def check_nan_hunt(model: TinyLM, finding: dict, steps: int = 1) -> exercises.Ve
     if all(ok for ok, _ in facts):
         trained = train(model, steps=steps)
         finite = all(step.grads_finite for step in trained)
-        facts.append((finite, f"{steps} bf16 training steps, every gradient finite: {finite}"))
+        facts.append((finite, f"{steps} bf16 training step(s), every gradient finite: {finite}"))
     return exercises.verdict("find where the NaN is made", facts, hint=_nan_hints(module, where, on))
 
 
@@ -338,7 +338,9 @@ def _silent_hints(module: str, where: str, on: bool) -> tuple[str, ...]:
     answer = _ANSWERS["silent"]
     if module != answer.module:
         return exercises.hints(where="the audit table: which call is WRONG while finite?",
-                               what="the module is the one whose op call is beyond its tolerance")
+                               what="the module is the one whose op call is beyond its tolerance; its op's "
+                                    "kernels are in that op's module (fla_lab.ops.<family>.chunk)",
+                               line="module = 'blocks.2.attn' (its chunk_rwkv7 call); then find the kernel")
     if where not in answer.where:
         forward = where in ("dplr_intra_kernel", "dplr_fwd_o_kernel")
         return exercises.hints(
