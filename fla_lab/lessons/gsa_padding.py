@@ -527,7 +527,7 @@ def plot_accuracy(results: dict[float, dict], dtype: str = "bf16", T: int = SWEE
     import numpy as np
 
     decays = np.array(sorted(results))
-    fig, (ax,) = viz.figure(width=6.6, height=3.9)
+    fig, (ax,) = viz.figure(width=6.6, height=5.0)
     plain = [m for m in decays if meaningful(results[m])]
     ax.plot(plain, [results[m]["plain"]["dg"] for m in plain], "o-", ms=5, lw=2.2, color="#d62728",
             label="fla_lab, fixed: dg, plain relative (upstream's measure)")
@@ -554,7 +554,7 @@ def plot_accuracy(results: dict[float, dict], dtype: str = "bf16", T: int = SWEE
            xlabel="decay knob m: g = -m·U(0.05, 1)", ylabel="rel. error vs float64 reference",
            title=f"{dtype}, chunk 64: lines T = {T} on the CPU interpreter (fp32 dots); markers GPU measurements")
     ax.title.set_fontsize(9)
-    ax.legend(fontsize=6.5, loc="upper left")
+    fig.legend(fontsize=6.5, loc="outside lower center", ncol=2)  # below the axes: the weak-decay points are top left
     return fig
 
 
