@@ -149,6 +149,36 @@ def kernel_pid(client) -> int | None:
     return None
 
 
+POLL_SLICE = 0.25  # seconds: the longest single wait on a kernel socket (see short_polls)
+
+
+def short_polls(client) -> None:
+    """Wait on the kernel's shell and iopub sockets in slices of POLL_SLICE seconds instead of one long poll.
+
+    Measured on the H200 machine (Python 3.12, pyzmq 27.3, jupyter_client 8.10, nbclient 0.11): after a widget cell
+    (its comm_open / comm_msg burst on iopub), the kernel's `execute_reply` sat in the shell socket while the
+    client's single `poll(timeout)` never woke up: the reply was read only when that poll's timeout ran out (45 s of
+    a 45 s cell timeout, 1200 s of nbconvert's). Each short poll asks the socket again, so a missed wake-up costs at
+    most one slice.
+    """
+    for channel in (client.kc.shell_channel, client.kc.iopub_channel):
+        original = channel.get_msg
+
+        async def get_msg(timeout=None, _original=original):
+            from queue import Empty
+
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while True:
+                left = POLL_SLICE if deadline is None else min(POLL_SLICE, deadline - time.monotonic())
+                try:
+                    return await _original(timeout=max(left, 0))
+                except Empty:
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise
+
+        channel.get_msg = get_msg
+
+
 def _trace_channels(client, timeline: list, state: dict) -> None:
     """Log every message the client receives (channel, type, whether it answers the running cell, seconds into it)."""
     for name in ("iopub", "shell"):
@@ -197,7 +227,7 @@ def _watchdog(client, stacks: Path, after: float, state: dict, result: dict) -> 
 
 
 def run_notebook(path: Path, timeout: int, kernel_args: list[str], out_dir: Path | None, work: Path,
-                 trace_after: float | None = None, keep_going: bool = False) -> dict:
+                 trace_after: float | None = None, keep_going: bool = False, long_polls: bool = False) -> dict:
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, CellTimeoutError
@@ -221,6 +251,8 @@ def run_notebook(path: Path, timeout: int, kernel_args: list[str], out_dir: Path
     try:
         with client.setup_kernel():
             result["kernel_start_s"] = time.perf_counter() - t_nb
+            if not long_polls:
+                short_polls(client)
             timeline: list = []
             if trace_after is not None:
                 _trace_channels(client, timeline, state)
@@ -303,6 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trace-slow", type=float, metavar="SECONDS",
                         help="for a cell still running after SECONDS: dump the kernel's and the client's threads and "
                              "list the messages the client received during it")
+    parser.add_argument("--long-polls", action="store_true",
+                        help="wait on the kernel's sockets as nbclient does (one poll per timeout): shows the stall")
     parser.add_argument("--keep-going", action="store_true", help="run the cells after a failing cell too")
     parser.add_argument("--cells", type=int, default=5, help="slowest cells listed per notebook (default 5)")
     args = parser.parse_args(argv)
@@ -327,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         results = []
         for path in paths:
             r = run_notebook(path, args.timeout, args.kernel_arg, Path(args.out) if args.out else None, work,
-                             args.trace_slow, args.keep_going)
+                             args.trace_slow, args.keep_going, args.long_polls)
             r["run"] = label
             results.append(r)
             print(summary_line(r), flush=True)

@@ -103,7 +103,7 @@ def test_phase_environments(wb):
     assert base == {"PATH": "/bin", "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}  # not modified
 
 
-def test_execute_phase_runs_nbconvert_without_comparing(wb, monkeypatch, tmp_path):
+def test_execute_phase_runs_each_notebook_in_a_kernel_without_comparing(wb, monkeypatch, tmp_path):
     calls = []
 
     def fake_run(cmd, check=True, **kw):
@@ -115,9 +115,9 @@ def test_execute_phase_runs_nbconvert_without_comparing(wb, monkeypatch, tmp_pat
     code, counts = wb.execute_phase(phase, {"X": "1"})
     assert code == 1 and counts == {"tests": 2, "failures": 1, "errors": 0, "skipped": 0}
     cmd, kw = calls[0]
-    assert cmd[1:6] == ["-m", "jupyter", "nbconvert", "--to", "notebook"]
-    assert "--execute" in cmd and "--inplace" not in cmd
-    assert cmd[cmd.index("--output-dir") + 1] == str(tmp_path / "gpu")
+    assert cmd[1].endswith("benchmarks/notebook_times.py") and cmd[-1] == str(NBS[0])
+    assert "--inplace" not in cmd and cmd[cmd.index("--out") + 1] == str(tmp_path / "gpu")
+    assert cmd[cmd.index("--timeout") + 1] == str(wb.GPU_CELL_TIMEOUT)
     assert kw["env"] == {"X": "1"} and kw["cwd"] == NBS[0].parent
     assert (tmp_path / "gpu" / "figures").is_dir()  # where phase_env points FLA_LAB_FIGURES_DIR
 
