@@ -172,12 +172,12 @@ EXPONENT_FLOOR = -450.0  # the exponents figure's lower edge: points below it ar
 EXPONENT_TITLES = {"buggy": "bug: gn = gi[start] (inclusive)", "fixed": "fix 0c1c0b65: every exponent <= 0"}
 
 
-def plot_exponents(log_decay: float = -100.0, rows: tuple[str, ...] = ("buggy", "fixed")):
-    """The exponents of each reference row in `rows` ("buggy", "fixed"), side by side. Exponents below
+def plot_exponents(log_decay: float = -100.0, panels: tuple[str, ...] = ("buggy", "fixed")):
+    """The exponents of each reference row in `panels` ("buggy", "fixed"), side by side. Exponents below
     EXPONENT_FLOOR (down to 16 * log_decay) are off scale: drawn as open triangles on the lower edge, so no row
     silently disappears."""
-    fig, axes = viz.figure(ncols=len(rows), width=4.7, height=3.6)
-    for ax, which in zip(axes, rows):
+    fig, axes = viz.figure(ncols=len(panels), width=4.7, height=3.6)
+    for ax, which in zip(axes, panels):
         title = EXPONENT_TITLES[which]
         e = exponents(log_decay, which)
         ax.axhspan(FP32_EXP_MAX, 1e9, color="#d62728", alpha=0.12)
@@ -200,7 +200,8 @@ def plot_exponents(log_decay: float = -100.0, rows: tuple[str, ...] = ("buggy", 
                ylabel="exponent", title=title)
         ax.title.set_fontsize(9)
         ax.legend(fontsize=7, loc="center right")
-    fig.suptitle(f"what each row exponentiates, per-step log-decay {log_decay:g} (one channel)", fontsize=10)
+    what = "what each row exponentiates, " if len(panels) > 1 else ""  # a single panel has no room for it
+    fig.suptitle(f"{what}per-step log-decay {log_decay:g} (one channel)", fontsize=10)
     return fig
 
 
