@@ -200,6 +200,19 @@ def installed_names(python: Path = PY) -> dict[str, str]:
 # into .venv instead. numpy 2.5 refuses float() of a 1-element array, which Triton 3.6's interpreter does (every
 # kernel fails with CUDA hidden: "only 0-dimensional arrays can be converted to Python scalars").
 PREINSTALLED_BELOW = {"numpy": (2, 5)}
+# Triton 3.6's interpreter also turns a loop bound into int() of a 1-element array, which numpy 2.4 refuses (seen on
+# the H200 with numpy 2.4.6); Triton 3.7 does not. With a preinstalled triton 3.6, .venv gets the last numpy before.
+OLD_TRITON_NUMPY = ((3, 7), (2, 4), "numpy==2.3.5")  # (triton below, numpy from, pin instead)
+
+
+def numpy_for_triton(todo: list[str], have_numpy: str | None, triton: str) -> list[str]:
+    """`todo` with the numpy pin replaced by OLD_TRITON_NUMPY's when the preinstalled triton is older than 3.7."""
+    below, numpy_from, pin = OLD_TRITON_NUMPY
+    if tuple(int(x) for x in triton.split(".")[:2]) >= below:
+        return todo
+    rest = [t for t in todo if not t.lower().startswith("numpy==")]
+    too_new = have_numpy is None or tuple(int(x) for x in have_numpy.split(".")[:2]) >= numpy_from
+    return rest + [pin] if too_new else rest
 BROWSER_ONLY = {"jupyterlab", "playwright"}  # only `lab` and the browser phase use them: optional without network
 
 
@@ -250,7 +263,7 @@ def setup() -> None:
         site_packages = Path(run([PY, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                  capture_output=True, text=True).stdout.strip())
         (site_packages / PREINSTALLED_PTH).write_text("\n".join([*preinstalled["dirs"], str(ROOT)]) + "\n")
-        todo = missing_requirements()
+        todo = numpy_for_triton(missing_requirements(), installed_names().get("numpy"), preinstalled["triton"])
         needed = [t for t in todo if t.split("==")[0].lower() not in BROWSER_ONLY]
         if needed:
             say(f"installing what it lacks: {' '.join(needed)}")

@@ -339,7 +339,8 @@ def test_offline_gpu_setup_uses_the_preinstalled_torch(wb, monkeypatch, tmp_path
 
     monkeypatch.setattr(wb, "run", fake_run)
     wb.setup()
-    assert ("--no-index", "nbval==0.11.0", "ipykernel==7.4.0") in calls
+    # triton 3.6's interpreter needs a numpy before 2.4 (numpy_for_triton), so its pin comes along
+    assert ("--no-index", "nbval==0.11.0", "ipykernel==7.4.0", "numpy==2.3.5") in calls
     assert (site / wb.PREINSTALLED_PTH).read_text().splitlines() == ["/opt/site", str(wb.ROOT)]
     assert "preinstalled" not in wb.STAMP.read_text() and wb.STAMP.read_text() == wb.wanted_stamp(
         "gpu+preinstalled torch 2.11.0+cu130 triton 3.6.0")
@@ -354,3 +355,10 @@ def test_missing_requirements_counts_any_installed_version(wb, monkeypatch):
     assert "nbval==0.11.0" in todo and "ipykernel==7.4.0" in todo
     have["numpy"] = "2.5.2"  # Triton's interpreter fails with it: the pin goes into .venv
     assert any(t.startswith("numpy==") for t in wb.missing_requirements())
+
+
+def test_a_preinstalled_triton_3_6_gets_a_numpy_its_interpreter_can_use(wb):
+    todo = ["numpy==2.4.6", "nbval==0.11.0"]
+    assert wb.numpy_for_triton(todo, "2.5.2", "3.6.0") == ["nbval==0.11.0", "numpy==2.3.5"]
+    assert wb.numpy_for_triton(["nbval==0.11.0"], "2.3.5", "3.6.0") == ["nbval==0.11.0"]
+    assert wb.numpy_for_triton(todo, "2.5.2", "3.7.1") == todo
