@@ -368,7 +368,7 @@ def forward_backward(layer: RWKV7Attention, x: torch.Tensor, seed: int = 0):
     x = x.detach().clone().requires_grad_(True)
     o, *_ = layer(x)
     do, _ = harness.cotangents(o.shape, {}, seed)
-    (o * do.to(o.dtype)).sum().backward()
+    (o * do.to(o.device, o.dtype)).sum().backward()  # cotangents are made on the CPU (seeded alike everywhere)
     grads = {"input": x.grad}
     grads.update({name: p.grad if p.grad is not None else torch.zeros_like(p) for name, p in layer.named_parameters()})
     return o.detach(), grads
