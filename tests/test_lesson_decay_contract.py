@@ -334,6 +334,16 @@ def test_probe_reads_b_dot_a_and_the_eigenvalues():
     assert layer.K == 8 and -1 < layer.ba[0] <= layer.ba[1] < 0 and layer.radius <= 1
 
 
+def test_step_radii_are_the_contracts_transition_radius_per_step():
+    from fla_lab.ops import contract
+
+    x = dc.rwkv7_case(dc.RWKV7_CASES[0], T=6, K=8)
+    radii = dc.step_radii(x["w"], x["a"], x["b"])
+    for t in range(6):
+        one = contract.transition_radius(x["w"][:, t:t + 1], x["a"][:, t:t + 1], x["b"][:, t:t + 1], samples=1)
+        assert float(radii[t]) == pytest.approx(one, rel=1e-12)
+
+
 def test_brief_verdict_stops_before_the_advice():
     x = dc.rwkv7_case(dc.RWKV7_CASES[0], T=16, K=16)
     from fla_lab import ops

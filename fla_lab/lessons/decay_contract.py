@@ -280,9 +280,10 @@ def rwkv7_case(name: str, T: int = 64, K: int = 64, seed: int = 0) -> dict[str, 
 
 
 def step_radii(w, a, b) -> torch.Tensor:
-    """Largest |eigenvalue| of each step's transition `diag(exp w_t) + b_t a_t^T` (B = H = 1)."""
-    return torch.tensor([contract.transition_radius(w[:, t:t + 1], a[:, t:t + 1], b[:, t:t + 1], samples=1)
-                         for t in range(w.shape[1])], dtype=torch.float64)
+    """Largest |eigenvalue| of each step's transition `diag(exp w_t) + b_t a_t^T` (B = H = 1), float64, all steps in
+    one batched `eigvals` (what `contract.transition_radius` computes for one step)."""
+    w, a, b = (x.detach()[0, :, 0].cpu().double() for x in (w, a, b))
+    return torch.linalg.eigvals(torch.diag_embed(w.exp()) + b[:, :, None] * a[:, None, :]).abs().amax(-1)
 
 
 @dataclass
