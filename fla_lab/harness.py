@@ -118,6 +118,21 @@ def leaves(inputs: dict, dtype=None, device=None, grads=True) -> dict:
             for n, x in inputs.items()}
 
 
+def on_device(x, device=None):
+    """A tensor, or a dict / list / tuple of them (nested), moved to `device` (default: where the kernels run,
+    `runtime.device()`): on a GPU the Triton ops refuse CPU tensors. Make inputs seeded on the CPU (the same values
+    on every machine), then move them with this. Anything else is returned as it is; on the CPU, tensors are
+    returned themselves (`Tensor.to` of the same device is a no-op), so nothing changes there."""
+    device = device or runtime.device()
+    if isinstance(x, torch.Tensor):
+        return x.to(device)
+    if isinstance(x, dict):
+        return {name: on_device(t, device) for name, t in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(on_device(t, device) for t in x)
+    return x
+
+
 def cotangents(o_shape, state_shapes: dict, seed: int, state_grad: bool = True):
     """Random float64 cotangents for the output and each final state (zeros for the states if not `state_grad`)."""
     gen = torch.Generator().manual_seed(seed + 1)

@@ -60,16 +60,7 @@ def log_misuses() -> dict[str, tuple[float, float]]:
     return {name: (value, float(lv)) for (name, value), lv in zip(values.items(), logs)}
 
 
-def on_device(x):
-    """A tensor, or a dict / list / tuple of them, moved to where the kernels run (`fla_lab.device()`): on a GPU
-    the ops refuse CPU tensors. Anything else is returned as it is."""
-    if isinstance(x, torch.Tensor):
-        return x.to(runtime.device())
-    if isinstance(x, dict):
-        return {name: on_device(t) for name, t in x.items()}
-    if isinstance(x, (list, tuple)):
-        return type(x)(on_device(t) for t in x)
-    return x
+on_device = harness.on_device  # inputs made seeded on the CPU, moved to where the kernels run (fla_lab.device())
 
 
 def verdict(op, *args, brief: bool = False, **kwargs) -> str:
@@ -135,7 +126,8 @@ def run_rwkv6(parametrisation: str = "sigmoid", T: int = 256, K: int = 16, seed:
     """
     from fla_lab.ops import fused_recurrent_rwkv6
 
-    inputs = {n: x.requires_grad_() for n, x in rwkv6_inputs(parametrisation, T, K, seed).items()}
+    made = rwkv6_inputs(parametrisation, T, K, seed)  # on the CPU: the exact trajectory below runs there
+    inputs = {n: x.requires_grad_() for n, x in on_device(made).items()}
     with contract.value_checks(False), quiet_overflow():
         o, _ = fused_recurrent_rwkv6(**inputs)
         o.mean().backward()
@@ -144,9 +136,9 @@ def run_rwkv6(parametrisation: str = "sigmoid", T: int = 256, K: int = 16, seed:
     dims = {"u": ("h", "d")}
     grads = {n: check.nonfinite_census(x.grad, dims.get(n, ("b", "t", "h", "d"))) for n, x in inputs.items()}
     timed = {"o": o.detach(), **{f"d{n}": x.grad for n, x in inputs.items() if n != "u"}}
-    bad_steps = {n: ~torch.isfinite(x).flatten(2).all(-1).all(0) for n, x in timed.items()}
+    bad_steps = {n: (~torch.isfinite(x).flatten(2).all(-1).all(0)).cpu() for n, x in timed.items()}
     return RWKV6Run(parametrisation, check.nonfinite_census(o), grads, check.rel_error(inputs["u"].grad, du),
-                    rwkv6_state_trajectory(**{n: x.detach() for n, x in inputs.items()}), bad_steps)
+                    rwkv6_state_trajectory(**{n: x.detach() for n, x in made.items()}), bad_steps)
 
 
 def _trajectory(step, T: int) -> torch.Tensor:
@@ -191,7 +183,7 @@ def layer_output(bug: str | None, T: int = 360, hidden_size: int = 16, seed: int
                                layer_idx=0, num_hidden_layers=2, bug=bug)
     x = torch.randn(1, T, hidden_size, generator=torch.Generator().manual_seed(seed))
     with quiet_overflow(), torch.no_grad():
-        return check.nonfinite_census(layer(x)[0], dims=("b", "t", "d"))
+        return check.nonfinite_census(layer.to(runtime.device())(on_device(x))[0], dims=("b", "t", "d"))
 
 
 def decay_factors(T: int = 256, K: int = 16, seed: int = 0) -> dict[str, float]:
@@ -214,7 +206,7 @@ def saturation_table(T: int = 256, K: int = 16, seed: int = 0) -> list[dict]:
         x = rwkv6_inputs(name, T, K, seed, x_scale=scale)
         gate = torch.sigmoid(rwkv6_inputs(None, T, K, seed, x_scale=scale)["w"])
         with contract.value_checks(False), quiet_overflow(), torch.no_grad():
-            o, _ = fused_recurrent_rwkv6(**x)
+            o, _ = fused_recurrent_rwkv6(**on_device(x))
         census = check.nonfinite_census(o)
         rows.append({"w": f"{name}({scale:g} x)", "saturated": float(((gate < 0.01) | (gate > 0.99)).float().mean()),
                      "factor": float(x["w"].exp().mean()), "state passes fp32 max": first_step_above(
@@ -301,7 +293,7 @@ def run_rwkv7(case: str, T: int = 64, K: int = 64, seed: int = 0) -> RWKV7Run:
 
     x = rwkv7_case(case, T, K, seed)
     with contract.value_checks(False), quiet_overflow(), torch.no_grad():
-        o, _ = fused_recurrent_rwkv7(**x)
+        o, _ = fused_recurrent_rwkv7(**on_device(x))
     return RWKV7Run(case, K, check.nonfinite_census(o), step_radii(x["w"], x["a"], x["b"]),
                     rwkv7_state_trajectory(**x))
 
@@ -339,8 +331,8 @@ def trace_rwkv7(case: str, T: int = 64, K: int = 64, seed: int = 0) -> RWKV7Trac
 
     x = rwkv7_case(case, T, K, seed)
     with contract.value_checks(False), quiet_overflow(), torch.no_grad():
-        o_rec, _ = fused_recurrent_rwkv7(**x)
-        mid = chunk_rwkv7_intermediates(**x)
+        o_rec, _ = fused_recurrent_rwkv7(**on_device(x))
+        mid = {n: t.cpu() for n, t in chunk_rwkv7_intermediates(**on_device(x)).items()}
     o_ref = reference.recurrent_rwkv7(**x)[0].abs().amax((0, 2, 3))
     h_bad = (~torch.isfinite(mid["h"])).flatten(2).any(-1)[0].nonzero()
     first = {"reference (float64): largest |S_t| > fp32 max": first_step_above(rwkv7_state_trajectory(**x)),
@@ -479,7 +471,8 @@ def growth_by_dtype(decay: float = 0.1, sign: float = -1.0, ab: float = 1.0, T: 
     out = {"exact state (fp64)": rwkv7_state_trajectory(**x)}
     for name, dtype in viz.DTYPES.items():
         with contract.value_checks(False), quiet_overflow(), torch.no_grad():
-            o, _ = fused_recurrent_rwkv7(**{n: t.to(dtype) for n, t in x.items()})
+            o, _ = fused_recurrent_rwkv7(**on_device({n: t.to(dtype) for n, t in x.items()}))
+        o = o.cpu()  # beside the exact state (CPU), and drawn with numpy
         size = o.float().abs().amax(dim=(0, 2, 3))
         out[name] = torch.where(torch.isfinite(o.float()).all(-1).all(-1).all(0), size, torch.full_like(size, math.inf))
     return out

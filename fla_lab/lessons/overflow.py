@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from fla_lab import check, exercises, harness, reference, viz, widgets
+from fla_lab import check, exercises, harness, reference, runtime, viz, widgets
 
 BUG = "exclusive_reference"
 NAMES = ("r", "k", "v", "w")
@@ -87,12 +87,12 @@ def run_with_grads(x: dict[str, torch.Tensor], bug: str | None, chunk_size: int 
                    dtype: torch.dtype = torch.float32, seed: int = 0, row=None) -> dict[str, torch.Tensor]:
     """The kernel's output `o`, final state `ht` and every input gradient (`d<name>`) under a random cotangent of
     `o`, in fp32 (`row`: see `chunk_op`)."""
-    ours = {n: (t if n == "initial_state" else t.to(dtype)).detach().clone().requires_grad_(True)
-            for n, t in x.items()}
+    ours = harness.leaves(x, dtype, runtime.device())  # initial_state stays fp32; on the kernels' device
     o, ht = chunk_op(bug, chunk_size, row)(**ours, output_final_state=True)
-    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(seed + 1)).to(o.dtype)
+    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(seed + 1)).to(o.device, o.dtype)  # CPU-seeded
     (o * do).sum().backward()
-    return {"o": o.detach().float(), "ht": ht.detach().float(), **{f"d{n}": ours[n].grad.float() for n in GRADS}}
+    return {"o": o.detach().float().cpu(), "ht": ht.detach().float().cpu(),
+            **{f"d{n}": ours[n].grad.float().cpu() for n in GRADS}}
 
 
 def census(tensors: dict[str, torch.Tensor]) -> dict[str, check.Census]:
@@ -111,8 +111,8 @@ def scores(x: dict[str, torch.Tensor], bug: str | None, chunk_size: int = 64, ro
     (`fla_lab.ops.common.chunk_pass.key_side_scores`), with the bug switch or `row` in its REFERENCE_ROW slot."""
     from fla_lab.ops.common.chunk_pass import key_side_scores
 
-    return key_side_scores(x["r"], x["k"], x["w"], x["u"], chunk_size, bug_exclusive_reference=bug == BUG,
-                           row=row)[0, :, 0]
+    r, k, w, u = harness.on_device((x["r"], x["k"], x["w"], x["u"]))
+    return key_side_scores(r, k, w, u, chunk_size, bug_exclusive_reference=bug == BUG, row=row)[0, :, 0].cpu()
 
 
 def score_census(x: dict[str, torch.Tensor], bug: str | None, chunk_size: int = 64,
@@ -225,7 +225,7 @@ def forward_finite(decay: float, chunk_size: int, bug: str | None = BUG, T: int 
                    seed: int = 0) -> bool:
     x = inputs(decay, T, K, K, seed)
     with torch.no_grad():
-        o, _ = chunk_op(bug, chunk_size)(**x)
+        o, _ = chunk_op(bug, chunk_size)(**harness.on_device(x))
     return bool(torch.isfinite(o).all())
 
 
@@ -263,9 +263,9 @@ def clamp_cost(decay: float, level: float = 12.0, T: int = 64, K: int = 16, seed
     clamped = {**x, "w": clamp_log_decay(x["w"], level)}
     exact, _ = reference.recurrent_rwkv6(**x)
     model, _ = reference.recurrent_rwkv6(**clamped)
-    with torch.no_grad():
-        kernel, _ = chunk_op(BUG)(**clamped)
-        fixed, _ = chunk_op(None)(**x)
+    with torch.no_grad():  # the kernels on their device; check.rel_error brings results to the CPU
+        kernel, _ = chunk_op(BUG)(**harness.on_device(clamped))
+        fixed, _ = chunk_op(None)(**harness.on_device(x))
     return {"model": check.rel_error(model, exact), "buggy kernel, clamped w": check.rel_error(kernel, exact),
             "fixed kernel, true w": check.rel_error(fixed, exact), "clamped": float((x["w"] < -level).double().mean())}
 
