@@ -149,34 +149,7 @@ def kernel_pid(client) -> int | None:
     return None
 
 
-POLL_SLICE = 0.25  # seconds: the longest single wait on a kernel socket (see short_polls)
-
-
-def short_polls(client) -> None:
-    """Wait on the kernel's shell and iopub sockets in slices of POLL_SLICE seconds instead of one long poll.
-
-    Measured on the H200 machine (Python 3.12, pyzmq 27.3, jupyter_client 8.10, nbclient 0.11): after a widget cell
-    (its comm_open / comm_msg burst on iopub), the kernel's `execute_reply` sat in the shell socket while the
-    client's single `poll(timeout)` never woke up: the reply was read only when that poll's timeout ran out (45 s of
-    a 45 s cell timeout, 1200 s of nbconvert's). Each short poll asks the socket again, so a missed wake-up costs at
-    most one slice.
-    """
-    for channel in (client.kc.shell_channel, client.kc.iopub_channel):
-        original = channel.get_msg
-
-        async def get_msg(timeout=None, _original=original):
-            from queue import Empty
-
-            deadline = None if timeout is None else time.monotonic() + timeout
-            while True:
-                left = POLL_SLICE if deadline is None else min(POLL_SLICE, deadline - time.monotonic())
-                try:
-                    return await _original(timeout=max(left, 0))
-                except Empty:
-                    if deadline is not None and time.monotonic() >= deadline:
-                        raise
-
-        channel.get_msg = get_msg
+from fla_lab.edition import short_polls  # noqa: E402  (waits on the kernel's sockets in short slices)
 
 
 def _trace_channels(client, timeline: list, state: dict) -> None:

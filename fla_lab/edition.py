@@ -117,6 +117,51 @@ def build(dest: Path = LEARNER, notebooks: list[Path] | None = None, reset: list
     return outcomes
 
 
+POLL_SLICE = 0.25  # seconds: the longest single wait on a kernel socket (see short_polls)
+
+
+def short_polls(client) -> None:
+    """Wait on the kernel's shell and iopub sockets in slices of POLL_SLICE seconds instead of one long poll.
+
+    Seen on an H200 machine (Python 3.12, pyzmq 27.3, jupyter_client 8.10, nbclient 0.11) and once on a loaded
+    2-core CPU machine: after a widget cell, the kernel's `execute_reply` sat in the shell socket while the client's
+    single `poll(timeout)` never woke up, so it was read only when the cell's timeout ran out. Each short poll asks
+    the socket again, so a missed wake-up costs at most one slice.
+    """
+    import time
+    from queue import Empty
+
+    for channel in (client.kc.shell_channel, client.kc.iopub_channel):
+        original = channel.get_msg
+
+        async def get_msg(timeout=None, _original=original):
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while True:
+                left = POLL_SLICE if deadline is None else min(POLL_SLICE, deadline - time.monotonic())
+                try:
+                    return await _original(timeout=max(left, 0))
+                except Empty:
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise
+
+        channel.get_msg = get_msg
+
+
+def execute(nb, cwd: Path, timeout: int = 600):
+    """Run a notebook (an nbformat node) top to bottom in a fresh kernel with nbclient and `short_polls`, cells
+    tagged raises-exception allowed to raise; returns it with its outputs."""
+    import nbclient
+
+    client = nbclient.NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                                     resources={"metadata": {"path": str(cwd)}})
+    with client.setup_kernel():
+        short_polls(client)
+        for index, cell in enumerate(nb.cells):
+            if cell.cell_type == "code":
+                client.execute_cell(cell, index)
+    return nb
+
+
 def resolve(prefix: str, notebooks: list[Path] | None = None) -> str:
     """The notebook file name that `prefix` names ("03a", "03a_nan_under_strong_decay", or the file name)."""
     names = [p.name for p in notebooks or sources()]

@@ -170,13 +170,10 @@ def test_old_notebook_names_still_open_the_renamed_notebooks():
 def test_learner_copy_runs_top_to_bottom_with_the_stubs(path, tmp_path):
     """Run All in the learner's copy, stubs in place: every cell runs (only cells tagged raises-exception may
     raise), and each exercise check says NOT YET, never PASS, so a learner starts with work to do."""
-    import nbclient
     import nbformat
 
     edition.build(tmp_path, notebooks=[path])
-    nb = nbformat.read(tmp_path / path.name, as_version=4)
-    nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
-                            resources={"metadata": {"path": str(tmp_path)}}).execute()
+    nb = edition.execute(nbformat.read(tmp_path / path.name, as_version=4), tmp_path)
     for cell in nb.cells:
         if CHECK_TAG in tags(cell):
             printed = "".join(o.get("text", "") for o in cell.outputs)
