@@ -343,22 +343,26 @@ def official_log_decay(x: torch.Tensor) -> torch.Tensor:
 
 
 def kernel_layer(bug: str | None, hidden_size: int = 64, seed: int = 0) -> RWKV7Attention:
-    """`long_context_layer`'s twin on the real kernel (`chunk_rwkv7`, the layer's "chunk" mode), bf16."""
+    """`long_context_layer`'s twin on the real kernel (`chunk_rwkv7`, the layer's "chunk" mode), bf16, on the
+    kernels' device (`fla_lab.device()`; built on the CPU from the seed, the same weights everywhere)."""
+    from fla_lab import runtime
     from fla_lab.lessons.init import open_output
 
-    return open_output(decay_layer(hidden_size, 0, bug, seed, dtype=torch.float32), seed).to(torch.bfloat16)
+    layer = open_output(decay_layer(hidden_size, 0, bug, seed, dtype=torch.float32), seed)
+    return layer.to(runtime.device(), torch.bfloat16)
 
 
 def kernel_check(T: int = 128, hidden_size: int = 64, seed: int = 0) -> dict[str, float]:
     """The float64 stand-in against the real kernel, bf16, on T steps: relative errors, and the bug-vs-fix
     difference measured both ways."""
-    from fla_lab import check
+    from fla_lab import check, harness
 
     x = torch.randn(1, T, hidden_size, generator=torch.Generator().manual_seed(seed + 5)).to(torch.bfloat16)
-    builders = {"kernel": kernel_layer,
+    builders = {"kernel": kernel_layer,  # on the kernels' device; the stand-in stays on the CPU
                 "stand-in": lambda bug, size, seed: long_context_layer(torch.bfloat16, bug, size, seed)}
-    with torch.no_grad():
-        out = {(path, bug): build(bug, hidden_size, seed)(x)[0]
+    inputs = {"kernel": harness.on_device(x), "stand-in": x}
+    with torch.no_grad():  # check.rel_error compares on the CPU
+        out = {(path, bug): build(bug, hidden_size, seed)(inputs[path])[0]
                for path, build in builders.items() for bug in (None, "bf16_decay")}
     return {"stand-in vs kernel, fixed": check.rel_error(out["stand-in", None], out["kernel", None]),
             "stand-in vs kernel, bug": check.rel_error(out["stand-in", "bf16_decay"], out["kernel", "bf16_decay"]),
@@ -434,7 +438,7 @@ def debug_in_fp32() -> dict[str, str]:
     bias = float(((w_fp32 - official_log_decay(x)) / official_log_decay(x)).abs().max())
     g = harness.gated_inputs(1, 80, 2, 32, 16, decay=100.0, bonus=True, seed=7, names=("r", "k", "v", "w"))
     with torch.no_grad():
-        o77, _ = ops.chunk_rwkv6(**g, chunk_size=32, bug="exclusive_reference")
+        o77, _ = ops.chunk_rwkv6(**harness.on_device(g), chunk_size=32, bug="exclusive_reference")
     o150 = decay_contract.run_rwkv7("rand a, b; w = log(rand)", T=64, K=64).output
     return {"#181 bf16 decay, the buggy line in fp32": f"relative error of w {bias:.1e}: gone",
             "#77 exclusive reference, fp32, decay 100": f"output {check.nonfinite_census(o77)}",

@@ -670,10 +670,10 @@ def probe_tile() -> dict[str, torch.Tensor]:
 def probe_exponent(helper) -> torch.Tensor:
     """What `helper` returns on `probe_tile()`: `[16, 32]` fp32 (raises what the helper raises)."""
     tile = probe_tile()
-    out = torch.empty(BC, 32)
-    _probe_kernel[(1,)](tile["gq"], tile["gn"].contiguous(), out, PROBE_T, ROW0=PROBE_ROWS, M=EXERCISE_SLOTS, BC=BC,
-                        BD=32, EXPONENT=helper)
-    return out
+    gq, gn = harness.on_device((tile["gq"], tile["gn"].contiguous()))  # the kernel runs on fla_lab.device()
+    out = torch.empty(BC, 32, device=gq.device)
+    _probe_kernel[(1,)](gq, gn, out, PROBE_T, ROW0=PROBE_ROWS, M=EXERCISE_SLOTS, BC=BC, BD=32, EXPONENT=helper)
+    return out.cpu()  # beside probe_tile()'s CPU masks
 
 
 def _message(error: Exception) -> str:

@@ -100,9 +100,10 @@ def padding_needed(K: int, V: int, BK: int, BV: int) -> int:
 # The real kernel
 
 def rwkv6_inputs(K: int, V: int, *, T: int = T, initial_state: bool = True, seed: int = 0) -> dict:
-    """B = H = 1 RWKV6 inputs (fp32, CPU) for `harness.compare` / `fused_recurrent_rwkv6`."""
-    return harness.gated_inputs(1, T, 1, K, V, bonus=True, initial_state=initial_state, seed=seed,
-                                names=("r", "k", "v", "w"))
+    """B = H = 1 RWKV6 inputs (fp32) for `harness.compare` / `fused_recurrent_rwkv6`: drawn on the CPU (the same
+    values on every machine), then moved to where the kernels run (`fla_lab.device()`: the GPU when there is one)."""
+    return harness.on_device(harness.gated_inputs(1, T, 1, K, V, bonus=True, initial_state=initial_state, seed=seed,
+                                                  names=("r", "k", "v", "w")))
 
 
 def in_canary_buffer(h0: torch.Tensor, pad: int) -> torch.Tensor:
