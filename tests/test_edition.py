@@ -17,10 +17,8 @@ from fla_lab.exercises import CHECK_TAG, EXERCISE_TAG, PREDICT_TAG, SOLUTION_TAG
 
 NOTEBOOKS = edition.sources()
 MAIN_PATH_WORDS = 2600  # "at most about 2,500" words of markdown before `## Going further`
-# What gives an answer away when it is printed before the exercise: the catalogue entry with its fix, the switch
-# lines, the source of a shipped helper.
-ANSWER_CALLS = ("bugs.show(", "bugs.switch_lines(", "inspect.getsource(", "getsource(")
-
+# What gives the fix away when it runs before the exercise: the catalogue entry (fix commit, switch lines).
+ANSWER_CALLS = ("bugs.show(", "bugs.switch_lines(", "bugs.locate(")
 
 def tags(cell) -> list[str]:
     return cell.get("metadata", {}).get("tags", [])
@@ -69,11 +67,21 @@ def test_every_exercise_is_a_stub_then_its_check(learner, name):
 
 @pytest.mark.parametrize("name", [p.name for p in NOTEBOOKS if not p.name.startswith("00_")])
 def test_nothing_that_gives_the_fix_away_comes_before_the_first_check(learner, name):
+    """No catalogue entry runs before the first check, and neither the learner's copy nor the reference's saved
+    outputs name the upstream fix commit of the notebook's bug before it."""
+    from fla_lab import bugs
+
     cells = learner[name]["cells"]
     first_check = next(i for i, c in enumerate(cells) if CHECK_TAG in tags(c))
     early = [text(c) for c in cells[:first_check] if c["cell_type"] == "code"]
     leaks = [call for call in ANSWER_CALLS for source in early if call in source]
     assert not leaks, f"{name}: {leaks} before the first exercise check"
+    reference = json.loads((edition.NOTEBOOKS / name).read_text())["cells"]
+    ref_check = next(i for i, c in enumerate(reference) if CHECK_TAG in tags(c))
+    seen = " ".join(text(c) + json.dumps(c.get("outputs", [])) for c in reference[:ref_check])
+    fixes = [b.fix.split()[0] for b in bugs.CATALOGUE
+             if b.notebook == name.removesuffix(".ipynb") and re.fullmatch(r"[0-9a-f]{8}", b.fix.split()[0])]
+    assert not [f for f in fixes if f in seen], f"{name}: the fix commit {fixes} is named before the first check"
 
 
 @pytest.mark.parametrize("name", [p.name for p in NOTEBOOKS])
@@ -91,9 +99,9 @@ def test_main_path_fits_the_agenda(path):
     words = 0
     for cell in nb["cells"]:
         if cell["cell_type"] == "markdown":
-            if re.match(r"\s*## Going further", text(cell)):
+            words += len(re.split(r"^## Going further", text(cell), maxsplit=1, flags=re.M)[0].split())
+            if re.search(r"^## Going further", text(cell), re.M):
                 break
-            words += len(text(cell).split())
     assert words <= MAIN_PATH_WORDS, f"{path.name}: {words} words of markdown before `## Going further`"
 
 
