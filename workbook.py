@@ -439,7 +439,8 @@ def test(extra: list[str]) -> int:
         browser_problem = "Playwright or JupyterLab is not installed in .venv (set-up without network or wheels)"
     if browser_problem:
         say(f"the browser test cannot run: {browser_problem}; running the other phases, failing at the end")
-    n_workers = str(max(1, min(8, (os.cpu_count() or 1) // 2)))  # 1 on 2 cores (CI), 8 on a 16-core GPU box
+    cores = os.cpu_count() or 1
+    n_workers = str(1 if cores < 2 else max(2, min(8, cores // 2)))  # 2 on 2 cores (CI), 8 on a 16-core GPU box
     phases = plan_phases(gpu, browser_problem, extra, n_workers)
     if gpu:
         say("NVIDIA GPU found: saved outputs are compared in the CPU environment, then the unit tests run on CUDA "
