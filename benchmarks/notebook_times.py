@@ -10,8 +10,8 @@ specialisations the cell compiled (a miss of Triton's in-process cache: compiled
 and the seconds spent in those compiles. Every cell has a timeout (--timeout); a cell that runs past it stops that
 notebook, and the kernel's threads are dumped (faulthandler) so the report shows where it hangs.
 
-Exercises: each cell tagged `solution` is followed by its check; the same check source also follows the exercise's
-stub earlier. The stub's check must print NOT YET, the solution's check PASS (reported per exercise, and a
+Exercises: each exercise's check cell (tag `check`) runs on the stub and must print NOT YET; the `solution` cells after
+it (the solution, then the same check) must print PASS (reported per exercise, and a
 failure of either fails the run).
 
 `--repeat 2` with an empty `--triton-cache` gives a cold run (every kernel compiled) and a warm one (Triton's disk
@@ -114,26 +114,27 @@ def text_of(cell) -> str:
 
 
 def exercise_checks(nb) -> list[dict]:
-    """For each `solution` cell: the check after the stub (must say NOT YET) and after the solution (PASS)."""
+    """For each exercise: its check cell (tag `check`, run on the stub) must say NOT YET, and the `solution` cells
+    after it (the solution, then the same check) must print a PASS, with no error."""
     code = [(i, c) for i, c in enumerate(nb.cells) if c.cell_type == "code"]
     found = []
     for pos, (i, cell) in enumerate(code):
-        if "solution" not in cell.metadata.get("tags", []):
+        if "check" not in cell.metadata.get("tags", []):
             continue
-        after = next(((j, c) for j, c in code[pos + 1:]), None)
-        if after is None:
-            continue
-        before = next(((j, c) for j, c in reversed(code[:pos]) if c.source.strip() == after[1].source.strip()), None)
-        entry = {"solution_cell": i, "check_cell": after[0], "after": text_of(after[1])}
-        entry["after_ok"] = "PASS" in entry["after"] and "NOT YET" not in entry["after"] and not any(
-            o.get("output_type") == "error" for o in after[1].get("outputs", []))
-        if before is not None:
-            entry["stub_check_cell"] = before[0]
-            entry["before"] = text_of(before[1])
-            entry["before_ok"] = "NOT YET" in entry["before"]
-        else:
-            entry["before_ok"] = None  # no identical check before the solution: nothing to compare
-        found.append(entry)
+        block = []
+        for j, c in code[pos + 1:]:
+            tags = c.metadata.get("tags", [])
+            if "solution" not in tags:
+                if block:
+                    break
+                continue
+            block.append((j, c))
+        before, after = text_of(cell), "".join(text_of(c) for _, c in block)
+        found.append({"stub_check_cell": i, "check_cell": block[-1][0] if block else None,
+                      "solution_cell": block[0][0] if block else None, "before": before, "after": after,
+                      "before_ok": "NOT YET" in before and "PASS" not in before,
+                      "after_ok": bool(block) and "PASS" in after and "NOT YET" not in after and not any(
+                          o.get("output_type") == "error" for _, c in block for o in c.get("outputs", []))})
     return found
 
 
