@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fla_lab import bugs, check
+from fla_lab import bugs, check, harness
 from fla_lab.lessons import gsa_padding as lesson
 from fla_lab.ops.common import chunk_stages as stages
 
@@ -114,7 +114,7 @@ def test_layer_step_nan_only_in_f_proj_and_where_predicted(layer_and_batch):
     slots = predicted["ds"].any(1)[0]  # [H, M]
     assert slots.any()
     for name in ("ds", "dg"):
-        assert torch.equal(predicted[name], nonfinite(step.kernel_grads[name].cpu())), name
+        assert torch.equal(predicted[name].cpu(), nonfinite(step.kernel_grads[name].cpu())), name
     census = lesson.param_census(step)
     assert all(census[n] == "finite" for n in census if n != "f_proj.weight")
     rows = nonfinite(step.grads["f_proj.weight"]).any(1).cpu()
@@ -297,7 +297,7 @@ def test_the_slot_carries_the_learners_helper_into_chunk_gsa():
         assert torch.equal(historical[name].nan_to_num(7.0), switch[name].nan_to_num(7.0)), name
     assert nonfinite(switch["ds"]).any()
     with pytest.raises(ValueError, match="one or the other"):
-        chunk_gsa(**x, bug=BUG, later_rows_exponent=stages.later_rows_exponent)
+        chunk_gsa(**harness.on_device(x), bug=BUG, later_rows_exponent=stages.later_rows_exponent)
 
 
 def test_hints_follow_the_mistake():
