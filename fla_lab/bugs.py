@@ -68,7 +68,7 @@ CATALOGUE: tuple[Bug, ...] = (
         located=("fused_recurrent_rwkv6", "fused_recurrent_bwd_dq_kernel", "kernel_raised")),
     Bug(name="bf16_decay", title="a precision gap against the official RWKV-7 under AMP", op="RWKV7Attention", component="RWKV7Attention.forward (decay LoRA sigmoid)",
         issue=181, fix="965c3553 (fp32 sigmoid), reverted in d9e86d00 (v0.2.0); 0.6.0 computes it in bf16",
-        trigger="bf16 under CUDA autocast: sigmoid stays bf16 while exp is autocast to fp32",
+        trigger="bf16 autocast (CUDA or CPU): the decay's sigmoid runs in bf16, and its rounding stays in the decay",
         symptom="a per-step rounding bias in the decay that compounds over the sequence",
         notebook="05_precision_gap_under_amp", anchor=("layers/rwkv7.py", 'bug == "bf16_decay"'),
         located=("chunk_rwkv7", None, "rounded_decay")),
@@ -125,7 +125,7 @@ def index() -> None:
     trigger or code: safe to print before the notebooks ask the learner to predict and to write the fix."""
     width = max(len(b.title) for b in CATALOGUE)
     for bug in CATALOGUE:
-        print(f"#{bug.issue:<4} {bug.op:<22} {bug.title:<{width}}  notebooks/{bug.notebook}.ipynb")
+        print(f"#{bug.issue:<4} {bug.op:<22} {bug.title:<{width}}  notebook {bug.notebook}")
 
 
 def show(names: list[str] | None = None, lines: bool = True) -> None:
@@ -141,6 +141,6 @@ def show(names: list[str] | None = None, lines: bool = True) -> None:
         print(f"  switch : {where}")
         print(f"  trigger: {bug.trigger}")
         print(f"  symptom: {bug.symptom}")
-        print(f"  taught : notebooks/{bug.notebook}.ipynb")
+        print(f"  taught : notebook {bug.notebook}")
         if lines and not where.endswith("(not built yet)"):
             print("\n".join("    " + line for line in switch_lines(bug.name)))

@@ -344,7 +344,7 @@ def test_index_names_every_entry_by_its_symptom_without_giving_the_cause_away(ca
     out = capsys.readouterr().out
     assert len(out.splitlines()) == len(bugs.CATALOGUE)
     for bug in bugs.CATALOGUE:
-        assert bug.title in out and f"notebooks/{bug.notebook}.ipynb" in out
+        assert bug.title in out and f"notebook {bug.notebook}" in out
         assert bug.name not in out  # the switch names the cause (exclusive_reference, transposed_h0_mask, ...)
         assert bug.trigger not in out and bug.symptom not in out
     assert "switch" not in out

@@ -137,8 +137,8 @@ class RWKV6Attention(nn.Module):
         w_raw = self.w_lora(xw)
         if self.bug == "sigmoid_decay":  # upstream #11: a decay in (0, 1) where a log-decay belongs
             return torch.sigmoid(w_raw)
-        # in fp32 whatever autocast did to w_raw: CPU autocast leaves exp in bf16, and a bf16 log-decay is #181's
-        # per-step bias (the kernels take an fp32 decay beside bf16 r, k, v)
+        # the log-decay in fp32 whatever autocast did to w_raw: the kernels take an fp32 decay beside bf16 r, k, v
+        # (notebook 05 shows what a bf16 one costs)
         return -torch.exp(w_raw.float())
 
     def forward(self, hidden_states: torch.Tensor, attention_mask=None, past_key_values=None, use_cache=False,

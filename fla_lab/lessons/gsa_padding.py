@@ -334,7 +334,7 @@ def show_catalogue() -> None:
     print(f"  switch : {path}, `{bug.anchor[1]}`")
     print(f"  trigger: {bug.trigger}")
     print(f"  symptom: {bug.symptom}")
-    print(f"  taught : notebooks/{bug.notebook}.ipynb")
+    print(f"  taught : notebook {bug.notebook}")
 
 
 def show_switch() -> None:
