@@ -75,7 +75,7 @@ CATALOGUE: tuple[Bug, ...] = (
 )
 
 # Switches planted for notebook 06's hunt: real lines behind neutral names, deliberately NOT in the catalogue, so
-# `index()`, `show()` and the locator's `suspects()` never list them (the answer key: docs/answers/06_nan_hunting.md).
+# `index()`, `show()` and the locator's `suspects()` never list them (the answer key: docs/onboarding.md, "Answer keys").
 PLANTED: tuple[tuple[str, str], ...] = (("capstone_a", "GatedSlotAttention"), ("capstone_b", "chunk_rwkv7"))
 
 _PACKAGE = pathlib.Path(__file__).resolve().parent

@@ -103,7 +103,7 @@ _SWITCHES = {"gsa": "capstone_a", "rwkv7": "capstone_b"}  # bugs.PLANTED, by the
 
 def mystery_model(seed: int = 0, switched_on: bool = True) -> TinyLM:
     """Three blocks (RWKV6, GSA, RWKV-7) with bugs planted somewhere inside, none of them in the catalogue. Where,
-    and why, is the exercise (the answer key: docs/answers/06_nan_hunting.md)."""
+    and why, is the exercise (the answer key: docs/onboarding.md, "Answer keys")."""
     return TinyLM(_layers(_SWITCHES if switched_on else {}, seed)).to(runtime.device())
 
 
