@@ -5,6 +5,8 @@ import math
 import pytest
 import torch
 
+import fla_lab
+
 from fla_lab.layers import RWKV7Attention
 from fla_lab.lessons import amp
 
@@ -96,7 +98,7 @@ def test_long_context_stand_in_matches_the_kernel():
     kc = amp.kernel_check(T=32, hidden_size=64)
     assert kc["stand-in vs kernel, fixed"] < 2e-2 and kc["stand-in vs kernel, bug"] < 2e-2
     assert kc["bug - fixed, kernel"] > 0 and kc["bug - fixed, stand-in"] > 0
-    assert kc["bug - fixed, kernel"] == pytest.approx(kc["bug - fixed, stand-in"], rel=0.3)
+    assert amp.stand_in_agrees(kc)  # 20% under the interpreter, a factor of 2 with a GPU's bf16 tensor cores
 
 
 def test_output_errors_cover_every_window():
@@ -190,6 +192,9 @@ def test_check_log_decay_tells_other_bf16_roundings_from_the_sigmoids():
     assert amp.rounded_like_the_sigmoid_line(_late_cast_decay(x), x, "cpu")
     assert not amp.rounded_like_the_sigmoid_line(_fp32_decay(x), x, "cpu")
     verdict = amp.check_log_decay(_official_formula_decay, T=16)
+    if fla_lab.device() == "cuda":  # CUDA autocast runs softplus and exp in fp32: the official formula is right there
+        assert verdict.passed
+        return
     assert str(verdict).startswith("NOT YET") and "not by the historical line" in verdict.hints[1]
     assert "softplus" in verdict.hints[0] and "exp" in verdict.hints[0] and "sigmoid" not in verdict.hints[0]
 

@@ -118,7 +118,7 @@ def test_layer_step_nan_only_in_f_proj_and_where_predicted(layer_and_batch):
     census = lesson.param_census(step)
     assert all(census[n] == "finite" for n in census if n != "f_proj.weight")
     rows = nonfinite(step.grads["f_proj.weight"]).any(1).cpu()
-    assert torch.equal(rows, slots.flatten())  # f_proj's rows are (head, slot)
+    assert torch.equal(rows, slots.flatten().cpu())  # f_proj's rows are (head, slot)
     assert str(slots.flatten().nonzero().flatten().tolist()[0] % lesson.SLOTS) in census["f_proj.weight"]
     assert lesson.gate_report(layer, x)["slots predicted NaN"] == int(slots.sum())
 
@@ -305,7 +305,7 @@ def test_hints_follow_the_mistake():
     assert stub["like_stub"] and stub["overflow_rows"] == [45, 46, 47] and stub["wrong_real"] == 0
     found = lesson.diagnose(masked_gq)  # the same values as the stub: the load had masked it already
     assert found["like_stub"] and "changes nothing" in lesson.exponent_hints(found)[1]
-    found = lesson.diagnose(wrong_axis)
+    found = lesson.diagnose(wrong_axis)  # the interpreter's and the GPU compiler's error: the same innermost message
     assert "incompatible dimensions" in found["raised"] and "[1, 16]" in lesson.exponent_hints(found)[1]
     found = lesson.diagnose(row_T_kept)
     assert found["overflow_rows"] == [lesson.PROBE_T] and "row t = T itself" in lesson.exponent_hints(found)[1]

@@ -677,9 +677,12 @@ def probe_exponent(helper) -> torch.Tensor:
 
 
 def _message(error: Exception) -> str:
-    """The innermost message of a Triton error (the interpreter wraps it: `InterpreterError("ValueError('...')")`)."""
-    text = (str(error).strip() or type(error).__name__).splitlines()[-1]
-    return re.sub(r"""^(\w+\(['"])+|(['"]\))+$""", "", text)[:160]
+    """The innermost message of a Triton error: the interpreter wraps it (`InterpreterError("ValueError('...')")`),
+    the GPU compiler chains it (`CompilationError` whose own text ends at a caret line, the ValueError as its cause)."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    lines = [line.strip() for line in str(error).splitlines() if re.search(r"\w", line)] or [type(error).__name__]
+    return re.sub(r"""^(\w+\(['"])+|(['"]\))+$""", "", lines[-1])[:160]
 
 
 def diagnose(helper) -> dict:
