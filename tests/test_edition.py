@@ -51,7 +51,7 @@ def test_learner_copy_has_no_outputs_and_no_solutions(learner, name):
         if cell["cell_type"] == "markdown":
             assert "<details>" not in text(cell), f"{name}: an answer folded into the learner's copy"
             assert not re.search(r"^#+ .*\bSolution", text(cell), re.M), f"{name}: a solution heading"
-            assert "shared/docs" not in text(cell)
+            assert "../shared" not in text(cell) and "shared/docs" not in text(cell)  # not in the repository
     assert tags(nb["cells"][0]) == [edition.BANNER_TAG] and "reset" in text(nb["cells"][0])
     assert "widgets" not in nb["metadata"]
 

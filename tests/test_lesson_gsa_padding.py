@@ -296,7 +296,7 @@ def test_the_slot_carries_the_learners_helper_into_chunk_gsa():
         assert torch.equal(default[name], shipped[name]), name  # the default is the shipped helper, bit for bit
         assert torch.equal(historical[name].nan_to_num(7.0), switch[name].nan_to_num(7.0)), name
     assert nonfinite(switch["ds"]).any()
-    with pytest.raises(ValueError, match="one or the other"):
+    with pytest.raises(ValueError, match="the switch or a helper, not both"):
         chunk_gsa(**harness.on_device(x), bug=BUG, later_rows_exponent=stages.later_rows_exponent)
 
 

@@ -11,7 +11,8 @@ import torch
 from fla_lab.ops import contract
 from fla_lab.ops.common import chunk_stages as st
 from fla_lab.ops.common.launch import ChunkLaunch, check_chunk_size, resolve
-from fla_lab.ops.common.utils import as_contiguous, custom_bwd, custom_fwd, dot_dtype, grid_size, next_pow2
+from fla_lab.ops.common.utils import (as_contiguous, custom_bwd, custom_fwd, dot_dtype, grid_size, next_pow2,
+                                      slot_helper)
 
 BC = 16  # rows per sub-chunk: the smallest tile a GPU `tl.dot` takes
 
@@ -61,12 +62,11 @@ def state_adjoints(q, do, gi, dht, need_dh0, scale, BT, launch, gate_v, rwkv6=Fa
     return dh, dh0
 
 
-def reference_row(bug_exclusive_reference=False, helper=None):
-    """The helper for the REFERENCE_ROW slot of the RWKV6 kernels: the historical row under the bug switch, else
-    `helper` (a `@triton.jit` function, e.g. notebook 03a's) or the shipped `st.reference_row`."""
-    if bug_exclusive_reference:
-        return st.reference_row_inclusive
-    return helper or st.reference_row
+def reference_row(bug_exclusive_reference=False, helper=None, op="chunk_rwkv6"):
+    """The helper for the REFERENCE_ROW slot of the RWKV6 kernels (`utils.slot_helper`): the historical row under
+    the bug switch, else `helper` (a `@triton.jit` function, e.g. notebook 03a's) or the shipped `st.reference_row`."""
+    return slot_helper(op, "REFERENCE_ROW", bool(bug_exclusive_reference), st.reference_row_inclusive,
+                       st.reference_row, helper)
 
 
 def gated_scores(q, k, gi, u, scale, BT, launch, row=st.reference_row):
@@ -253,5 +253,5 @@ def key_side_chunk(op, q, k, v, g, u, scale, initial_state, output_final_state, 
     contract.check_kernel_device(op, dict(q=q, k=k, v=v, g=g, u=u, initial_state=initial_state))
     o, ht = KeySideChunkFunction.apply(q, k, v, g, u, scale, initial_state, output_final_state,
                                        check_chunk_size(chunk_size), resolve(launch),
-                                       reference_row(bug_exclusive_reference, row))
+                                       reference_row(bug_exclusive_reference, row, op))
     return o, (ht if output_final_state else None)

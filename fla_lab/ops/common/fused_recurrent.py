@@ -15,7 +15,7 @@ import triton.language as tl
 
 from fla_lab.ops import contract
 from fla_lab.ops.common.utils import (as_contiguous, batch_head, custom_bwd, custom_fwd, grid_size, kernel,
-                                      next_pow2, reverse_cumsum, state_tile)
+                                      next_pow2, reverse_cumsum, slot_helper, state_tile)
 
 MAX_K = 256  # the forward keeps a whole key dimension per program
 
@@ -218,7 +218,8 @@ def fused_recurrent(q, k, v, g, u, scale, initial_state, output_final_state, dq_
     contract.check_kernel_device("fused_recurrent_rwkv6" if u is not None else "fused_recurrent_gla",
                                  dict(q=q, k=k, v=v, g=g, u=u, initial_state=initial_state))
     dq_tiles = tuple(dq_tiles) if dq_tiles is not None else DEFAULT_DQ_TILES
-    h0_mask_fn = h0_mask_transposed if bug_transposed_h0_mask else (h0_mask_fn or h0_mask)
+    h0_mask_fn = slot_helper("fused_recurrent_rwkv6", "H0_MASK", bool(bug_transposed_h0_mask), h0_mask_transposed,
+                             h0_mask, h0_mask_fn)
     o, ht = FusedRecurrentFunction.apply(q, k, v, g, u, scale, initial_state, output_final_state, dq_tiles,
                                          h0_mask_fn)
     return o, (ht if output_final_state else None)

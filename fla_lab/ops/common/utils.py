@@ -40,6 +40,15 @@ def batch_head(i_bh, H: tl.constexpr):
     return i_bh, i_bh // H, i_bh % H
 
 
+def slot_helper(op: str, slot: str, bug_on: bool, historical, shipped, helper=None):
+    """The `@triton.jit` helper for a kernel's `tl.constexpr` slot (REFERENCE_ROW, EXPONENT, H0_MASK): the
+    historical one under the op's bug switch, a caller's `helper` (a notebook exercise), else the shipped one. Both
+    a switch and a helper is ambiguous: refused."""
+    if bug_on and helper is not None:
+        raise ValueError(f"{op}: the bug switch is its own {slot} helper; pass the switch or a helper, not both")
+    return historical if bug_on else (helper if helper is not None else shipped)
+
+
 def next_pow2(n: int) -> int:
     return triton.next_power_of_2(n)
 

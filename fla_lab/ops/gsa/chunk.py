@@ -21,7 +21,7 @@ from fla_lab.ops import contract
 from fla_lab.ops.common import chunk_pass as cp
 from fla_lab.ops.common import chunk_stages as st
 from fla_lab.ops.common.launch import check_chunk_size, resolve
-from fla_lab.ops.common.utils import as_contiguous, custom_bwd, custom_fwd, grid_size, kernel, next_pow2
+from fla_lab.ops.common.utils import as_contiguous, custom_bwd, custom_fwd, grid_size, kernel, next_pow2, slot_helper
 
 ROWS = 16  # rows of [B * T * H, M] per softmax program
 
@@ -119,13 +119,10 @@ def additive_gates(s):
 
 
 def padded_rows_exponent(bug=None, helper=None):
-    """The EXPONENT helper of pass 1's dv kernel: the historical one under `bug="unmasked_padding"`, else `helper` or
-    the shipped `chunk_stages.later_rows_exponent`."""
-    if bug == "unmasked_padding":
-        if helper is not None:
-            raise ValueError("chunk_gsa: bug='unmasked_padding' is its own exponent helper; pass one or the other")
-        return st.later_rows_exponent_unmasked
-    return helper if helper is not None else st.later_rows_exponent
+    """The EXPONENT helper of pass 1's dv kernel (`utils.slot_helper`): the historical one under
+    `bug="unmasked_padding"`, else `helper` or the shipped `chunk_stages.later_rows_exponent`."""
+    return slot_helper("chunk_gsa", "EXPONENT", bug == "unmasked_padding", st.later_rows_exponent_unmasked,
+                       st.later_rows_exponent, helper)
 
 
 def chunk_gsa(q, k, v, s, g=None, scale=None, initial_state=None, output_final_state=False, chunk_size=64,
