@@ -32,41 +32,48 @@ class Bug:
 
 
 CATALOGUE: tuple[Bug, ...] = (
-    Bug(name="uninitialized_params", title="the RWKV-7 layer returns all-NaN", op="RWKV7Attention", component="RWKV7Attention.__init__ / _initialize_weights",
+    Bug(name="uninitialized_params", title="the RWKV-7 layer returns all-NaN",
+        op="RWKV7Attention", component="RWKV7Attention.__init__ / _initialize_weights",
         issue=150, fix="d49c52f6 (zeros), then 7497c8f7, fe157539, c90b3716 (official init)",
         trigger="any forward pass: x_x, k_k, k_a, r_k come from torch.empty and Module.apply never visits them",
         symptom="all-NaN (or garbage) layer output, depending on what the uninitialised memory holds",
         notebook="01_all_nan_output", anchor=("layers/rwkv7.py", 'bug == "uninitialized_params"'),
         located=("chunk_rwkv7", "dplr_intra_kernel", "nonfinite_input")),
-    Bug(name="sigmoid_decay", title="gradients grow uncontrollably (RWKV6 layer)", op="RWKV6Attention", component="RWKV6Attention.forward (decay parametrisation)",
+    Bug(name="sigmoid_decay", title="gradients grow uncontrollably (RWKV6 layer)",
+        op="RWKV6Attention", component="RWKV6Attention.forward (decay parametrisation)",
         issue=11, fix="none needed in the kernel: pass log-space decays (logsigmoid / -exp)",
         trigger="sigmoid(w) passed where the kernel expects a log-decay",
         symptom="the state grows like exp(0.5 t); output and every gradient except du turn non-finite",
         notebook="02_gradients_blow_up", anchor=("layers/rwkv6.py", 'bug == "sigmoid_decay"'),
         located=("fused_recurrent_rwkv6", "fused_recurrent_fwd_kernel", "positive_decay")),
-    Bug(name="exclusive_reference", title="NaN gradients of RWKV6 under strong decay", op="chunk_rwkv6", component="chunk intra-chunk scores and dq (RWKV6 path)",
+    Bug(name="exclusive_reference", title="NaN gradients of RWKV6 under strong decay",
+        op="chunk_rwkv6", component="chunk intra-chunk scores and dq (RWKV6 path)",
         issue=77, fix="0c1c0b65 (reference row gi[start-1]); earlier cf63ac28, lost in de4235fd",
         trigger="per-step log-decay <= about -90 (w = -exp(w_raw), w_raw >= 4.5)",
         symptom="inf * 0 = NaN in the output and dq, starting at the first query row of a sub-chunk",
         notebook="03a_nan_under_strong_decay",
         anchor=("ops/common/chunk_stages.py", "upstream #77 (de4235fd dropped the -1 of cf63ac28)"),
         located=("chunk_rwkv6", "gated_scores_kernel", "exp_overflow")),
-    Bug(name="unmasked_padding", title="NaN gradients of a GSA layer that come and go", op="chunk_gsa",
+    Bug(name="unmasked_padding", title="NaN gradients of a GSA layer that come and go",
+        op="chunk_gsa",
         component="GSA slot pass, backward intra-chunk dv kernel (slot_rows_kernel, BACKWARD)",
         issue=77, fix="737550ff (mask rows past T in the exponent)",
         trigger="a partial last chunk (T not a multiple of chunk_size) and a slot log-decay summed from the chunk's "
                 "first row to a sub-chunk's last valid row below about -88.7 (fp32)",
         symptom="forward finite; NaN in the gradients of s and g (exp(0 - gn) = inf times a zero-padded do)",
-        notebook="03b_nan_gradients_that_come_and_go", anchor=("ops/common/chunk_stages.py", "upstream #77, GSA (before 737550ff)"),
+        notebook="03b_nan_gradients_that_come_and_go",
+        anchor=("ops/common/chunk_stages.py", "upstream #77, GSA (before 737550ff)"),
         located=("chunk_gsa", "slot_rows_kernel", "padded_rows")),
-    Bug(name="transposed_h0_mask", title="the backward fails when an initial state is passed", op="fused_recurrent_rwkv6", component="fused_recurrent_bwd_dq_kernel",
+    Bug(name="transposed_h0_mask", title="the backward fails when an initial state is passed",
+        op="fused_recurrent_rwkv6", component="fused_recurrent_bwd_dq_kernel",
         issue=18, fix="1547448b",
         trigger="backward with an initial_state and non-square dq tiles (BK=16, BV=64)",
         symptom="Triton refuses the initial-state load: mask [16, 64] against pointers [64, 16]",
         notebook="04_backward_fails_with_initial_state",
         anchor=("ops/common/fused_recurrent.py", "upstream #18 (before 1547448b)"),
         located=("fused_recurrent_rwkv6", "fused_recurrent_bwd_dq_kernel", "kernel_raised")),
-    Bug(name="bf16_decay", title="a precision gap against the official RWKV-7 under AMP", op="RWKV7Attention", component="RWKV7Attention.forward (decay LoRA sigmoid)",
+    Bug(name="bf16_decay", title="a precision gap against the official RWKV-7 under AMP",
+        op="RWKV7Attention", component="RWKV7Attention.forward (decay LoRA sigmoid)",
         issue=181, fix="965c3553 (fp32 sigmoid), reverted in d9e86d00 (v0.2.0); 0.6.0 computes it in bf16",
         trigger="bf16 autocast (CUDA or CPU): the decay's sigmoid runs in bf16, and its rounding stays in the decay",
         symptom="a per-step rounding bias in the decay that compounds over the sequence",
@@ -75,7 +82,7 @@ CATALOGUE: tuple[Bug, ...] = (
 )
 
 # Switches planted for notebook 06's hunt: real lines behind neutral names, deliberately NOT in the catalogue, so
-# `index()`, `show()` and the locator's `suspects()` never list them (the answer key: docs/onboarding.md, "Answer keys").
+# `index()`, `show()` and the locator's `suspects()` never list them (answer key: docs/onboarding.md).
 PLANTED: tuple[tuple[str, str], ...] = (("capstone_a", "GatedSlotAttention"), ("capstone_b", "chunk_rwkv7"))
 
 _PACKAGE = pathlib.Path(__file__).resolve().parent

@@ -200,11 +200,6 @@ def grad_census(model: nn.Module, prefix: str = "") -> dict[str, check.Census]:
 
 # --- the audit: every recorded op call against float64 ---------------------------------------------------------
 
-def as_called(call: hunt.Call):
-    """The op of a recorded call with the call's own options (scale, chunk size, switches) bound."""
-    return functools.partial(call.fn, **call.kwargs)
-
-
 def audit(calls: list[hunt.Call], grads: bool = False, seed: int = 0) -> list[tuple[hunt.Call, harness.Comparison]]:
     """Replay every recorded op call on its own inputs and compare its output and final state (and, with `grads`,
     every gradient under random cotangents: about three times the cost) with the float64 reference on the same
