@@ -5,6 +5,7 @@
     python3 workbook.py reset NOTEBOOK   # restore one learner notebook (e.g. 03a); your edited copy is kept as .bak
     python3 workbook.py test      # set up if needed, then unit tests, every notebook under nbval, browser test
                                   # (with an NVIDIA GPU also: the unit tests on CUDA, every notebook run on it)
+    python3 workbook.py test --phase unit-cuda [--phase ...]   # only the named phases (see `phases`)
     python3 workbook.py phases [--gpu|--cpu]   # print the test phases this machine (or a GPU/CPU one) runs
     python3 workbook.py setup     # only the set-up (virtual environment, pinned packages, Jupyter kernel)
     python3 workbook.py execute [NOTEBOOK ...]   # re-execute and save notebooks in the CPU environment
@@ -419,7 +420,7 @@ def execute_phase(phase: Phase, env: dict) -> tuple[int, dict]:
         start = time.perf_counter()
         # benchmarks/notebook_times.py: nbclient, as nbconvert, but it waits on the kernel's sockets in short polls
         # (a widget cell's reply is otherwise read only when the cell's timeout runs out) and prints per-cell times
-        done = run([PY, ROOT / "benchmarks" / "notebook_times.py", "--timeout", GPU_CELL_TIMEOUT, "--out", phase.out,
+        done = run([PY, ROOT / "benchmarks" / "notebook_times.py", "--timeout", GPU_CELL_TIMEOUT, "--out", phase.out, "--widgets",
                     "--cells", "3", nb], check=False, env=env, cwd=nb.parent)
         seconds = time.perf_counter() - start
         if done.returncode != 0:
@@ -430,18 +431,40 @@ def execute_phase(phase: Phase, env: dict) -> tuple[int, dict]:
     return (1 if counts["failures"] else 0), counts
 
 
+def split_phase_options(extra: list[str]) -> tuple[list[str], list[str]]:
+    """`--phase NAME` (repeatable) picks phases; every other argument goes to pytest."""
+    names, rest, it = [], [], iter(extra)
+    for arg in it:
+        if arg == "--phase":
+            names.append(next(it, ""))
+        elif arg.startswith("--phase="):
+            names.append(arg.split("=", 1)[1])
+        else:
+            rest.append(arg)
+    return names, rest
+
+
 def test(extra: list[str]) -> int:
+    only, extra = split_phase_options(extra)
     setup()
     gpu = has_nvidia_gpu()
-    _, browser_problem = ensure_chromium()
-    if not browser_problem and run([PY, "-c", "import playwright, jupyterlab"], check=False,
-                                   capture_output=True).returncode != 0:
-        browser_problem = "Playwright or JupyterLab is not installed in .venv (set-up without network or wheels)"
-    if browser_problem:
-        say(f"the browser test cannot run: {browser_problem}; running the other phases, failing at the end")
+    browser_problem = None
+    if not only or "browser" in only:  # apt-get may be tried: only when the browser phase is wanted
+        _, browser_problem = ensure_chromium()
+        if not browser_problem and run([PY, "-c", "import playwright, jupyterlab"], check=False,
+                                       capture_output=True).returncode != 0:
+            browser_problem = "Playwright or JupyterLab is not installed in .venv (set-up without network or wheels)"
+        if browser_problem:
+            say(f"the browser test cannot run: {browser_problem}; running the other phases, failing at the end")
     cores = os.cpu_count() or 1
     n_workers = str(1 if cores < 2 else max(2, min(8, cores // 2)))  # 2 on 2 cores (CI), 8 on a 16-core GPU box
     phases = plan_phases(gpu, browser_problem, extra, n_workers)
+    if only:
+        unknown = sorted(set(only) - {p.name for p in phases})
+        if unknown:
+            say(f"no phase {', '.join(unknown)} on this machine; its phases: {', '.join(p.name for p in phases)}")
+            return 2
+        phases = [p for p in phases if p.name in only]
     if gpu:
         say("NVIDIA GPU found: saved outputs are compared in the CPU environment, then the unit tests run on CUDA "
             "and every notebook runs on the GPU")

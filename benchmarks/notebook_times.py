@@ -10,6 +10,11 @@ specialisations the cell compiled (a miss of Triton's in-process cache: compiled
 and the seconds spent in those compiles. Every cell has a timeout (--timeout); a cell that runs past it stops that
 notebook, and the kernel's threads are dumped (faulthandler) so the report shows where it hangs.
 
+Widgets (`--widgets`): after the last cell, every ipywidgets explorer the notebook made is driven from the kernel
+as a learner would drive it: each control is moved to another value (the first move may compile kernels), moved
+back, and moved again (warm); the time of each redraw is reported, and an error inside a redraw fails the run. This is
+the kernel's side of a widget's response (the browser adds its rendering: tests/browser times that on the CPU).
+
 Exercises: each exercise's check cell (tag `check`) runs on the stub and must print NOT YET; the `solution` cells after
 it (the solution, then the same check) must print PASS (reported per exercise, and a
 failure of either fails the run).
@@ -138,6 +143,61 @@ def exercise_checks(nb) -> list[dict]:
     return found
 
 
+# Runs in the kernel after the notebook's last cell (--widgets): one JSON line with each control's redraw times.
+WIDGET_PROBE = r'''
+def _fla_widget_probe():
+    import json, time
+    import ipywidgets
+    from ipywidgets.widgets import widget as _widget
+
+    live = getattr(_widget, "_instances", None) or getattr(ipywidgets.Widget, "widgets", {})
+    found = []
+    for w in list(live.values()):
+        if not isinstance(w, ipywidgets.interactive) or getattr(w, "_fla_probed", False):
+            continue
+        w._fla_probed = True
+        for c in w.kwargs_widgets:
+            if hasattr(c, "options") and len(c.options) > 1:
+                first, other = c.index, (c.index + 1) % len(c.options)
+                moves = [("index", other), ("index", first), ("index", other)]
+            elif hasattr(c, "max") and hasattr(c, "min"):
+                first = c.value
+                if type(c).__name__ == "FloatLogSlider":
+                    other = 10 ** (c.min + 0.75 * (c.max - c.min))
+                else:
+                    other = c.max if c.value != c.max else c.min
+                moves = [("value", other), ("value", first), ("value", other)]
+            else:
+                continue
+            times, errors = [], 0
+            for attr, value in moves:
+                t0 = time.perf_counter()
+                setattr(c, attr, value)
+                times.append(round(time.perf_counter() - t0, 3))
+                errors += sum(o.get("output_type") == "error" for o in w.out.outputs)
+            found.append({"control": c.description, "first_s": times[0], "back_s": times[1], "warm_s": times[2],
+                          "errors": errors})
+    print("FLA_WIDGETS " + json.dumps(found))
+_fla_widget_probe()
+'''
+
+
+def widget_times(client, nb) -> list[dict]:
+    """Drive every explorer of the finished notebook from the kernel (WIDGET_PROBE) and read its timings."""
+    import nbformat
+
+    cell = nbformat.v4.new_code_cell(WIDGET_PROBE)
+    nb.cells.append(cell)
+    try:
+        client.execute_cell(cell, len(nb.cells) - 1)
+    finally:
+        nb.cells.pop()
+    for line in text_of(cell).splitlines():
+        if line.startswith("FLA_WIDGETS "):
+            return json.loads(line[len("FLA_WIDGETS "):])
+    raise RuntimeError(f"the widget probe printed no timings: {text_of(cell)[-500:]}")
+
+
 def kernel_pid(client) -> int | None:
     km = client.km
     for getter in (lambda: km.provisioner.process.pid, lambda: km.kernel.pid, lambda: km.provisioner.pid):
@@ -201,7 +261,8 @@ def _watchdog(client, stacks: Path, after: float, state: dict, result: dict) -> 
 
 
 def run_notebook(path: Path, timeout: int, kernel_args: list[str], out_dir: Path | None, work: Path,
-                 trace_after: float | None = None, keep_going: bool = False, long_polls: bool = False) -> dict:
+                 trace_after: float | None = None, keep_going: bool = False, long_polls: bool = False,
+                 widgets: bool = False) -> dict:
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, CellTimeoutError
@@ -274,6 +335,10 @@ def run_notebook(path: Path, timeout: int, kernel_args: list[str], out_dir: Path
                     result["status"] = result.get("status") if result["status"] != "ok" else f"{status} in cell {index}"
                     if not (keep_going and status == "error"):
                         break
+            if widgets and result["status"] == "ok":
+                result["widgets"] = widget_times(client, nb)
+                if any(w["errors"] for w in result["widgets"]):
+                    result["status"] = "error in a widget redraw"
     except Exception as exc:  # the kernel died, or could not start
         result["status"] = f"failed: {type(exc).__name__}: {exc}"[:500]
     state["done"] = True
@@ -312,6 +377,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--long-polls", action="store_true",
                         help="wait on the kernel's sockets as nbclient does (one poll per timeout): shows the stall")
     parser.add_argument("--keep-going", action="store_true", help="run the cells after a failing cell too")
+    parser.add_argument("--widgets", action="store_true",
+                        help="after the last cell, move every explorer's controls and time each redraw")
     parser.add_argument("--cells", type=int, default=5, help="slowest cells listed per notebook (default 5)")
     args = parser.parse_args(argv)
 
@@ -335,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
         results = []
         for path in paths:
             r = run_notebook(path, args.timeout, args.kernel_arg, Path(args.out) if args.out else None, work,
-                             args.trace_slow, args.keep_going, args.long_polls)
+                             args.trace_slow, args.keep_going, args.long_polls, args.widgets)
             r["run"] = label
             results.append(r)
             print(summary_line(r), flush=True)
@@ -343,6 +410,15 @@ def main(argv: list[str] | None = None) -> int:
                 kernels = f" [{', '.join(c['kernels'][:4])}{', ...' if len(c['kernels']) > 4 else ''}]" if c["kernels"] else ""
                 print(f"    cell {c['index']:>3} {c['s']:7.2f} s  compiles {c['compiles']:3d} ({c['compile_s']:5.1f} s)"
                       f"  {c['status']:<7} {c['first_line']}{kernels}", flush=True)
+            if r.get("widgets") is not None:
+                ws = r["widgets"]
+                worst = max(ws, key=lambda w: w["warm_s"], default=None)
+                print(f"    widgets: {len(ws)} controls; first move max {max((w['first_s'] for w in ws), default=0):.2f} s, "
+                      f"warm max {max((w['warm_s'] for w in ws), default=0):.2f} s"
+                      + (f" ({worst['control']})" if worst else ""), flush=True)
+                for w in ws:
+                    print(f"      {w['control']:<24} first {w['first_s']:6.2f} s  back {w['back_s']:6.2f} s  "
+                          f"warm {w['warm_s']:6.2f} s  errors {w['errors']}", flush=True)
             for e in r["exercises"]:
                 print(f"    exercise (solution cell {e['solution_cell']}): stub check "
                       f"{'NOT YET' if e['before_ok'] else ('-' if e['before_ok'] is None else 'WRONG')}, "

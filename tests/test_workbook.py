@@ -163,6 +163,20 @@ def test_gpu_test_command_runs_five_phases(wb, monkeypatch):
                    ("browser", "")]
 
 
+def test_phase_option_runs_only_the_named_phases_and_passes_the_rest_to_pytest(wb, monkeypatch):
+    ran = []
+    monkeypatch.setattr(wb, "setup", lambda: None)
+    monkeypatch.setattr(wb, "has_nvidia_gpu", lambda: True)
+    monkeypatch.setattr(wb, "ensure_chromium", lambda: pytest.fail("the browser phase was not asked for"))
+    counts = {"tests": 1, "failures": 0, "errors": 0, "skipped": 0}
+    monkeypatch.setattr(wb, "pytest_phase", lambda name, args, env=None: ran.append((name, args)) or (0, counts))
+    monkeypatch.setattr(wb, "execute_phase", lambda phase, env: ran.append((phase.name, ())) or (0, counts))
+    assert wb.test(["--phase", "unit-cuda", "--phase=notebooks-gpu", "-k", "chunk"]) == 0
+    assert [name for name, _ in ran] == ["unit-cuda", "notebooks-gpu"]
+    assert ran[0][1][-2:] == ["-k", "chunk"]
+    assert wb.test(["--phase", "no-such-phase"]) == 2
+
+
 def _no_chromium(wb, monkeypatch, euid, which):
     monkeypatch.setattr(wb.Path, "exists", lambda self: False if str(self) == "/usr/bin/chromium" else
                         os.path.exists(self))
