@@ -40,7 +40,7 @@ def configure() -> None:
     if _STATE["interpret"]:
         _switch_triton_knob_on()
     _STATE["device"] = "cuda" if has_cuda and not _STATE["interpret"] else "cpu"
-    _silence_interpreter_warnings()
+    hide_interpreter_noise()
 
 
 def _switch_triton_knob_on() -> None:
@@ -55,11 +55,22 @@ def _switch_triton_knob_on() -> None:
         pass
 
 
-def _silence_interpreter_warnings() -> None:
-    # The interpreter runs kernels with numpy; exp overflow (a legitimate inf the kernels mask) makes numpy
-    # print a RuntimeWarning with a site-packages path, which would differ between machines in notebooks.
+# numpy >= 1.25 deprecates int() of a 1-element array, which Triton 3.6's interpreter does for loop bounds (3.7 no
+# longer does): a warning about Triton's internals, not about the caller's inputs.
+INTERPRETER_DEPRECATION = r"Conversion of an array with ndim > 0 to a scalar is deprecated"
+
+
+def hide_interpreter_noise() -> None:
+    """Filter out the warnings the Triton interpreter raises about itself, not about the kernel's inputs.
+
+    Called once at import; call it again inside `warnings.catch_warnings()` after `simplefilter("always")` or
+    `("error")`, which would otherwise record (or raise) them. The interpreter runs kernels with numpy: exp overflow
+    (a legitimate inf the kernels mask) makes numpy warn with a site-packages path, which would differ between
+    machines in notebooks; Triton 3.6 converts arrays to scalars the way numpy deprecated.
+    """
     for module in (r"triton\.runtime\.interpreter", r"numpy(\..*)?"):
         warnings.filterwarnings("ignore", category=RuntimeWarning, module=module)
+    warnings.filterwarnings("ignore", message=INTERPRETER_DEPRECATION, category=DeprecationWarning)
 
 
 def device() -> str:

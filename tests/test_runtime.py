@@ -72,3 +72,21 @@ def test_interpreter_overflow_warnings_stay_out_of_output():
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"  # the overflow really happened
     assert "RuntimeWarning" not in out.stderr and "overflow" not in out.stderr, out.stderr
+
+
+def test_interpreter_noise_is_hidden_even_under_an_error_filter():
+    """Triton 3.6's interpreter calls int() on 1-element arrays, which numpy >= 1.25 deprecates (seen on the H200:
+    a contract verdict then listed that DeprecationWarning as something the contract said). Caller warnings stay."""
+    import warnings
+
+    from fla_lab import runtime
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("error")
+        runtime.hide_interpreter_noise()
+        warnings.warn("Conversion of an array with ndim > 0 to a scalar is deprecated, and will error in future.",
+                      DeprecationWarning)
+        warnings.simplefilter("always")
+        runtime.hide_interpreter_noise()
+        warnings.warn("this API is deprecated", DeprecationWarning)
+    assert [str(w.message) for w in caught] == ["this API is deprecated"]

@@ -131,6 +131,7 @@ def anomaly_report(layer, x: torch.Tensor) -> list[str]:
     lines = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
+        runtime.hide_interpreter_noise()
         try:
             with torch.autograd.detect_anomaly():
                 o, _, _ = layer(x)
