@@ -156,8 +156,12 @@ def _fla_widget_probe():
         if not isinstance(w, ipywidgets.interactive) or getattr(w, "_fla_probed", False):
             continue
         w._fla_probed = True
+        button = getattr(w, "manual_button", None)  # interact_manual: a change redraws on the button's click
         for c in w.kwargs_widgets:
-            if hasattr(c, "options") and len(c.options) > 1:
+            if isinstance(c.value, tuple) and len(c.value) > 1:  # a multiple selection: drop one, restore it
+                first, other = c.value, c.value[:-1]
+                moves = [("value", other), ("value", first), ("value", other)]
+            elif hasattr(c, "options") and len(c.options) > 1:
                 first, other = c.index, (c.index + 1) % len(c.options)
                 moves = [("index", other), ("index", first), ("index", other)]
             elif hasattr(c, "max") and hasattr(c, "min"):
@@ -173,6 +177,8 @@ def _fla_widget_probe():
             for attr, value in moves:
                 t0 = time.perf_counter()
                 setattr(c, attr, value)
+                if button is not None:
+                    button.click()
                 times.append(round(time.perf_counter() - t0, 3))
                 errors += sum(o.get("output_type") == "error" for o in w.out.outputs)
             found.append({"control": c.description, "first_s": times[0], "back_s": times[1], "warm_s": times[2],
@@ -186,10 +192,14 @@ def widget_times(client, nb) -> list[dict]:
     """Drive every explorer of the finished notebook from the kernel (WIDGET_PROBE) and read its timings."""
     import nbformat
 
+    from nbclient.exceptions import CellExecutionError
+
     cell = nbformat.v4.new_code_cell(WIDGET_PROBE)
     nb.cells.append(cell)
     try:
         client.execute_cell(cell, len(nb.cells) - 1)
+    except CellExecutionError as exc:  # the probe's own failure, reported as such (the notebook itself ran)
+        raise RuntimeError(f"the widget probe failed: {str(exc)[-600:]}") from None
     finally:
         nb.cells.pop()
     for line in text_of(cell).splitlines():
@@ -336,8 +346,11 @@ def run_notebook(path: Path, timeout: int, kernel_args: list[str], out_dir: Path
                     if not (keep_going and status == "error"):
                         break
             if widgets and result["status"] == "ok":
-                result["widgets"] = widget_times(client, nb)
-                if any(w["errors"] for w in result["widgets"]):
+                try:
+                    result["widgets"] = widget_times(client, nb)
+                except RuntimeError as exc:
+                    result["status"], result["error"] = "widget probe failed", str(exc)
+                if any(w["errors"] for w in result.get("widgets", [])):
                     result["status"] = "error in a widget redraw"
     except Exception as exc:  # the kernel died, or could not start
         result["status"] = f"failed: {type(exc).__name__}: {exc}"[:500]
