@@ -7,7 +7,7 @@ import torch
 
 import fla_lab
 
-from fla_lab.layers import RWKV7Attention
+from fla_lab.layers import RWKV7Attention, init
 from fla_lab.lessons import amp
 
 
@@ -86,10 +86,21 @@ def test_varying_lora_outputs_compound_only_their_mean_rounding():
 
 def test_channel_decays_come_from_the_layer_at_init():
     d = amp.channel_decays(0, 128, torch.bfloat16)
-    assert torch.equal(d["fixed"], amp.log_decays(d["x"], torch.bfloat16)[1])
-    assert torch.equal(d["low"], amp.log_decays(d["x"], torch.bfloat16)[0])
-    assert float(d["x"][0]) == -8.0  # official w0 starts at -8
+    # independent of channel_decays: a fresh bf16 layer's decay LoRA at init has a zero down-projection, so its
+    # output is the up-projection's bias w0 (the official init's vector, rounded to bf16) at every token
+    layer = amp.decay_layer(128, 0)
+    down, up = layer.w_lora.lora[0], layer.w_lora.lora[2]
+    assert not down.weight.any()
+    w0 = up.bias.detach()
+    assert w0.dtype == torch.bfloat16
+    assert torch.equal(w0, init.rwkv7_vectors(128, layer.head_dim, 0, amp.DEPTH)["w0"].to(torch.bfloat16))
+    assert torch.equal(d["x"], w0.double()) and float(d["x"][0]) == -8.0  # official w0 starts at -8
+    exact = -math.exp(-0.5) * torch.sigmoid(w0.double())  # float64 log-decay of the bf16 bias
+    assert torch.allclose(d["fixed"], exact, rtol=1e-6, atol=0)  # fixed: an fp32 sigmoid
+    expected_low = (-math.exp(-0.5) * torch.sigmoid(w0)).double()  # the bug: sigmoid and product in bf16
+    assert torch.equal(d["low"], expected_low) and not torch.equal(d["low"], d["fixed"])
     rel, decay = amp.channel_cumulative_error(4096, 0, 128)
+    assert torch.allclose(decay, torch.exp(4096 * exact), rtol=1e-3, atol=0)
     assert rel.shape == decay.shape == (128,)
     assert (decay[0] > 0.4) and abs(float(rel[0])) < 0.01
 
@@ -111,9 +122,18 @@ def test_output_errors_cover_every_window():
 
 
 def test_cpu_autocast_returns_bf16_for_every_op():
-    dtypes = amp.autocast_dtypes("cpu")
-    assert set(dtypes) == set(amp.AUTOCAST_OPS) == set(amp.CUDA_AUTOCAST_BF16)
-    assert set(dtypes.values()) == {"bf16"}
+    # each op run here, not through autocast_dtypes: under CPU autocast the Linear casts its fp32 input to bf16
+    # and every op after it keeps bf16 (CUDA autocast would give exp, softplus and log in fp32)
+    ops = {"exp": torch.exp, "softplus": torch.nn.functional.softplus, "log": lambda t: torch.log(t.abs()),
+           "sigmoid": torch.sigmoid, "tanh": torch.tanh, "mul by a constant": lambda t: -0.6065 * t}
+    assert {"linear", *ops} == set(amp.AUTOCAST_OPS) == set(amp.CUDA_AUTOCAST_BF16)
+    h, linear = torch.randn(4, 8), torch.nn.Linear(8, 8)
+    assert linear(h).dtype == torch.float32  # outside autocast nothing is bf16: the bf16 below is autocast's
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        x = linear(h)
+        ran = {"linear": x.dtype} | {name: op(x).dtype for name, op in ops.items()}
+    assert ran == dict.fromkeys(amp.AUTOCAST_OPS, torch.bfloat16)
+    assert amp.autocast_dtypes("cpu") == dict.fromkeys(amp.AUTOCAST_OPS, "bf16")  # the table the notebook prints
 
 
 def test_official_form_equals_the_fixed_path():
