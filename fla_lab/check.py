@@ -67,6 +67,11 @@ def grad_errors(ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor]) -> d
     The floor for a tensor of n elements is the norm it would have if its entries had the RMS of all the
     reference gradients together: sqrt(n) * RMS(all). A decay gradient whose exact value is 1e-21 (strong
     decay) is thus judged against what an error of that size means next to the other gradients.
+
+    A gradient that is exactly zero everywhere while its reference is not gets its plain relative error (1.0)
+    instead: the floor forgives rounding noise on a tiny gradient, never a dropped one (a kernel that zeroes
+    du or dg would otherwise pass, being small next to dq and dk). `plain_grad_errors` gives the unfloored
+    error of every gradient.
     """
     missing = sorted(set(ref) - set(got))
     if missing:
@@ -74,7 +79,21 @@ def grad_errors(ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor]) -> d
     total_sq = sum(_norm(x) ** 2 for x in ref.values())
     total_n = sum(x.numel() for x in ref.values())
     rms_all = math.sqrt(total_sq / max(total_n, 1))
-    return {name: rel_error(got[name], r, floor=math.sqrt(r.numel()) * rms_all) for name, r in ref.items()}
+    return {name: rel_error(got[name], r, floor=0.0 if zeroed(got[name], r) else math.sqrt(r.numel()) * rms_all)
+            for name, r in ref.items()}
+
+
+def plain_grad_errors(ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor]) -> dict[str, float]:
+    """||got - ref|| / ||ref|| of each gradient, no floor (upstream's measure; inf where ref is 0 and got is not)."""
+    missing = sorted(set(ref) - set(got))
+    if missing:
+        raise ValueError(f"gradients missing from the result: {missing}")
+    return {name: rel_error(got[name], r) for name, r in ref.items()}
+
+
+def zeroed(got: torch.Tensor, ref: torch.Tensor) -> bool:
+    """Whether `got` is exactly 0 everywhere while `ref` has a nonzero entry (a dropped gradient)."""
+    return not bool(got.detach().any()) and bool(ref.detach().any())
 
 
 @dataclass

@@ -81,6 +81,9 @@ class Comparison:
     errors: dict[str, float]
     dtype: torch.dtype
     outputs: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
+    # the gradients' plain relative errors (`check.plain_grad_errors`) beside the floored ones in `errors`; kept
+    # out of __str__ and repr, which notebooks print and nbval compares
+    plain_errors: dict[str, float] = field(default_factory=dict, repr=False)
 
     @property
     def tolerance(self) -> check.Tolerance:
@@ -187,8 +190,9 @@ def compare(op, reference, inputs: dict[str, torch.Tensor], *, dtype=torch.float
     errors.update({n: check.rel_error(got.states[n], r) for n, r in exact.states.items()})
     if grads:
         errors.update(check.grad_errors(exact.grads, got.grads))
+    plain = check.plain_grad_errors(exact.grads, got.grads) if grads else {}
     return Comparison(errors, dtype, {"o": got.o, "ht": _unnamed(got.states), "o_ref": exact.o,
-                                      "run": got, "exact": exact})
+                                      "run": got, "exact": exact}, plain)
 
 
 def _unnamed(states: dict):

@@ -31,6 +31,59 @@ def test_grad_floor_uses_the_whole_gradient_scale():
     assert check.grad_errors(ref, got)["dg"] > 0.5
 
 
+def _small_and_large_grads(seed=0):
+    # du is 1e-4 of dq's scale: small enough that the floor sqrt(n) * RMS(all) would forgive zeroing it
+    gen = torch.Generator().manual_seed(seed)
+    ref = {"dq": torch.randn(1000, generator=gen, dtype=torch.float64),
+           "du": 1e-4 * torch.randn(64, generator=gen, dtype=torch.float64)}
+    got = {n: r + 1e-3 * r.abs().max() * torch.randn(r.shape, generator=gen, dtype=torch.float64)
+           for n, r in ref.items()}
+    return ref, got
+
+
+def test_a_zeroed_small_gradient_fails():
+    ref, got = _small_and_large_grads()
+    got["du"] = torch.zeros_like(got["du"])
+    floor = math.sqrt(64) * math.sqrt(sum(float((r ** 2).sum()) for r in ref.values()) / 1064)
+    assert float(ref["du"].norm()) / floor < 2e-3  # the floored error alone would pass even the fp32 tolerance
+    errors = check.grad_errors(ref, got)
+    assert errors["du"] == 1.0 and errors["du"] > check.tolerance(torch.bfloat16).grad
+    assert check.grad_errors({"a": torch.zeros(3)}, {"a": torch.zeros(3)})["a"] == 0.0  # an exact zero is right
+
+
+def test_the_floored_error_of_a_gradient_that_is_not_zeroed_is_unchanged():
+    ref, got = _small_and_large_grads()
+    # the floored formula as it was before zeroed gradients were singled out (the notebooks print its values)
+    rms_all = math.sqrt(sum(check._norm(r) ** 2 for r in ref.values()) / 1064)
+    errors = check.grad_errors(ref, got)
+    for name, r in ref.items():
+        assert errors[name] == check.rel_error(got[name], r, floor=math.sqrt(r.numel()) * rms_all)
+    assert errors["du"] < check.rel_error(got["du"], ref["du"])  # and the floor is in effect for du
+    got["du"][1:] = 0.0  # mostly zero is not zeroed: still floored
+    assert check.grad_errors(ref, got)["du"] < 0.1
+
+
+def test_plain_grad_errors_are_unfloored_and_never_below_the_floored():
+    ref, got = _small_and_large_grads()
+    plain, floored = check.plain_grad_errors(ref, got), check.grad_errors(ref, got)
+    assert plain == {n: check.rel_error(got[n], r) for n, r in ref.items()}
+    assert all(plain[n] >= floored[n] for n in ref)
+    assert plain["du"] > 100 * floored["du"]  # the small gradient is where the floor matters
+    with pytest.raises(ValueError, match="missing"):
+        check.plain_grad_errors({"a": torch.ones(2)}, {})
+
+
+def test_comparison_carries_the_plain_errors_beside_the_floored():
+    from fla_lab import harness, reference
+
+    # the float64 reference as the op on bf16 leaves: no kernel, but gradients rounded to bf16
+    comp = harness.compare(reference.recurrent_gla, reference.recurrent_gla,
+                           harness.gated_inputs(1, 8, 1, 4, 4, decay=5.0), dtype=torch.bfloat16)
+    grads = [n for n in comp.plain_errors]
+    assert grads and all(comp.plain_errors[n] >= comp.errors[n] for n in grads)
+    assert "plain" not in str(comp) and str(comp) == "  ".join(f"{n}={e:.1e}" for n, e in comp.errors.items())
+
+
 def test_grad_errors_reports_missing():
     with pytest.raises(ValueError, match="missing"):
         check.grad_errors({"a": torch.ones(2)}, {})
