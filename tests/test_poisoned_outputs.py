@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from fla_lab import check, device, harness
-from fla_lab.ops import (chunk_gla, chunk_gsa, chunk_rwkv6, fused_recurrent_gla, fused_recurrent_rwkv6,
+from fla_lab.ops import (chunk_gla, chunk_gsa, chunk_rwkv6, chunk_rwkv7, fused_recurrent_gla, fused_recurrent_rwkv6,
                          fused_recurrent_rwkv7)
 
 K, V = 24, 80  # K != V, neither a power of two; V = 80 is two value blocks of 64, the second mostly masked
@@ -61,6 +61,7 @@ OPS = [  # (name, op in fla_lab.ops' call form, input maker (B, T, H) -> dict of
     ("chunk_rwkv6-c16", functools.partial(chunk_rwkv6, chunk_size=16), rwkv6_inputs),
     ("chunk_rwkv6-c64", functools.partial(chunk_rwkv6, chunk_size=64), rwkv6_inputs),
     ("fused_recurrent_rwkv7", fused_recurrent_rwkv7, rwkv7_inputs),
+    ("chunk_rwkv7-c16", chunk_rwkv7, rwkv7_inputs),  # chunk size 16 is its only one
     ("chunk_gsa-c16", functools.partial(chunk_gsa, chunk_size=16), gsa_inputs),
     ("chunk_gsa-c64", functools.partial(chunk_gsa, chunk_size=64), gsa_inputs),
 ]
