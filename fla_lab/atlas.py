@@ -1,10 +1,11 @@
 """The stability atlas: where does an op stay right, go wrong but finite, go non-finite, or raise?
 
 A sweep of op x variant (fixed, each catalogued bug, an external library's op) x dtype x per-step decay magnitude
-x sequence length (x chunk size) gives one tidy record per setting: the non-finite census of the output, the final
-state(s) and every gradient (a random final-state cotangent and an initial state are always on, so a dropped
-gradient shows), relative errors against the float64 reference (scale-aware for gradients, and unfloored), the
-largest state magnitude and a status (`STATUSES`).
+x sequence length (x chunk size) x combination (initial state passed or not, random final-state cotangent or none)
+gives one tidy record per setting: the non-finite census of the output, the final state(s) and every gradient,
+relative errors against the float64 reference (scale-aware for gradients, and unfloored), the largest state magnitude
+and a status (`STATUSES`). The combinations matter: a truncated-BPTT segment starts from no state yet sends a
+gradient into its final state, and a gradient path that only that case takes is invisible to the other three.
 
 Records are cached on disk, keyed by the setting, the op's source hash, the torch/triton versions and the device:
 a widget redraws at once, an interrupted sweep resumes. `python -m fla_lab atlas ...` writes a PNG and a JSON.
@@ -29,6 +30,26 @@ STATUSES = ("right", "wrong", "nonfinite", "raises")  # finite and within tolera
 STATUS_COLORS = {"right": "#2ca02c", "wrong": "#ff7f0e", "nonfinite": "#d62728", "raises": "#7f7f7f"}
 DTYPES = viz.DTYPES
 
+# (h0, dht): an initial state is passed / the final state gets a random cotangent (else zeros)
+COMBINATIONS = ((True, True), (True, False), (False, True), (False, False))
+
+
+def combination_name(h0: bool, dht: bool) -> str:
+    """"h0,dht", "h0,no-dht", "no-h0,dht" or "no-h0,no-dht": the label of figures, the summary and the CLI."""
+    return f"{'' if h0 else 'no-'}h0,{'' if dht else 'no-'}dht"
+
+
+def parse_combination(name: str) -> tuple[bool, bool]:
+    by_name = {combination_name(*c): c for c in COMBINATIONS}
+    if name not in by_name:
+        raise ValueError(f"no combination {name!r}; known: {list(by_name)}")
+    return by_name[name]
+
+
+def combination_of(record: dict) -> tuple[bool, bool]:
+    """(h0, dht) of a record; records written before the atlas swept them always passed both."""
+    return record.get("h0", True), record.get("dht", True)
+
 
 @dataclass(frozen=True)
 class Setting:
@@ -44,6 +65,8 @@ class Setting:
     V: int = 32
     M: int = 32
     seed: int = 0
+    h0: bool = True          # an initial state is passed (its gradient is then measured too)
+    dht: bool = True         # the final state gets a random cotangent (False: zeros)
 
     @property
     def shape(self) -> registry.Shape:
@@ -53,11 +76,12 @@ class Setting:
 # --- one setting -------------------------------------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=4)
-def _exact(op: str, dtype: str, decay: float, shape: registry.Shape, seed: int):
+def _exact(op: str, dtype: str, decay: float, shape: registry.Shape, seed: int, h0: bool = True, dht: bool = True):
     """The float64 reference on the rounded inputs (shared by every variant and chunk size of one setting)."""
     spec = registry.get(*_split(op))
-    rounded = harness.leaves(spec.inputs(shape, decay=decay, seed=seed), DTYPES[dtype], runtime.device())
-    exact, cot = harness.exact_run(spec.reference, rounded, seed=seed, device=_reference_device())
+    inputs = spec.inputs(shape, decay=decay, initial_state=h0, seed=seed)
+    rounded = harness.leaves(inputs, DTYPES[dtype], runtime.device())
+    exact, cot = harness.exact_run(spec.reference, rounded, seed=seed, state_grad=dht, device=_reference_device())
     return rounded, exact, cot
 
 
@@ -74,7 +98,8 @@ def measure(setting: Setting) -> dict:
     """Run one setting: the op forward and backward against the float64 reference. Never raises."""
     spec = registry.get(*_split(setting.op))
     start = time.perf_counter()
-    rounded, exact, cot = _exact(setting.op, setting.dtype, setting.decay, setting.shape, setting.seed)
+    rounded, exact, cot = _exact(setting.op, setting.dtype, setting.decay, setting.shape, setting.seed,
+                                 setting.h0, setting.dht)
     record = asdict(setting) | {"status": "right", "message": "", "nonfinite": {}, "errors": {},
                                 "errors_unfloored": {}}
     try:
@@ -184,8 +209,11 @@ def default_cache() -> Cache:
 
 # --- sweeps ------------------------------------------------------------------------------------------------------
 
-def settings(ops, variants=None, dtypes=("fp32",), decays=DECAYS, lengths=(64,), chunk_sizes=(None,), **shape):
-    """Every combination, ordered so that settings sharing a float64 reference run back to back."""
+def settings(ops, variants=None, dtypes=("fp32",), decays=DECAYS, lengths=(64,), chunk_sizes=(None,),
+             combinations=COMBINATIONS, **shape):
+    """Every setting of the grid, ordered so that settings sharing a float64 reference run back to back.
+    `combinations`: the (h0, dht) pairs to sweep (`COMBINATIONS`), or their names (`combination_name`)."""
+    pairs = [parse_combination(c) if isinstance(c, str) else tuple(c) for c in combinations]
     out = []
     for op in ops:
         spec = registry.get(*_split(op))
@@ -194,7 +222,9 @@ def settings(ops, variants=None, dtypes=("fp32",), decays=DECAYS, lengths=(64,),
         for dtype in dtypes:
             for T in lengths:
                 for decay in decays:
-                    out += [Setting(spec.label, v, dtype, float(decay), T, c, **shape) for v in wanted for c in sizes]
+                    for h0, dht in pairs:
+                        out += [Setting(spec.label, v, dtype, float(decay), T, c, **shape, h0=h0, dht=dht)
+                                for v in wanted for c in sizes]
     return out
 
 
@@ -214,26 +244,37 @@ def sweep(todo: list[Setting], cache: Cache | None = None, progress: bool = True
 
 
 def table(records: list[dict]) -> list[tuple]:
-    """(op, variant, dtype, T, chunk, first decay not right, status there, worst error where right): one row per
-    line of the atlas, the short form the README shows."""
+    """(op, variant, dtype, T, chunk, first decay not right, status there, worst error where right, combinations not
+    right): one row per line of the atlas over every (h0, dht) combination, the short form the README shows. The last
+    item maps each combination that is not right at some decay to its statuses there, e.g. {"no-h0,dht": "wrong"}."""
     rows = {}
     for r in sorted(records, key=lambda r: r["decay"]):
         key = (r["op"], r["variant"], r["dtype"], r["T"], r["chunk_size"])
-        first = rows.setdefault(key, {"bad": None, "status": "right", "worst": 0.0})
+        first = rows.setdefault(key, {"bad": None, "status": "right", "worst": 0.0, "failing": {}})
         if r["status"] != "right" and first["bad"] is None:
             first.update(bad=r["decay"], status=r["status"])
         if r["status"] == "right":
             first["worst"] = max(first["worst"], worst_error(r))
-    return [(*k, v["bad"], v["status"], v["worst"]) for k, v in rows.items()]
+        else:
+            first["failing"].setdefault(combination_name(*combination_of(r)), set()).add(r["status"])
+    return [(*k, v["bad"], v["status"], v["worst"], _statuses_by_combination(v["failing"])) for k, v in rows.items()]
+
+
+def _statuses_by_combination(failing: dict[str, set]) -> dict[str, str]:
+    order = [combination_name(*c) for c in COMBINATIONS]
+    return {name: "/".join(s for s in STATUSES if s in failing[name])
+            for name in sorted(failing, key=lambda n: order.index(n) if n in order else len(order))}
 
 
 def format_table(records: list[dict]) -> str:
-    """`table` as aligned text."""
+    """`table` as aligned text; the last column names the (h0, dht) combinations that are not right somewhere."""
     lines = [f"{'op':<28} {'variant':<20} {'dtype':<5} {'T':>5} {'chunk':>5}  {'first m not right':<22} "
-             f"{'worst error while right':>10}"]
-    for op, variant, dtype, T, chunk, bad, status, worst in table(records):
+             f"{'worst error while right':>10}  combinations not right"]
+    for op, variant, dtype, T, chunk, bad, status, worst, failing in table(records):
         where = "-" if bad is None else f"{bad:g} ({status})"
-        lines.append(f"{op:<28} {variant:<20} {dtype:<5} {T:>5} {chunk or '-':>5}  {where:<22} {worst:>10.1e}")
+        which = ", ".join(f"{name} ({statuses})" for name, statuses in failing.items()) or "-"
+        lines.append(f"{op:<28} {variant:<20} {dtype:<5} {T:>5} {chunk or '-':>5}  {where:<22} {worst:>23.1e}  "
+                     f"{which}")
     return "\n".join(lines)
 
 
@@ -254,18 +295,25 @@ def short_error(err: float) -> str:
     return f"{mantissa:.1f}e{exponent}"
 
 
+def _heatmap_rows(records: list[dict]) -> list[tuple]:
+    """The y axis of a heatmap: one row per ((h0, dht) combination, T), grouped by combination."""
+    keys = {(combination_of(r), r["T"]) for r in records}
+    return sorted(keys, key=lambda k: (COMBINATIONS.index(k[0]), k[1]))
+
+
 def plot_heatmap(records: list[dict], op: str, variant: str, dtype: str, chunk_size=None, ax=None):
-    """Status (colour) and worst error (text) over decay magnitude (x) and sequence length (y)."""
+    """Status (colour) and worst error (text) over decay magnitude (x) and (h0, dht) combination x sequence length
+    (y): a row "no-h0,dht T64" is T = 64 without an initial state, with a final-state cotangent."""
     from matplotlib.colors import ListedColormap
 
     chosen = _select(records, op=op, variant=variant, dtype=dtype, chunk_size=chunk_size)
     decays = sorted({r["decay"] for r in chosen})
-    lengths = sorted({r["T"] for r in chosen})
+    rows = _heatmap_rows(chosen)
     if ax is None:
-        fig, (ax,) = viz.figure(width=0.6 * len(decays) + 2.0, height=0.45 * len(lengths) + 1.4)
-    grid = torch.full((len(lengths), len(decays)), float("nan"))
+        fig, (ax,) = viz.figure(width=0.6 * len(decays) + 3.0, height=0.45 * len(rows) + 1.4)
+    grid = torch.full((len(rows), len(decays)), float("nan"))
     for r in chosen:
-        i, j = lengths.index(r["T"]), decays.index(r["decay"])
+        i, j = rows.index((combination_of(r), r["T"])), decays.index(r["decay"])
         grid[i, j] = STATUSES.index(r["status"])
         err = worst_error(r)
         label = {"nonfinite": "NaN", "raises": "err"}.get(r["status"], short_error(err))
@@ -273,23 +321,40 @@ def plot_heatmap(records: list[dict], op: str, variant: str, dtype: str, chunk_s
     ax.imshow(grid.numpy(), cmap=ListedColormap([STATUS_COLORS[s] for s in STATUSES]), vmin=-0.5,
               vmax=len(STATUSES) - 0.5, aspect="auto", origin="lower")
     ax.set_xticks(range(len(decays)), [f"{d:g}" for d in decays], fontsize=7)
-    ax.set_yticks(range(len(lengths)), [str(t) for t in lengths], fontsize=7)
+    ax.set_yticks(range(len(rows)), [f"{combination_name(*c)} T{t}" for c, t in rows], fontsize=7)
+    for i in range(1, len(rows)):  # a line between combinations
+        if rows[i][0] != rows[i - 1][0]:
+            ax.axhline(i - 0.5, color="white", lw=2)
     ax.set_xlabel("per-step log-decay magnitude m")
-    ax.set_ylabel("T")
+    ax.set_ylabel("h0: initial state, dht: final-state\ncotangent (no-: absent); T", fontsize=7)
     chunk = f", c{chunk_size}" if chunk_size else ""
     ax.set_title(f"{op} [{variant}] {dtype}{chunk}", fontsize=8)
     return ax
 
 
+def _furthest_from_right(rows: list[dict]) -> dict:
+    """Of records that differ only in (h0, dht): non-finite before raised before the largest error."""
+    rank = {"right": 0, "wrong": 1, "raises": 2, "nonfinite": 3}
+    return max(rows, key=lambda r: (rank[r["status"]], 0.0 if r["status"] == "raises" else worst_error(r)))
+
+
+def _worst_over_combinations(rows: list[dict]) -> list[dict]:
+    by_decay = {}
+    for r in rows:
+        by_decay.setdefault(r["decay"], []).append(r)
+    return [_furthest_from_right(group) for _, group in sorted(by_decay.items())]
+
+
 def plot_error_vs_decay(records: list[dict], op: str, dtype: str, T: int, ax=None):
-    """Worst error against decay magnitude for one op, one line per (library, variant) in the records: fla_lab's
-    solid, an external library's dashed; non-finite results as crosses on the top edge, errors as squares."""
+    """Worst error (over every (h0, dht) combination in the records) against decay magnitude for one op, one line
+    per (library, variant): fla_lab's solid, an external library's dashed; non-finite results as crosses on the top
+    edge, errors as squares."""
     if ax is None:
         fig, (ax,) = viz.figure(width=4.2, height=3.2)
     top = 1.0
     labels = sorted({(r["op"], r["variant"]) for r in records if _split(r["op"])[0] == op})
     for label, variant in labels:
-        rows = sorted(_select(records, op=label, variant=variant, dtype=dtype, T=T), key=lambda r: r["decay"])
+        rows = _worst_over_combinations(_select(records, op=label, variant=variant, dtype=dtype, T=T))
         if not rows:
             continue
         xs, errs = [r["decay"] for r in rows], [worst_error(r) for r in rows]
@@ -303,7 +368,8 @@ def plot_error_vs_decay(records: list[dict], op: str, dtype: str, T: int, ax=Non
     ax.set_yscale("log")
     ax.set_xlabel("per-step log-decay magnitude m")
     ax.set_ylabel("worst relative error")
-    ax.set_title(f"{op}, {dtype}, T = {T}", fontsize=10)
+    combos = sorted({combination_of(r) for r in records}, key=COMBINATIONS.index)
+    ax.set_title(f"{op}, {dtype}, T = {T}\nworst of {', '.join(combination_name(*c) for c in combos)}", fontsize=8)
     # below the axes, never over the curves
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncols=1, frameon=False)
     return ax
@@ -319,19 +385,19 @@ def plot_errors(records: list[dict], ops: list[str], dtype: str, T: int, ncols: 
         plot_error_vs_decay(records, op, dtype, T, ax=ax)
     for ax in axes[len(ops):]:
         ax.axis("off")
-    fig.suptitle("worst scale-aware error against float64 (x on the top edge: non-finite; square: raised)",
-                 fontsize=11)
+    fig.suptitle("worst scale-aware error against float64\nover the (initial state h0, final-state cotangent dht)"
+                 " combinations\n(x on the top edge: non-finite; square: raised)", fontsize=9)
     return fig
 
 
 def plot_atlas(records: list[dict]):
-    """One heatmap per (op, variant, dtype, chunk size) in the records, in a grid."""
+    """One heatmap per (op, variant, dtype, chunk size) in the records, in a grid; rows (h0, dht) x T."""
     keys = sorted({(r["op"], r["variant"], r["dtype"], r["chunk_size"] or 0) for r in records})
     ncols = min(3, len(keys))
     nrows = math.ceil(len(keys) / ncols)
     decays = len({r["decay"] for r in records})
-    lengths = len({r["T"] for r in records})
-    fig, axes = viz.figure(ncols, nrows, width=max(3.4, 0.55 * decays + 1.8), height=0.4 * lengths + 1.5)
+    rows = len(_heatmap_rows(records))
+    fig, axes = viz.figure(ncols, nrows, width=max(4.2, 0.55 * decays + 2.6), height=0.4 * rows + 1.5)
     for ax, (op, variant, dtype, chunk) in zip(axes, keys):
         plot_heatmap(records, op, variant, dtype, chunk or None, ax=ax)
     for ax in axes[len(keys):]:
@@ -339,7 +405,8 @@ def plot_atlas(records: list[dict]):
     handles = [__import__("matplotlib.patches", fromlist=["Patch"]).Patch(color=STATUS_COLORS[s], label=s)
                for s in STATUSES]
     fig.legend(handles=handles, loc="outside lower center", ncols=len(STATUSES), fontsize=8)
-    fig.suptitle("status against float64 (g = -m U(0.05, 1) per step; text: worst scale-aware relative error)",
+    fig.suptitle("status against float64 per (initial state h0, final-state cotangent dht) and T\n"
+                 "(g = -m U(0.05, 1) per step; text: worst scale-aware relative error)",
                  fontsize=9)
     return fig
 

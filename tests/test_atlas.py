@@ -1,9 +1,14 @@
 """The op registry and the stability atlas: specs are complete, records are right, the cache keys what matters,
 and the CLI writes its PNG and JSON (on the CPU here, small sizes; on a GPU at training sizes)."""
+import importlib.machinery
 import json
 import math
+import sys
+import types
+from dataclasses import replace
 
 import pytest
+import torch
 
 from fla_lab import atlas, bugs, registry
 from fla_lab.__main__ import main
@@ -30,14 +35,46 @@ def test_unknown_variant_and_missing_chunk_size_are_refused():
         registry.get("fused_recurrent_gla").op(chunk_size=16)
 
 
-def test_fla_adapter_is_empty_without_the_package_or_a_gpu():
-    if not registry.fla_available():
-        assert registry.register_fla() == []
+def _fake_fla(monkeypatch, missing=()):
+    """A minimal `fla` package: each op of `registry.FLA_MODULES` as a function in its module, but `missing`."""
+    fakes = {}
+    for name in ("fla", "fla.ops", *sorted(set(registry.FLA_MODULES.values()))):
+        module = types.ModuleType(name)
+        module.__spec__ = importlib.machinery.ModuleSpec(name, None)  # find_spec reads it from sys.modules
+        monkeypatch.setitem(sys.modules, name, module)
+    for op, module in registry.FLA_MODULES.items():
+        if op not in missing:
+            fakes[op] = lambda *a, **k: None
+            setattr(sys.modules[module], op, fakes[op])
+    return fakes
+
+
+def test_fla_adapter_is_empty_without_the_package_or_a_gpu(monkeypatch):
+    monkeypatch.setattr(registry, "OPS", dict(registry.ops()))  # what the adapter adds goes away with the test
+    before = set(registry.ops())
+
+    monkeypatch.setitem(sys.modules, "fla", None)  # importlib's mark of a package that is not there
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert not registry.fla_available() and registry.register_fla() == []
+
+    fakes = _fake_fla(monkeypatch, missing=("chunk_gsa",))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert not registry.fla_available() and registry.register_fla() == []
+    assert set(registry.ops()) == before
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert registry.fla_available()
+    added = registry.register_fla()
+    assert sorted(added) == sorted(f"fla:{op}" for op in registry.FLA_MODULES if op != "chunk_gsa")
+    for op, fn in fakes.items():
+        spec = registry.get(op, library="fla")
+        assert spec.fn is fn and spec.requires_cuda and spec.variants == (registry.FIXED,)
+        assert spec.reference is registry.get(op).reference
 
 
 def test_records_tell_right_from_nonfinite():
     todo = atlas.settings(["chunk_rwkv6"], dtypes=("fp32",), decays=(1.0, 200.0), lengths=(40,), chunk_sizes=(32,),
-                          **SMALL)
+                          combinations=[(True, True)], **SMALL)
     records = {(r["variant"], r["decay"]): r for r in atlas.sweep(todo, progress=False)}
     assert len(records) == 4
     assert records["fixed", 200.0]["status"] == "right" and records["fixed", 1.0]["status"] == "right"
@@ -47,9 +84,55 @@ def test_records_tell_right_from_nonfinite():
     assert records["exclusive_reference", 1.0]["status"] == "right"
 
 
+def test_settings_sweep_the_four_combinations_unless_told():
+    grid = atlas.settings(["chunk_gla"], ["fixed"], decays=(1.0,), lengths=(20,), chunk_sizes=(16,), **SMALL)
+    assert [(s.h0, s.dht) for s in grid] == list(atlas.COMBINATIONS)
+    one = atlas.settings(["chunk_gla"], ["fixed"], decays=(1.0,), lengths=(20,), combinations=["no-h0,dht"])
+    assert [(s.h0, s.dht) for s in one] == [(False, True)]
+    with pytest.raises(ValueError, match="no combination"):
+        atlas.settings(["chunk_gla"], combinations=["h0"])
+
+
+def test_old_records_read_as_an_initial_state_and_a_final_state_cotangent():
+    old = {"op": "chunk_gsa", "variant": "fixed", "dtype": "bf16", "decay": 1.0, "T": 512, "chunk_size": None,
+           "status": "wrong", "errors": {"dg": 0.5}}
+    assert atlas.combination_of(old) == (True, True)
+    assert atlas.table([old])[0][-1] == {"h0,dht": "wrong"}
+
+
+def _drops_decay_grad_through_final_state(spec: registry.OpSpec):
+    """`spec`'s op, but without an initial state its final state carries no gradient to the decay: right values,
+    a wrong (finite) decay gradient only when the final state has a cotangent (a truncated-BPTT segment)."""
+    def op(**kwargs):
+        o, ht = spec.fn(**kwargs)
+        if kwargs.get("initial_state") is None and ht is not None:
+            _, ht = spec.fn(**(kwargs | {spec.decay_name: kwargs[spec.decay_name].detach()}))
+        return o, ht
+    return op
+
+
+def test_atlas_catches_a_bug_only_without_initial_state_and_with_final_state_cotangent(monkeypatch):
+    spec = registry.get("chunk_gla")
+    planted = replace(spec, fn=_drops_decay_grad_through_final_state(spec), library="planted", bug_names=())
+    monkeypatch.setitem(registry.ops(), planted.label, planted)
+    todo = atlas.settings(["chunk_gla", planted.label], decays=(0.1,), lengths=(32,), chunk_sizes=(16,), **SMALL)
+    records = {(r["op"], r["h0"], r["dht"]): r for r in atlas.sweep(todo, progress=False)}
+    assert len(records) == 8
+    for h0, dht in atlas.COMBINATIONS:
+        assert records["chunk_gla", h0, dht]["status"] == "right"
+        assert ("dinitial_state" in records["chunk_gla", h0, dht]["errors"]) == h0
+        bugged = records[planted.label, h0, dht]
+        caught = (h0, dht) == (False, True)
+        assert bugged["status"] == ("wrong" if caught else "right")
+        assert bugged["beyond_tolerance"] == (["dg"] if caught else [])
+    *_, failing = {row[0]: row for row in atlas.table(list(records.values()))}[planted.label]
+    assert failing == {"no-h0,dht": "wrong"}
+    assert "no-h0,dht (wrong)" in atlas.format_table(list(records.values()))
+
+
 def test_a_raising_kernel_is_a_record():
     todo = atlas.settings(["fused_recurrent_rwkv6"], ["transposed_h0_mask"], decays=(1.0,), lengths=(9,),
-                          B=1, H=1, K=32, V=64)
+                          combinations=[(True, True)], B=1, H=1, K=32, V=64)
     record, = atlas.sweep(todo, progress=False)
     assert record["status"] == "raises" and "64 and 16" in record["message"]
 
@@ -67,15 +150,30 @@ def test_cache_hits_and_keys_on_the_setting(tmp_path):
 
 
 def test_cli_writes_png_and_json(tmp_path, capsys):
-    code = main(["atlas", "--op", "chunk_gsa", "--dtype", "bf16", "--decay", "1", "100", "--length", "45",
-                 "--chunk-size", "64", "--shape", "1,1,16,16,16", "--out", str(tmp_path), "--no-cache"])
+    # two of the four combinations at one decay: as many settings and float64 references (and seconds) as before
+    code = main(["atlas", "--op", "chunk_gsa", "--dtype", "bf16", "--decay", "100", "--length", "45",
+                 "--chunk-size", "64", "--shape", "1,1,16,16,16", "--combination", "h0,dht", "no-h0,dht",
+                 "--out", str(tmp_path), "--no-cache"])
     assert code == 0
     data = json.loads((tmp_path / "atlas.json").read_text())
-    assert {(r["variant"], r["decay"], r["status"]) for r in data["records"]} == {
-        ("fixed", 1.0, "right"), ("fixed", 100.0, "right"),
-        ("unmasked_padding", 1.0, "right"), ("unmasked_padding", 100.0, "nonfinite")}
+    assert {(r["variant"], r["h0"], r["dht"], r["status"]) for r in data["records"]} == {
+        ("fixed", True, True, "right"), ("fixed", False, True, "right"),
+        ("unmasked_padding", True, True, "nonfinite"), ("unmasked_padding", False, True, "nonfinite")}
     assert (tmp_path / "atlas.png").stat().st_size > 10_000
-    assert "100 (nonfinite)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "100 (nonfinite)" in out and "h0,dht (nonfinite), no-h0,dht (nonfinite)" in out
+
+
+def test_heatmap_has_a_row_per_combination_and_length():
+    import matplotlib
+    matplotlib.use("Agg")
+    records = [{"op": "chunk_gla", "variant": "fixed", "dtype": "fp32", "chunk_size": None, "decay": m, "T": T,
+                "h0": h0, "dht": dht, "status": "right", "errors": {"o": 1e-7}}
+               for m in (1.0, 10.0) for T in (16, 32) for h0, dht in atlas.COMBINATIONS]
+    ax = atlas.plot_heatmap(records, "chunk_gla", "fixed", "fp32")
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert labels[:3] == ["h0,dht T16", "h0,dht T32", "h0,no-dht T16"] and len(labels) == 8
+    assert "dht" in ax.get_ylabel() and "decay" in ax.get_xlabel()
 
 
 def test_short_error_keeps_two_significant_digits():
