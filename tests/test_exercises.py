@@ -3,6 +3,8 @@ check and a solution whose check asserts a PASS, and that the learner's copy run
 tests/test_edition.py; nbval re-executes every solution in CI.)"""
 import math
 
+import pytest
+
 from fla_lab import exercises
 
 
@@ -55,3 +57,31 @@ def test_a_plain_function_is_not_taken_for_a_triton_helper():
     assert str(exercises.not_a_jit_helper("x", plain)).splitlines()[:2] == [
         "NOT YET  x", "  - plain is not a @triton.jit function"]
 
+
+
+# ---------------------------------------------------------------------------------------- the shipped answers
+# Each check run on the helper the package ships (PASS) and on the historical buggy helper beside it (NOT YET).
+# 03b's check_padded_exponent is run both ways in test_lesson_gsa_padding.py, 06's hunts in
+# test_lesson_hunting.py; the other lesson tests use their own copies of the helpers, not the shipped ones.
+
+
+def _shipped(exercise):
+    from fla_lab.layers.rwkv7 import log_decay_from_lora
+    from fla_lab.lessons import amp, masks, overflow
+    from fla_lab.ops.common import chunk_stages, fused_recurrent
+
+    return {  # exercise: (check, shipped fix, historical bug)
+        "03a reference row": (overflow.check_reference_row, chunk_stages.reference_row,
+                              chunk_stages.reference_row_inclusive),
+        "04 h0 mask": (masks.check_h0_mask, fused_recurrent.h0_mask, fused_recurrent.h0_mask_transposed),
+        "05 log decay": (amp.check_log_decay, lambda w_raw: log_decay_from_lora(w_raw, None),
+                         lambda w_raw: log_decay_from_lora(w_raw, "bf16_decay")),
+    }[exercise]
+
+
+@pytest.mark.parametrize("exercise", ["03a reference row", "04 h0 mask", "05 log decay"])
+def test_check_passes_the_shipped_fix_and_not_the_historical_bug(exercise):
+    check, fix, bug = _shipped(exercise)
+    fixed, buggy = check(fix), check(bug)
+    assert fixed.passed and str(fixed).startswith("PASS"), str(fixed)
+    assert not buggy.passed and str(buggy).startswith("NOT YET"), str(buggy)
