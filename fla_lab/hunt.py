@@ -349,6 +349,7 @@ class Call:
     kwargs: dict
     do: torch.Tensor | None = None
     dht: object = None
+    detached: tuple[str, ...] = ()  # outputs returned without a graph although an input required grad
 
 
 @dataclass
@@ -419,9 +420,9 @@ class Locator:
 
         def located(*args, **kwargs):
             bound = signature.bind(*args, **kwargs).arguments
-            extra = bound.pop("kwargs", {})
+            bound = {**bound, **bound.pop("kwargs", {})}  # a wrapper's **kwargs may carry tensors too
             inputs = {n: v for n, v in bound.items() if _is_input(v)}
-            options = {n: v for n, v in bound.items() if n not in inputs and n != "output_final_state"} | extra
+            options = {n: v for n, v in bound.items() if n not in inputs and n != "output_final_state"}
             call = Call(len(self.calls), spec.name, self._stack[-1] if self._stack else "-", real,
                         {n: _copy(v) for n, v in inputs.items()}, options)
             self.calls.append(call)
@@ -443,6 +444,10 @@ class Locator:
 
     # backward --------------------------------------------------------------------------------------------------
     def _watch_backward(self, call: Call, inputs: dict, o, ht) -> None:
+        states = ht if isinstance(ht, tuple) else (ht,)
+        if torch.is_grad_enabled() and any(t.requires_grad for _, t in _tensors(inputs)):
+            returned = {"o": o, **{f"ht[{i}]" if len(states) > 1 else "ht": s for i, s in enumerate(states)}}
+            call.detached = tuple(n for n, t in returned.items() if t is not None and not t.requires_grad)
         if not torch.is_grad_enabled() or not o.requires_grad:
             return
 
@@ -451,7 +456,6 @@ class Locator:
             if self.event is None and not torch.isfinite(grad).all():
                 self._record(call, "backward", "non-finite gradient reached the op's output")
         o.register_hook(got_do)
-        states = ht if isinstance(ht, tuple) else (ht,)
         call.dht = [None] * len(states)
         for i, s in enumerate(states):
             if s is not None and s.requires_grad:

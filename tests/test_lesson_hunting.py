@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import fla_lab
-from fla_lab import bugs, check, harness, registry
+from fla_lab import audit, bugs, check, harness, registry
 from fla_lab.layers import GatedSlotAttention
 from fla_lab.lessons import hunting
 
@@ -87,8 +87,9 @@ def test_the_mystery_model_hunt_end_to_end():
     assert report.suspects() == [] and "no catalogue entry matches" in str(report.suspects())
     census = hunting.grad_census(model, "blocks.1.attn")
     assert [n for n, c in census.items() if c.count] == ["blocks.1.attn.f_proj.weight"]
-    flagged = [call.op for call, cmp in hunting.audit(report.calls) if not cmp.ok]
-    assert flagged == ["chunk_rwkv7"]
+    with audit.audit(model) as recorded:  # block 0's call gets the NaN cotangent: compared forward only
+        hunting.loss_of(model, hunting.tokens()).backward()
+    assert [r.call.op for r in recorded.wrong()] == ["chunk_rwkv7"], recorded.report()
 
     victim = hunting.check_nan_hunt(model, {"module": "blocks.0.attn (RWKV6Attention)", "where": "x", "cause": ""})
     assert not victim.passed and "arrive" in victim.hints[0]

@@ -5,8 +5,8 @@ Two kinds of models live here:
 - `scenario(name)`: one layer (or one op call) per catalogue entry, triggered the way its report met it; the
   tests check the locator names the entry's op, kernel and cause (`bugs.Bug.located`) on every one;
 - `mystery_model()`: a small language model built from fla_lab layers with switches planted inside that are NOT
-  in the catalogue (`bugs.PLANTED`), for the learner to find while training it in bf16; `audit` replays the op
-  calls the locator recorded against float64, `register_as_called` puts an op as the model called it in the atlas,
+  in the catalogue (`bugs.PLANTED`), for the learner to find while training it in bf16 (`fla_lab.audit` replays
+  every op call of a step against float64), `register_as_called` puts an op as the model called it in the atlas,
   `check_nan_hunt` / `check_silent_hunt` are the two exercises' checks.
 """
 from __future__ import annotations
@@ -196,37 +196,6 @@ def grad_census(model: nn.Module, prefix: str = "") -> dict[str, check.Census]:
     """The non-finite census of every parameter's gradient under `prefix` (after a backward)."""
     return {name: check.nonfinite_census(p.grad, dims=tuple(f"i{n}" for n in range(p.grad.dim())))
             for name, p in model.named_parameters() if name.startswith(prefix) and p.grad is not None}
-
-
-# --- the audit: every recorded op call against float64 ---------------------------------------------------------
-
-def audit(calls: list[hunt.Call], grads: bool = False, seed: int = 0) -> list[tuple[hunt.Call, harness.Comparison]]:
-    """Replay every recorded op call on its own inputs and compare its output and final state (and, with `grads`,
-    every gradient under random cotangents: about three times the cost) with the float64 reference on the same
-    rounded inputs."""
-    out = []
-    for call in calls:
-        spec = registry.get(call.op)
-        options = {n: v for n, v in call.kwargs.items() if n in ("scale",)}  # what the reference takes too
-        op = functools.partial(call.fn, **{n: v for n, v in call.kwargs.items() if n not in options})
-        with contract.value_checks(False):
-            out.append((call, harness.compare(op, spec.reference, call.inputs, dtype=_dtype(call), grads=grads,
-                                              seed=seed, **options)))
-    return out
-
-
-def _dtype(call: hunt.Call) -> torch.dtype:
-    return next(t.dtype for _, t in hunt._tensors(call.inputs))
-
-
-def format_audit(results) -> str:
-    lines = [f"{'module':<14} {'op':<22} {'dtype':<9} {'worst':<5} {'error':>8} {'tolerance':>9}  verdict"]
-    for call, cmp in results:
-        worst = max(cmp.errors, key=lambda n: cmp.errors[n] / cmp.tolerance.of(n))
-        lines.append(f"{call.module.split(' (')[0]:<14} {call.op:<22} {str(cmp.dtype)[6:]:<9} {worst:<5} "
-                     f"{cmp.errors[worst]:>8.1e} {cmp.tolerance.of(worst):>9.0e}  "
-                     f"{'right' if cmp.ok else 'WRONG'}")
-    return "\n".join(lines)
 
 
 def register_as_called(call: hunt.Call, library: str = "model") -> str:
