@@ -1,0 +1,387 @@
+"""Mutation check: does the toolkit catch kernel mistakes nobody has catalogued?
+
+Each mutation below is one plausible one-line slip in a Triton kernel (an `old` snippet that occurs exactly once in
+its file, and its `new` replacement). For each, one at a time, the script exports HEAD's tracked files into a fresh
+temporary folder (`git archive HEAD`: the working tree is never touched), applies the edit there, and runs, each in
+its own subprocess with the copy first on PYTHONPATH and under a timeout:
+
+  1. tests   : `pytest -q -x` on a small selection of the op's test files (caught: a test failed; an import or
+               collection error is reported as "error", not as caught);
+  2. atlas   : one small sweep of the op (fp32 and bf16, decays 0.1 and 100, T 33 and 64, B=H=1, K=V=M=16, all four
+               (initial state, final-state cotangent) combinations): flagged when any record is not "right";
+  3. locator : the op under `hunt.locate()` on a small input with a backward, with an initial state and a final-state
+               cotangent, then without an initial state: does the report name the op, and the mutated kernel?
+     audit   : the same two steps under `audit.audit()`: is a call of the op flagged? (the audit names ops, not
+               kernels: "op only").
+
+    .venv/bin/python benchmarks/mutation_check.py --list
+    .venv/bin/python benchmarks/mutation_check.py --only gla_diag_mask_after_exp rwkv7_exclusive_pair_inclusive
+    .venv/bin/python benchmarks/mutation_check.py            # all (each takes minutes under the interpreter)
+
+Writes benchmarks/results/mutations.json and mutations.md (merged by id with what is already there).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+STAGES = ("tests", "atlas", "locate")
+TIMEOUTS = {"tests": 420, "atlas": 600, "locate": 420}
+
+
+@dataclass(frozen=True)
+class Mutation:
+    id: str
+    op: str       # the registry op the check runs
+    kernel: str   # the Triton kernel (as launched: the tracer's name) the edit lands in
+    path: str     # relative to the repository root
+    old: str      # occurs exactly once in `path`
+    new: str
+    what: str
+
+
+CS = "fla_lab/ops/common/chunk_stages.py"
+FR = "fla_lab/ops/common/fused_recurrent.py"
+GSA = "fla_lab/ops/gsa/chunk.py"
+R7 = "fla_lab/ops/rwkv7/chunk.py"
+R7F = "fla_lab/ops/rwkv7/fused_recurrent.py"
+
+MUTATIONS = [
+    Mutation("gla_diag_mask_after_exp", "chunk_gla", "gated_scores_kernel", CS,
+             "    return tl.where(causal, tl.exp(tl.where(causal, b_gq - b_gk, 0)), 0)\n",
+             "    return tl.exp(b_gq - b_gk) * causal.to(tl.float32)\n",
+             "diagonal block: the causal mask multiplies after exp instead of zeroing the exponent "
+             "(exp(+large) = inf above the diagonal, inf * 0 = NaN)"),
+    Mutation("gsa_value_scores_strict_causal", "chunk_gsa", "plain_scores_kernel", CS,
+             "    causal = o_c[:, None] >= o_c[None, :]\n",
+             "    causal = o_c[:, None] > o_c[None, :]\n",
+             "off-by-one causal mask in the value side's scores: `>` drops the diagonal"),
+    Mutation("rwkv7_exclusive_pair_inclusive", "chunk_rwkv7", "dplr_intra_kernel", R7,
+             "    exc = ((o_c > j) & m_t)[:, None]\n",
+             "    exc = ((o_c >= j) & m_t)[:, None]\n",
+             "off-by-one in the exclusive pair mask: `>=` lets row j see its own removal term"),
+    Mutation("gla_dht_dropped_without_h0", "chunk_gla", "chunk_bwd_dh_kernel", CS,
+             "    if USE_DHT:\n        b_dh += tl.load(dht + i_bh * K * V + p_kv, mask=m_kv, other=0).to(tl.float32)\n",
+             "    if USE_DHT and STORE_DH0:\n"
+             "        b_dh += tl.load(dht + i_bh * K * V + p_kv, mask=m_kv, other=0).to(tl.float32)\n",
+             "the final-state cotangent is loaded only when dh0 is stored: without an initial state (truncated BPTT) "
+             "dht is dropped"),
+    Mutation("rwkv6_fused_h0_only_with_ht", "fused_recurrent_rwkv6", "fused_recurrent_fwd_kernel", FR,
+             "    if USE_H0:\n        b_h += tl.load(h0 + i_bh * K * V + p_kv, mask=m_kv, other=0).to(tl.float32)\n"
+             "    if RWKV6:\n",
+             "    if USE_H0 and STORE_HT:\n"
+             "        b_h += tl.load(h0 + i_bh * K * V + p_kv, mask=m_kv, other=0).to(tl.float32)\n    if RWKV6:\n",
+             "the initial state is added only when the final state is requested (guard on the wrong flag)"),
+    Mutation("gla_ht_before_last_decay", "chunk_gla", "chunk_fwd_h_kernel", CS,
+             "            b_h = b_h * tl.exp(b_glast)[:, None] + mma(b_kt, b_v, DOT)\n",
+             "            b_h = b_h * tl.exp(tl.where(i_t < NT - 1, b_glast, 0))[:, None] + mma(b_kt, b_v, DOT)\n",
+             "the final state is stored before the last chunk's decay of the carried state"),
+    Mutation("gla_dk_reference_row_past_subchunk", "chunk_gla", "chunk_bwd_dqk_kernel", CS,
+             "        b_gn = tl.load(gi + (tl.minimum(i_start + BC, T) - 1) * HD + o_d, mask=m_d, other=0)\n",
+             "        b_gn = tl.load(gi + tl.minimum(i_start + BC, T - 1) * HD + o_d, mask=m_d, other=0)\n",
+             "wrong reference row in cols_from_later_subchunks: the first row of the next sub-chunk instead of this "
+             "one's last"),
+    Mutation("gsa_softmax_wrong_axis", "chunk_gsa", "slot_softmax_fwd_kernel", GSA,
+             "    b_p = b_e / tl.maximum(tl.sum(b_e, axis=1), 1e-30)[:, None]  # padded rows",
+             "    b_p = b_e / tl.maximum(tl.sum(b_e, axis=0), 1e-30)[None, :]  # padded rows",
+             "slot softmax normalised over the wrong axis (rows of the block instead of the M slots)"),
+    Mutation("rwkv6_chunk_o_missing_scale", "chunk_rwkv6", "chunk_fwd_o_kernel", CS,
+             "    tl.store(o + bos * V + o_t[:, None] * H * V + o_v[None, :], (scale * b_o).to(o.dtype.element_ty), "
+             "mask=m_tv)\n",
+             "    tl.store(o + bos * V + o_t[:, None] * H * V + o_v[None, :], b_o.to(o.dtype.element_ty), "
+             "mask=m_tv)\n",
+             "the output forgets `scale`"),
+    Mutation("rwkv7_dh_decay_sign", "chunk_rwkv7", "dplr_bwd_dh_kernel", R7,
+             "        b_rt = load_cols(r, o_t, o_k, m_kt, HK) * tl.exp(b_gt)\n",
+             "        b_rt = load_cols(r, o_t, o_k, m_kt, HK) * tl.exp(-b_gt)\n",
+             "wrong sign in a decay exponent of the state adjoint: exp(-G) grows instead of decaying"),
+    Mutation("rwkv6_fused_bonus_dropped", "fused_recurrent_rwkv6", "fused_recurrent_fwd_kernel", FR,
+             "            b_o = tl.sum((b_h + b_u[:, None] * b_kv) * b_q[:, None], axis=0)\n",
+             "            b_o = tl.sum(b_h * b_q[:, None], axis=0)\n",
+             "the RWKV6 bonus `u` term is dropped from the output"),
+    Mutation("rwkv6_chunk_key_load_no_other", "chunk_rwkv6", "chunk_fwd_h_kernel", CS,
+             "        b_kt = tl.load(k + o_t[None, :] * H * K + o_k[:, None], mask=m_kt, other=0).to(tl.float32)\n"
+             "        b_v = tl.load(v + o_t[:, None] * H * V + o_v[None, :], mask=m_tv, other=0).to(tl.float32)\n"
+             "        if GATE_V:",
+             "        b_kt = tl.load(k + o_t[None, :] * H * K + o_k[:, None]).to(tl.float32)\n"
+             "        b_v = tl.load(v + o_t[:, None] * H * V + o_v[None, :], mask=m_tv, other=0).to(tl.float32)\n"
+             "        if GATE_V:",
+             "the key load of the state pass loses its mask and `other=0`: rows past T read whatever follows"),
+    Mutation("rwkv7_fused_sa_wrong_axis", "fused_recurrent_rwkv7", "fused_recurrent_rwkv7_fwd_kernel", R7F,
+             "    b_sa = tl.sum(b_a[:, None] * b_h, axis=0)\n",
+             "    b_sa = tl.sum(b_a[:, None] * b_h, axis=1)\n",
+             "a^T S reduced over the wrong axis in the step transition (square tiles hide the shape error)"),
+]
+
+# --- tests per op: small and fast ---------------------------------------------------------------------------------
+TESTS = {
+    "chunk_gla": ["tests/test_chunk.py", "-k", "gla or agrees"],
+    "chunk_rwkv6": ["tests/test_chunk.py", "-k", "rwkv6 or agrees or scale"],
+    "fused_recurrent_rwkv6": ["tests/test_recurrent.py", "-k", "rwkv6 or scale"],
+    "fused_recurrent_rwkv7": ["tests/test_rwkv7.py", "-k", "fused"],
+    "chunk_gsa": ["tests/test_gsa.py", "-k", "test_chunk_gsa or vanilla or fixed_path"],
+    "chunk_rwkv7": ["tests/test_chunk_rwkv7.py", "-k", "exact or agrees"],
+}
+
+
+def check_mutation(m: Mutation, text: str) -> None:
+    count = text.count(m.old)
+    if count != 1:
+        raise SystemExit(f"mutation {m.id}: `old` occurs {count} times in {m.path} (must be exactly once)")
+    if m.old == m.new:
+        raise SystemExit(f"mutation {m.id}: `new` equals `old`")
+
+
+def head_text(path: str) -> str:
+    return subprocess.run(["git", "show", f"HEAD:{path}"], cwd=ROOT, capture_output=True, text=True,
+                          check=True).stdout
+
+
+def export_copy(m: Mutation) -> Path:
+    """HEAD's tracked files in a fresh folder, with the mutation applied."""
+    dest = Path(tempfile.mkdtemp(prefix=f"mut-{m.id}-"))
+    archive = subprocess.run(["git", "archive", "--format=tar", "HEAD"], cwd=ROOT, capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+    target = dest / m.path
+    text = target.read_text()
+    check_mutation(m, text)
+    target.write_text(text.replace(m.old, m.new))
+    return dest
+
+
+def _run(cmd, copy: Path, timeout: int) -> tuple[int | None, str, float]:
+    env = dict(os.environ, PYTHONPATH=str(copy), PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS="1")
+    start = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, cwd=copy, env=env, capture_output=True, text=True, timeout=timeout)
+        return p.returncode, p.stdout + p.stderr, time.perf_counter() - start
+    except subprocess.TimeoutExpired as exc:
+        out = (exc.stdout or b"") + (exc.stderr or b"")
+        return None, out.decode(errors="replace") if isinstance(out, bytes) else out, time.perf_counter() - start
+
+
+def stage_tests(m: Mutation, copy: Path) -> dict:
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-p", "no:randomly",
+           *TESTS[m.op]]
+    rc, out, secs = _run(cmd, copy, TIMEOUTS["tests"])
+    first = next((line.split(" ", 1)[1].split(" - ")[0] for line in out.splitlines() if line.startswith("FAILED ")),
+                 None)
+    if rc is None:
+        verdict = "timeout"
+    elif rc == 1 and first:
+        verdict = "caught"
+    elif rc == 0:
+        verdict = "missed"
+    else:
+        verdict = "error"  # collection/import error, usage error, interrupted: not a test catching it
+    tail = "\n".join(out.strip().splitlines()[-3:])
+    return {"verdict": verdict, "first_failing": first, "rc": rc, "seconds": round(secs, 1), "tail": tail[-600:]}
+
+
+def stage_worker(stage: str, m: Mutation, copy: Path) -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", stage, "--only", m.id]
+    rc, out, secs = _run(cmd, copy, TIMEOUTS[stage])
+    lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
+    if rc is None:
+        return {"verdict": "timeout", "seconds": round(secs, 1)}
+    if not lines:
+        return {"verdict": "error", "rc": rc, "seconds": round(secs, 1), "tail": out.strip()[-800:]}
+    return json.loads(lines[-1][7:]) | {"seconds": round(secs, 1)}
+
+
+# --- workers: run inside the mutated copy ---------------------------------------------------------------------------
+
+SHAPE = dict(B=1, H=1, K=16, V=16, M=16)
+
+
+def worker_atlas(m: Mutation) -> dict:
+    from fla_lab import atlas
+
+    todo = atlas.settings([m.op], variants=["fixed"], dtypes=("fp32", "bf16"), decays=(0.1, 100.0),
+                          lengths=(33, 64), **SHAPE)
+    records = atlas.sweep(todo, cache=None, progress=False)
+    bad = [{"dtype": r["dtype"], "decay": r["decay"], "T": r["T"],
+            "combination": atlas.combination_name(r.get("h0", True), r.get("dht", True)), "status": r["status"],
+            "tensors": sorted(set(r.get("beyond_tolerance") or []) | set(r.get("nonfinite") or {})),
+            "message": r.get("message", "")[:160]} for r in records if r["status"] != "right"]
+    return {"verdict": "flagged" if bad else "missed", "settings": len(records), "not_right": len(bad),
+            "statuses": sorted({b["status"] for b in bad}), "bad": bad}
+
+
+def _step(op, x: dict):
+    import torch
+
+    o, ht = op(**x, output_final_state=True)
+    loss = o.float().square().mean()
+    for s in ht if isinstance(ht, tuple) else (ht,):
+        if s is not None:
+            loss = loss + (s.float() * torch.linspace(-1, 1, s.numel()).view_as(s)).sum()
+    loss.backward()
+
+
+def _inputs(op: str, h0: bool):
+    from fla_lab import harness, registry, runtime
+
+    spec = registry.get(op)
+    x = spec.inputs(registry.Shape(1, 40, 1, 16, 16, 16), decay=None if "rwkv7" in op else 30.0,
+                    initial_state=h0, seed=1)
+    return harness.leaves(x, None, runtime.device())
+
+
+def worker_locate(m: Mutation) -> dict:
+    import warnings
+
+    from fla_lab import audit, hunt, ops
+    from fla_lab.ops import contract
+
+    warnings.simplefilter("ignore")
+    out = {}
+    for case, h0 in (("h0,dht", True), ("no-h0,dht", False)):
+        entry = {}
+        try:
+            with contract.value_checks(False):
+                with hunt.locate() as found:
+                    _step(lambda **kw: getattr(ops, m.op)(**kw), _inputs(m.op, h0))
+            d = found.report.diagnosis
+            entry["locator"] = {"event": found.report.event.what if found.report.event else None,
+                                "op": d.op if d else None, "kernel": d.kernel if d else None,
+                                "cause": d.cause if d else None}
+        except Exception as exc:  # the locator itself failing is a result
+            entry["locator"] = {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:160]}"}
+        try:
+            with contract.value_checks(False):
+                with audit.audit() as rec:
+                    _step(lambda **kw: getattr(ops, m.op)(**kw), _inputs(m.op, h0))
+                wrong = rec.wrong()
+            entry["audit"] = {"flagged_ops": [r.call.op for r in wrong],
+                              "worst": [f"{r.worst} {r.errors[r.worst]:.2e}" for r in wrong]}
+        except Exception as exc:
+            entry["audit"] = {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:160]}"}
+        out[case] = entry
+    loc = [e["locator"] for e in out.values()]
+    aud = [e["audit"] for e in out.values()]
+    return {"cases": out,
+            "locator_op": any(x.get("op") == m.op for x in loc),
+            "locator_kernel": any(x.get("kernel") == m.kernel for x in loc),
+            "locator_kernels": sorted({x.get("kernel") for x in loc if x.get("kernel")}),
+            "audit_op": any(m.op in x.get("flagged_ops", []) for x in aud)}
+
+
+# --- the table ------------------------------------------------------------------------------------------------------
+
+def _yes(b) -> str:
+    return "yes" if b else "no"
+
+
+def row(r: dict) -> str:
+    t, a, loc = r.get("tests", {}), r.get("atlas", {}), r.get("locate", {})
+    tests = t.get("verdict", "-") + (f" (`{t['first_failing']}`)" if t.get("first_failing") else "")
+    if a.get("verdict") == "flagged":
+        firsts = a["bad"][:2]
+        atl = f"flagged {a['not_right']}/{a['settings']} ({', '.join(a['statuses'])}); e.g. " + "; ".join(
+            f"{b['combination']} {b['dtype']} m={b['decay']:g} T={b['T']}: {b['status']} {','.join(b['tensors'])}"
+            for b in firsts)
+    else:
+        atl = a.get("verdict", "-") + (f" ({a['settings']} settings)" if "settings" in a else "")
+    if "locator_op" in loc:
+        found = loc["locator_kernels"]
+        locs = (f"op {_yes(loc['locator_op'])}, kernel {_yes(loc['locator_kernel'])}"
+                + (f" ({', '.join(found)})" if found and not loc["locator_kernel"] else ""))
+        aud = f"{_yes(loc['audit_op'])} (op only)"
+    else:
+        locs = aud = loc.get("verdict", "-")
+    secs = "/".join(f"{r.get(s, {}).get('seconds', 0):.0f}" for s in STAGES)
+    return f"| {r['id']} | {r['op']} | `{r['kernel']}` | {tests} | {atl} | {locs} | {aud} | {secs} |"
+
+
+def write(results: dict, partial: bool) -> str:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "mutations.json").write_text(json.dumps(list(results.values()), indent=1))
+    order = [m.id for m in MUTATIONS]
+    ran = [results[i] for i in order if i in results]
+    missing = [i for i in order if i not in results]
+    lines = ["# Mutation check: uncatalogued kernel mistakes, and who catches them", "",
+             "`benchmarks/mutation_check.py`: one mutation at a time on an export of HEAD, on the CPU under the "
+             "Triton interpreter. Tests: a small selection per op (`pytest -x`). Atlas: fp32+bf16, decays 0.1 and "
+             "100, T 33 and 64, B=H=1, K=V=M=16, all four (h0, dht) combinations. Locator/audit: T=40, one step with "
+             "an initial state and one without, both with a final-state cotangent. Seconds: tests/atlas/locate.", ""]
+    if partial or missing:
+        lines += [f"**PARTIAL**: {len(ran)} of {len(order)} mutations ran; not run: {', '.join(missing) or '-'}.", ""]
+    lines += ["| id | op | kernel | tests | atlas | locator (op, kernel) | audit (op flagged) | s |",
+              "|---|---|---|---|---|---|---|---|"]
+    lines += [row(r) for r in ran]
+    lines += ["", "What each mutation is:", ""]
+    lines += [f"- `{m.id}` ({m.path}): {m.what}" for m in MUTATIONS if m.id in results]
+    text = "\n".join(lines) + "\n"
+    (RESULTS / "mutations.md").write_text(text)
+    return text
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", nargs="+", metavar="ID")
+    ap.add_argument("--list", action="store_true")
+    ap.add_argument("--jobs", type=int, default=1, help="only 1 is supported (the machine is shared)")
+    ap.add_argument("--stages", nargs="+", choices=STAGES, default=list(STAGES))
+    ap.add_argument("--fresh", action="store_true", help="do not merge with the existing mutations.json")
+    ap.add_argument("--worker", choices=("atlas", "locate"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    by_id = {m.id: m for m in MUTATIONS}
+    if len(by_id) != len(MUTATIONS):
+        raise SystemExit("duplicate mutation ids")
+    unknown = set(args.only or ()) - set(by_id)
+    if unknown:
+        raise SystemExit(f"unknown mutation id(s): {sorted(unknown)}; --list shows them")
+    chosen = [by_id[i] for i in args.only] if args.only else MUTATIONS
+
+    if args.worker:
+        import fla_lab
+        here = Path.cwd().resolve()
+        assert Path(fla_lab.__file__).resolve().is_relative_to(here), f"fla_lab from {fla_lab.__file__}, not {here}"
+        fn = {"atlas": worker_atlas, "locate": worker_locate}[args.worker]
+        print("RESULT " + json.dumps(fn(chosen[0]), default=str))
+        return 0
+    if args.list:
+        for m in MUTATIONS:
+            print(f"{m.id:<36} {m.op:<22} {m.kernel:<34} {m.what}")
+        return 0
+    if args.jobs != 1:
+        raise SystemExit("--jobs: only 1 is supported")
+    for m in chosen:  # fail loudly before anything runs
+        check_mutation(m, head_text(m.path))
+
+    path = RESULTS / "mutations.json"
+    results = {} if args.fresh or not path.exists() else {r["id"]: r for r in json.loads(path.read_text())}
+    start = time.perf_counter()
+    for m in chosen:
+        t0 = time.perf_counter()
+        copy = export_copy(m)
+        try:
+            r = {"id": m.id, "op": m.op, "kernel": m.kernel, "path": m.path, "what": m.what}
+            for stage in args.stages:
+                r[stage] = stage_tests(m, copy) if stage == "tests" else stage_worker(stage, m, copy)
+                print(f"[{m.id}] {stage}: {r[stage].get('verdict', '')} ({r[stage]['seconds']:.0f}s)", flush=True)
+            r["seconds"] = round(time.perf_counter() - t0, 1)
+            r["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+            results[m.id] = r
+            write(results, partial=True)
+        finally:
+            shutil.rmtree(copy, ignore_errors=True)
+    text = write(results, partial=len(results) < len(MUTATIONS))
+    print(text)
+    print(f"total {time.perf_counter() - start:.0f}s for {len(chosen)} mutation(s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
