@@ -129,7 +129,8 @@ def replay_call(call: hunt.Call) -> CallAudit:
     dtype = next(t.dtype for _, t in hunt._tensors(call.inputs) if t.is_floating_point())
     cotangent, backward = _recorded_cotangent(call)
     accepted = inspect.signature(spec.reference).parameters
-    exact = harness.run(spec.reference, _leaves(call.inputs, torch.float64, "cpu", backward), cotangent,
+    # float64 where the call ran (a GPU's float64 is fast; the reference is a loop over time steps)
+    exact = harness.run(spec.reference, _leaves(call.inputs, torch.float64, None, backward), cotangent,
                         **{n: v for n, v in call.kwargs.items() if n in accepted})
     with contract.value_checks(False), hunt._quiet():  # the model's call got through: let the replay through too
         got = harness.run(call.fn, _leaves(call.inputs, None, None, backward), cotangent, **call.kwargs)

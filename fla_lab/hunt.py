@@ -67,6 +67,7 @@ class Launch:
     phase: str
     written: dict[str, check.Census] = field(default_factory=dict)  # argument -> non-finite values that appeared
     raised: str | None = None
+    masks: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)  # argument -> where (bool, CPU)
 
 
 def _nonfinite(x: torch.Tensor) -> int:
@@ -104,6 +105,7 @@ class KernelTracer:
                 for n, t in tensors.items():
                     if _nonfinite(t) > before[n]:
                         launch.written[n] = check.nonfinite_census(t, dims=_dims(t))
+                        launch.masks[n] = (~torch.isfinite(t)).cpu()
         return traced_run
 
     @contextlib.contextmanager
@@ -144,9 +146,12 @@ class Diagnosis:
     cause: str                     # a key of CAUSES
     kernel: str | None = None      # the first Triton kernel that wrote a non-finite value (or raised)
     intermediate: str | None = None  # which of its arguments
-    where: dict | None = None      # (b, t, h, d) of the first bad value, earliest step first
+    where: dict | None = None      # (b, t, h, d) of the op's first bad output (forward) or gradient (backward)
     stats: dict = field(default_factory=dict)
     note: str = ""
+    written_at: dict | None = None  # where the kernel's first non-finite value sits in `intermediate`
+    scores: "ScoreBlocks | None" = None  # `intermediate` is a [B, T, H, chunk] score matrix: its bad pairs
+    advice: str = ""  # the fix line for this mechanism (CAUSES' advice when empty)
 
     @property
     def fault(self) -> str:
@@ -154,9 +159,15 @@ class Diagnosis:
 
     def lines(self) -> list[str]:
         what, fault, advice = CAUSES[self.cause]
+        advice = self.advice or advice
+        written = f" (first at {_at(self.written_at)})" if self.written_at else ""
         out = [f"op       : {self.op} ({self.phase})",
-               f"kernel   : {self.kernel or '-'}" + (f", writing `{self.intermediate}`" if self.intermediate else ""),
-               f"first bad: {', '.join(f'{k}={v}' for k, v in self.where.items()) if self.where else '-'}",
+               f"kernel   : {self.kernel or '-'}" + (f", writing `{self.intermediate}`{written}"
+                                                      if self.intermediate else "")]
+        if self.scores is not None:
+            out.append(f"scores   : {self.scores}")
+        out += [f"first bad: {_at(self.where) if self.where else '-'}" + (" (the op's output or gradient)"
+                                                                           if self.written_at else ""),
                f"cause    : {self.cause}: {what}",
                f"fault    : {fault}",
                f"stats    : {', '.join(f'{k}={_fmt(v)}' for k, v in self.stats.items())}"]
@@ -167,6 +178,69 @@ class Diagnosis:
 
     def __str__(self) -> str:
         return "\n".join(self.lines())
+
+
+def _at(where: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in where.items())
+
+
+@dataclass
+class ScoreBlocks:
+    """Where the non-finite entries of a [B, T, H, chunk] score matrix sit: query row t (of the sequence), key column
+    s (of t's chunk), grouped into sub-chunk blocks (i, j) = (query sub-chunk, key sub-chunk) of the first chunk
+    that has any. Diagonal blocks (i = j) hold the causal mask; off-diagonal ones the exponents that need a
+    reference row between the two sub-chunks."""
+    chunk: int
+    sub: int
+    chunk_index: int
+    blocks: dict[tuple[int, int], int]
+    first_pair: tuple[int, int]  # (t, s), rows of the sequence
+
+    @property
+    def diagonal(self) -> bool:
+        return any(i == j for i, j in self.blocks)
+
+    @property
+    def off_diagonal(self) -> bool:
+        return any(i != j for i, j in self.blocks)
+
+    def __str__(self) -> str:
+        kind = " and ".join(k for k, on in (("diagonal", self.diagonal), ("off-diagonal", self.off_diagonal)) if on)
+        blocks = ", ".join(f"({i},{j}) x{n}" for (i, j), n in sorted(self.blocks.items())[:6])
+        more = " ..." if len(self.blocks) > 6 else ""
+        return (f"chunk {self.chunk_index} ({self.chunk} rows, sub-chunks of {self.sub}): {kind} block(s) "
+                f"(query sub-chunk, key sub-chunk) {blocks}{more}; first pair (t, s) = {self.first_pair}")
+
+
+def score_blocks(mask: torch.Tensor, T: int, chunk: int, sub: int = 16) -> ScoreBlocks | None:
+    """The bad pairs of a [B, T', H, chunk] score matrix (T' >= T), or None when `mask` is not shaped like one."""
+    if mask.dim() != 4 or mask.shape[-1] != chunk or mask.shape[1] < T or not mask.any():
+        return None
+    rows = mask[:, :T].any(0).any(1)  # [T, chunk]: (query row, key column within its chunk)
+    t_bad, s_bad = rows.nonzero(as_tuple=True)
+    if t_bad.numel() == 0:
+        return None
+    c = int(t_bad[0]) // chunk
+    in_chunk = t_bad // chunk == c
+    t_in, s_in = t_bad[in_chunk] % chunk, s_bad[in_chunk]
+    sub = min(sub, chunk)
+    blocks: dict[tuple[int, int], int] = {}
+    for i, j in zip((t_in // sub).tolist(), (s_in // sub).tolist()):
+        blocks[(i, j)] = blocks.get((i, j), 0) + 1
+    return ScoreBlocks(chunk, sub, c, blocks, (int(t_bad[0]), c * chunk + int(s_bad[0])))
+
+
+# The fix line per mechanism of an exp overflow inside a chunked kernel, by where its NaN sits in the scores.
+OVERFLOW_ADVICE = {
+    "diagonal": ("inside a diagonal sub-chunk block the causal mask must go on the exponent before exp "
+                 "(exp(where(s <= t, G_t - G_s, -inf))); a mask applied after exp multiplies an overflowed inf "
+                 "by 0 (read the block's mask and exp lines)"),
+    "off-diagonal": ("between two sub-chunks the exponent must be split at a reference row that lies between "
+                     "them (exp(G_t - G_n) * exp(G_n - G_s), both <= 0; cf. #77, 0c1c0b65): check which row the "
+                     "kernel loads as its reference"),
+    "unlocated": ("the kernel's exp overflowed: find its exp of a difference of cumulative decays and check "
+                  "that both factors stay <= 0 (a reference row, or a mask on the exponent before exp)"),
+}
 
 
 def _fmt(v) -> str:
@@ -254,7 +328,10 @@ def replay(spec: registry.OpSpec, fn, inputs: dict, kwargs: dict | None = None, 
         diagnosis.kernel = bad.kernel
         if bad.written:
             diagnosis.intermediate, census = next(iter(bad.written.items()))
-            diagnosis.where = census.first
+            diagnosis.where = diagnosis.written_at = census.first
+            if spec.chunk_sizes:
+                chunk = kwargs.get("chunk_size") or _default_chunk(spec)
+                diagnosis.scores = score_blocks(bad.masks[diagnosis.intermediate], stats["T"], chunk)
     if raised is not None and bad is not None and bad.raised:
         diagnosis.cause, diagnosis.note = "kernel_raised", f"{type(raised).__name__}: {_first_line(raised)}"
         return diagnosis
@@ -310,6 +387,11 @@ def _classify(spec, stats, ref, diagnosis, kwargs) -> tuple[str, str]:
         chunk = kwargs.get("chunk_size") or _default_chunk(spec)
         if stats["T"] % chunk:
             return "padded_rows", f"T = {stats['T']} is not a multiple of chunk_size = {chunk}"
+    scores = diagnosis.scores
+    mechanism = ("unlocated" if scores is None else "diagonal" if not scores.off_diagonal else
+                 "off-diagonal" if not scores.diagonal else None)
+    diagnosis.advice = OVERFLOW_ADVICE[mechanism] if mechanism else (
+        OVERFLOW_ADVICE["diagonal"] + "; and " + OVERFLOW_ADVICE["off-diagonal"])
     return "exp_overflow", (f"the float64 result is finite (state max {ref.get('state max', math.nan):.3g}); "
                             f"log-decay down to {stats['log-decay min']:.3g} per step")
 
@@ -338,6 +420,10 @@ def _quiet():
 
 
 # --- a whole model: the locator ------------------------------------------------------------------------------------
+
+class LocatorError(RuntimeError):
+    """The locator itself failed (not the model, not an op)."""
+
 
 @dataclass
 class Call:
@@ -398,8 +484,10 @@ class Suspects(list):
         head = f"[] no catalogue entry matches (op={op}, kernel={kernel or '-'}, cause={cause}): a bug it does not know"
         if CAUSES[cause][1] == "input":
             return head + "; the op received it: follow the report's fix line upstream of the op"
-        return head + ("; compare the op with its float64 reference (fla_lab.harness.compare) and census where the "
-                       "bad values sit")
+        return head + ("; compare the op with its float64 reference (fla_lab.harness.compare) and with the "
+                       "family's fused recurrent op on the same inputs (no chunks: if that one is right, the bug is "
+                       "on the chunked path), and census where the bad values sit (the report's kernel and scores "
+                       "lines)")
 
     __repr__ = __str__
 
@@ -413,6 +501,7 @@ class Locator:
         self._stack: list[str] = []
         self._pending: Call | None = None  # the call whose backward started and has not finished
         self._op_raised = False
+        self.own_error: Exception | None = None  # a failure of the locator itself (its hooks)
 
     # forward ---------------------------------------------------------------------------------------------------
     def _wrap_op(self, spec: registry.OpSpec, real):
@@ -455,14 +544,26 @@ class Locator:
             call.do, self._pending = grad.detach().clone(), call
             if self.event is None and not torch.isfinite(grad).all():
                 self._record(call, "backward", "non-finite gradient reached the op's output")
-        o.register_hook(got_do)
+        o.register_hook(self._guarded(got_do))
         call.dht = [None] * len(states)
         for i, s in enumerate(states):
             if s is not None and s.requires_grad:
-                s.register_hook(_store_state_grad(call, i))
+                s.register_hook(self._guarded(_store_state_grad(call, i)))
         for name, t in _tensors(inputs):
             if t.requires_grad:
-                t.register_hook(self._grad_check(call, name))
+                t.register_hook(self._guarded(self._grad_check(call, name)))
+
+    def _guarded(self, hook):
+        """A hook of the locator's own: if it fails, that is the locator's failure, reported as such (LocatorError
+        from the backward, `own_error` on the locator), never taken for the model's."""
+        def guarded(grad):
+            try:
+                return hook(grad)
+            except Exception as exc:
+                self.own_error = exc
+                raise LocatorError(f"fla_lab.hunt's own backward hook failed ({type(exc).__name__}: {exc}); the "
+                                   "model's backward was stopped by the locator, not by the model") from exc
+        return guarded
 
     def _grad_check(self, call: Call, name: str):
         def check_grad(grad):
@@ -506,6 +607,9 @@ class Locator:
             setattr(ops, name, real)
         for hook in self._hooks:
             hook.remove()
+        if self.own_error is not None:  # the locator's failure: no report to trust, and the exception propagates
+            self.report = None
+            return False
         if exc is not None and self.event is None and self._pending is not None:
             self._record(self._pending, "backward", f"the backward raised {exc_type.__name__}")
             self._op_raised = True
@@ -570,7 +674,7 @@ def locate(model: torch.nn.Module | None = None, replay: bool = True) -> Locator
 
     An exception an fla_lab op (or its backward) raises inside the block, once something is located, is swallowed
     and reported (a kernel that fails to compile; an input check that meets an earlier op's NaN); any other
-    exception propagates.
+    exception propagates. A failure of the locator's own hooks raises `LocatorError` (the report is then None).
     """
     return Locator(model, replay)
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import fla_lab
-from fla_lab import bugs, hunt, registry
+from fla_lab import bugs, harness, hunt, registry
 from fla_lab.lessons import hunting
 from fla_lab.ops.common import utils
 
@@ -128,3 +128,57 @@ def test_a_non_finite_cotangent_is_the_input_s_fault_not_the_kernel_s():
     assert (found.cause, found.fault, found.kernel) == ("nonfinite_cotangent", "input", None), str(found)
     assert found.where == {"grad of": "do", "b": 0, "t": 7, "h": 0, "d": 3}, str(found)
     assert hunt.replay(spec, fla_lab.ops.chunk_gla, x, do=torch.randn(1, 20, 1, 16)).cause == "none"
+
+
+def test_score_blocks_say_which_sub_chunk_blocks_and_pairs_hold_the_nan():
+    """A [B, T, H, chunk] score matrix: (query row t, key column s of t's chunk), sub-chunks of 16."""
+    T, chunk = 80, 64
+    mask = torch.zeros(1, T, 1, chunk, dtype=torch.bool)
+    mask[0, 20, 0, 3] = mask[0, 40, 0, 5] = True  # blocks (1, 0) and (2, 0): off-diagonal
+    off = hunt.score_blocks(mask, T, chunk)
+    assert (off.chunk_index, off.blocks, off.first_pair) == (0, {(1, 0): 1, (2, 0): 1}, (20, 3))
+    assert off.off_diagonal and not off.diagonal and "off-diagonal block(s)" in str(off)
+    diag = torch.zeros_like(mask)
+    diag[0, 64 + 5, 0, 2] = True  # the second chunk's first diagonal block; a row past T is ignored
+    only = hunt.score_blocks(diag, T, chunk)
+    assert (only.chunk_index, only.blocks, only.first_pair) == (1, {(0, 0): 1}, (69, 66))
+    assert only.diagonal and not only.off_diagonal
+    assert hunt.score_blocks(torch.zeros(1, T, 1, 32, dtype=torch.bool), T, chunk) is None  # not a score matrix
+
+
+def _overflow_advice(scores):
+    spec = registry.get("chunk_rwkv6")
+    stats = {"log-decay max": -0.1, "log-decay min": -150.0, "decay dtype": "float32", "T": 80}
+    d = hunt.Diagnosis("chunk_rwkv6", "forward", "none", kernel="gated_scores_kernel", scores=scores)
+    cause, _ = hunt._classify(spec, stats, {"state max": 1.0}, d, {})
+    return cause, d.advice
+
+
+def test_advice_follows_the_mechanism_the_scores_show():
+    T, chunk = 80, 64
+    off = torch.zeros(1, T, 1, chunk, dtype=torch.bool)
+    off[0, 20, 0, 3] = True
+    diag = torch.zeros_like(off)
+    diag[0, 20, 0, 18] = True
+    cause, advice = _overflow_advice(hunt.score_blocks(off, T, chunk))
+    assert cause == "exp_overflow" and "reference row" in advice and "after exp" not in advice
+    assert "mask applied after exp" in _overflow_advice(hunt.score_blocks(diag, T, chunk))[1]
+    assert "reference row" not in _overflow_advice(hunt.score_blocks(diag, T, chunk))[1]
+    assert "stay <= 0" in _overflow_advice(None)[1]
+    report = str(hunting.scenario("exclusive_reference"))  # #77: off-diagonal blocks, the reference row
+    assert "scores   : chunk 0" in report and "off-diagonal" in report and "reference row" in report
+
+
+def test_a_failure_of_the_locators_own_hook_is_reported_as_its_own(monkeypatch):
+    def broken(call, i):
+        def store(grad):
+            raise KeyError("planted")
+        return store
+
+    monkeypatch.setattr(hunt, "_store_state_grad", broken)
+    x = harness.leaves(registry.get("chunk_gla").inputs(registry.Shape(1, 16, 1, 16, 16)), torch.float32)
+    with pytest.raises(hunt.LocatorError, match="own backward hook failed .*KeyError"):
+        with hunt.locate() as found:
+            o, ht = fla_lab.ops.chunk_gla(**x, output_final_state=True)
+            (o.sum() + ht.sum()).backward()
+    assert found.report is None and isinstance(found.own_error, KeyError)
