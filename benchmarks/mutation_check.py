@@ -370,7 +370,10 @@ def main(argv=None) -> int:
             r = {"id": m.id, "op": m.op, "kernel": m.kernel, "path": m.path, "what": m.what}
             for stage in args.stages:
                 r[stage] = stage_tests(m, copy) if stage == "tests" else stage_worker(stage, m, copy)
-                print(f"[{m.id}] {stage}: {r[stage].get('verdict', '')} ({r[stage]['seconds']:.0f}s)", flush=True)
+                s = r[stage]
+                verdict = s.get("verdict") or (f"locator op {_yes(s['locator_op'])} kernel {_yes(s['locator_kernel'])}"
+                                               f", audit op {_yes(s['audit_op'])}")
+                print(f"[{m.id}] {stage}: {verdict} ({s['seconds']:.0f}s)", flush=True)
             r["seconds"] = round(time.perf_counter() - t0, 1)
             r["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
             results[m.id] = r
