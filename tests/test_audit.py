@@ -11,13 +11,14 @@ import functools
 import pytest
 import torch
 
+import fla_lab
 from fla_lab import audit, harness, ops, registry
 
 SHAPE = registry.Shape(B=1, T=48, H=1, K=16, V=16)  # three of RWKV-7's 16-row chunks; a partial 64-row GLA chunk
 
 
 def _leaves(name: str, initial_state: bool = True, dtype=torch.float32) -> dict:
-    return harness.leaves(registry.get(name).inputs(SHAPE, initial_state=initial_state), dtype)
+    return harness.leaves(registry.get(name).inputs(SHAPE, initial_state=initial_state), dtype, fla_lab.device())
 
 
 def _step(op, x: dict, state_cotangent: bool = True) -> None:
@@ -86,7 +87,7 @@ def test_a_final_state_term_dropped_without_an_initial_state_is_found_only_there
 
 
 def test_a_call_without_a_backward_is_compared_forward_only():
-    x = harness.leaves(registry.get("chunk_gla").inputs(SHAPE), torch.float32, grads=False)
+    x = harness.leaves(registry.get("chunk_gla").inputs(SHAPE), torch.float32, fla_lab.device(), grads=False)
     with audit.audit() as recorded, torch.no_grad():
         ops.chunk_gla(**x, output_final_state=True)
     (result,) = recorded.results()

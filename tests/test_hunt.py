@@ -176,7 +176,8 @@ def test_a_failure_of_the_locators_own_hook_is_reported_as_its_own(monkeypatch):
         return store
 
     monkeypatch.setattr(hunt, "_store_state_grad", broken)
-    x = harness.leaves(registry.get("chunk_gla").inputs(registry.Shape(1, 16, 1, 16, 16)), torch.float32)
+    x = harness.leaves(registry.get("chunk_gla").inputs(registry.Shape(1, 16, 1, 16, 16)), torch.float32,
+                       fla_lab.device())
     with pytest.raises(hunt.LocatorError, match="own backward hook failed .*KeyError"):
         with hunt.locate() as found:
             o, ht = fla_lab.ops.chunk_gla(**x, output_final_state=True)
