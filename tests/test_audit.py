@@ -101,3 +101,4 @@ def test_an_error_inside_the_block_propagates():
     with pytest.raises(ValueError, match="non-finite"):
         with audit.audit():
             ops.chunk_gla(**x)
+            ops.flush_value_checks()  # on a GPU the value check is read later, without a sync: read it here
