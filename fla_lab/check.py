@@ -68,10 +68,11 @@ def grad_errors(ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor]) -> d
     reference gradients together: sqrt(n) * RMS(all). A decay gradient whose exact value is 1e-21 (strong
     decay) is thus judged against what an error of that size means next to the other gradients.
 
-    A gradient that is exactly zero everywhere while its reference is not gets its plain relative error (1.0)
-    instead: the floor forgives rounding noise on a tiny gradient, never a dropped one (a kernel that zeroes
-    du or dg would otherwise pass, being small next to dq and dk). `plain_grad_errors` gives the unfloored
-    error of every gradient.
+    A gradient that is exactly zero everywhere while its reference is not negligible (DROPPED_ABOVE of the floor
+    or more) gets its plain relative error (1.0) instead: the floor forgives rounding noise on a small gradient,
+    never a dropped one (a kernel that zeroes du or dg would otherwise pass, being small next to dq and dk). An
+    exact gradient below that, which the kernel's exp underflow returns as 0 (GSA's dg is 4e-24 of the others at
+    decay knob 1e3), stays floored. `plain_grad_errors` gives the unfloored error of every gradient.
     """
     missing = sorted(set(ref) - set(got))
     if missing:
@@ -79,7 +80,8 @@ def grad_errors(ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor]) -> d
     total_sq = sum(_norm(x) ** 2 for x in ref.values())
     total_n = sum(x.numel() for x in ref.values())
     rms_all = math.sqrt(total_sq / max(total_n, 1))
-    return {name: rel_error(got[name], r, floor=0.0 if zeroed(got[name], r) else math.sqrt(r.numel()) * rms_all)
+    floors = {name: math.sqrt(r.numel()) * rms_all for name, r in ref.items()}
+    return {name: rel_error(got[name], r, floor=0.0 if zeroed(got[name], r, floors[name]) else floors[name])
             for name, r in ref.items()}
 
 
@@ -91,9 +93,13 @@ def plain_grad_errors(ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor]
     return {name: rel_error(got[name], r) for name, r in ref.items()}
 
 
-def zeroed(got: torch.Tensor, ref: torch.Tensor) -> bool:
-    """Whether `got` is exactly 0 everywhere while `ref` has a nonzero entry (a dropped gradient)."""
-    return not bool(got.detach().any()) and bool(ref.detach().any())
+DROPPED_ABOVE = 1e-6  # an exact gradient this small next to its floor may underflow to 0 in the kernel
+
+
+def zeroed(got: torch.Tensor, ref: torch.Tensor, floor: float = 0.0) -> bool:
+    """Whether `got` is exactly 0 everywhere while `ref` is not negligible: its norm is above DROPPED_ABOVE times
+    `floor` (with no floor: any nonzero entry). A dropped gradient."""
+    return not bool(got.detach().any()) and _norm(ref) > DROPPED_ABOVE * floor and bool(ref.detach().any())
 
 
 @dataclass

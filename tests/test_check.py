@@ -51,6 +51,17 @@ def test_a_zeroed_small_gradient_fails():
     assert check.grad_errors({"a": torch.zeros(3)}, {"a": torch.zeros(3)})["a"] == 0.0  # an exact zero is right
 
 
+def test_an_exact_gradient_that_underflows_may_come_back_zero():
+    """GSA's dg at decay knob 1e3 is about 4e-24 of the other gradients (notebook 03b): the kernel's exp underflows
+    and returns 0, which is right to every digit that matters; it stays floored, not counted as dropped."""
+    ref, got = _small_and_large_grads()
+    ref["du"] = ref["du"] * 1e-20
+    got["du"] = torch.zeros_like(got["du"])
+    assert check.grad_errors(ref, got)["du"] < 1e-12
+    ref["du"] = ref["du"] * 1e19  # 1e-5 of the others (du was 1e-4): not negligible, so zeros are a dropped gradient
+    assert check.grad_errors(ref, got)["du"] == 1.0
+
+
 def test_the_floored_error_of_a_gradient_that_is_not_zeroed_is_unchanged():
     ref, got = _small_and_large_grads()
     # the floored formula as it was before zeroed gradients were singled out (the notebooks print its values)
