@@ -94,6 +94,30 @@ def test_every_predict_comes_before_a_cell_that_runs(learner, name):
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_a_notebook_imports_its_lesson_by_notebook_not_by_cause(path):
+    """The lesson modules are named by mechanism (overflow, masks, gsa_padding...): a notebook's imports name
+    only itself (`lessons.notebook("03a")`), and that prefix is this notebook's."""
+    from fla_lab import lessons
+
+    code = "".join(text(c) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code")
+    mechanisms = {m for m in lessons.BY_NOTEBOOK.values() if m not in ("start", "amp", "hunting")}
+    named = set(re.findall(r"from fla_lab\.lessons import (\w+)", code)) | set(
+        re.findall(r"fla_lab\.lessons\.(\w+)", code))
+    assert not named & mechanisms, named
+    for prefix in re.findall(r'lessons\.notebook\("(\w+)"\)', code):
+        assert path.name.startswith(prefix + "_") and lessons.notebook(prefix).__name__.startswith("fla_lab.lessons.")
+
+
+def test_every_notebook_prefix_has_a_lesson_module():
+    from fla_lab import lessons
+
+    prefixes = {p.name.split("_")[0] for p in NOTEBOOKS}
+    assert prefixes == set(lessons.BY_NOTEBOOK)
+    with pytest.raises(ValueError, match="no notebook '07'"):
+        lessons.notebook("07")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_main_path_fits_the_agenda(path):
     nb = json.loads(path.read_text())
     words = 0
