@@ -15,8 +15,9 @@ reference, forward and backward, and compares every output and every gradient:
 - where the absolute difference of the worst tensor peaks: (b, t, h) for sequence tensors, (b, h) for states.
 A call is WRONG when a scale-aware error exceeds its dtype's tolerance (`check.tolerance`), or when it returned an
 output without a graph although an input required grad (a cut gradient path: what the next segment of truncated
-BPTT sends back into the final state is lost, and no cotangent is ever recorded to replay). A call whose output got
-no cotangent (no backward, or an unused output), or a non-finite one (the locator's case), is compared forward only.
+BPTT sends back into the final state is lost, and no cotangent is ever recorded to replay). A call made without
+`output_final_state` is also run that way, and its output compared too. A call whose output got no cotangent (no
+backward, or an unused output), or a non-finite one (the locator's case), is compared forward only.
 
 Off by default: nothing is recorded outside the block. Cost inside the block: a copy of every op input and of the
 cotangents (memory of about one step's activations), no host sync. `report()` costs, per call, one forward and
@@ -134,7 +135,8 @@ def replay_call(call: hunt.Call) -> CallAudit:
                         **{n: v for n, v in call.kwargs.items() if n in accepted})
     with contract.value_checks(False), hunt._quiet():  # the model's call got through: let the replay through too
         got = harness.run(call.fn, _leaves(call.inputs, None, None, backward), cotangent, **call.kwargs)
-    pairs = {"o": (got.o, exact.o), **{n: (got.states[n], s) for n, s in exact.states.items()}}
+    o = got.o if call.output_final_state else _worse(_output_as_called(call), got.o, exact.o)
+    pairs = {"o": (o, exact.o), **{n: (got.states[n], s) for n, s in exact.states.items()}}
     errors = {n: check.rel_error(g, r) for n, (g, r) in pairs.items()}
     if backward:  # gradients named as the atlas names them: d + the input's name
         errors.update({f"d{n}": e for n, e in check.grad_errors(exact.grads, got.grads).items()})
@@ -142,6 +144,18 @@ def replay_call(call: hunt.Call) -> CallAudit:
     plain = {n: check.rel_error(g, r) for n, (g, r) in pairs.items()}
     peaks = {n: peak(g, r, state=_is_state(n)) for n, (g, r) in pairs.items()}
     return CallAudit(call, dtype, errors, plain, peaks, backward)
+
+
+def _output_as_called(call: hunt.Call) -> torch.Tensor:
+    """The kernel's output with `output_final_state` as the model called it (the replay above asks for the state;
+    an op whose output depends on that flag is wrong where the model uses it)."""
+    with torch.no_grad(), contract.value_checks(False), hunt._quiet():
+        o, _ = call.fn(**_leaves(call.inputs, None, None, False), **call.kwargs, output_final_state=False)
+    return o
+
+
+def _worse(a: torch.Tensor, b: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
+    return a if check.rel_error(a, exact) > check.rel_error(b, exact) else b
 
 
 def _leaves(inputs: dict, dtype, device, grads: bool) -> dict:

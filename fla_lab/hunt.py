@@ -436,6 +436,7 @@ class Call:
     do: torch.Tensor | None = None
     dht: object = None
     detached: tuple[str, ...] = ()  # outputs returned without a graph although an input required grad
+    output_final_state: bool = True  # as called (replays ask for the final state; the audit also runs it as called)
 
 
 @dataclass
@@ -512,8 +513,11 @@ class Locator:
             bound = {**bound, **bound.pop("kwargs", {})}  # a wrapper's **kwargs may carry tensors too
             inputs = {n: v for n, v in bound.items() if _is_input(v)}
             options = {n: v for n, v in bound.items() if n not in inputs and n != "output_final_state"}
+            flag = signature.parameters.get("output_final_state")
             call = Call(len(self.calls), spec.name, self._stack[-1] if self._stack else "-", real,
-                        {n: _copy(v) for n, v in inputs.items()}, options)
+                        {n: _copy(v) for n, v in inputs.items()}, options,
+                        output_final_state=bool(bound.get("output_final_state",
+                                                          flag.default if flag is not None else True)))
             self.calls.append(call)
             try:
                 o, ht = real(*args, **kwargs)

@@ -102,3 +102,23 @@ def test_an_error_inside_the_block_propagates():
         with audit.audit():
             ops.chunk_gla(**x)
             ops.flush_value_checks()  # on a GPU the value check is read later, without a sync: read it here
+
+
+def _h0_added_only_with_the_final_state(real):
+    """The mutation check's `rwkv6_fused_h0_only_with_ht`, as a wrapper: the initial state counts only when the
+    final state is asked for, so every replay that asks for it is right."""
+    @functools.wraps(real)
+    def op(*args, initial_state=None, output_final_state=False, **kwargs):
+        h0 = initial_state if output_final_state else None
+        return real(*args, initial_state=h0, output_final_state=output_final_state, **kwargs)
+    return op
+
+
+def test_a_call_made_without_the_final_state_is_replayed_as_called(monkeypatch):
+    monkeypatch.setattr(ops, "chunk_gla", _h0_added_only_with_the_final_state(ops.chunk_gla))
+    x = _leaves("chunk_gla")
+    with audit.audit() as recorded:
+        o, _ = ops.chunk_gla(**x)  # a model that never asks for the state
+        o.float().square().mean().backward()
+    (result,) = recorded.results()
+    assert not result.call.output_final_state and not result.ok and result.worst == "o", result.line()
