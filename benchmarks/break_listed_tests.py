@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from mutation_check import export_head  # noqa: E402  (one way to copy HEAD for both scripts)
 
 
 @dataclass(frozen=True)
@@ -65,11 +67,6 @@ BREAKS = (
 )
 
 
-def export(dest: Path) -> None:
-    archive = subprocess.run(["git", "archive", "HEAD"], cwd=ROOT, check=True, capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
-
-
 def run_test(copy: Path, test: str) -> tuple[bool, float, str]:
     """Run `test` on the export (its package first on the path); (passed, seconds, pytest's last line)."""
     env = {**os.environ, "PYTHONPATH": str(copy), "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
@@ -88,9 +85,8 @@ def main(argv=None) -> int:
     cases = [b for b in BREAKS if not args.only or any(b.name.startswith(o) for o in args.only)]
     rows, unseen = [], 0
     for b in cases:
-        with tempfile.TemporaryDirectory(prefix="break-") as tmp:
-            copy = Path(tmp)
-            export(copy)
+        copy = export_head("break-")
+        try:
             intact, t_intact, _ = run_test(copy, b.test)
             path = copy / b.path
             text = path.read_text()
@@ -98,6 +94,8 @@ def main(argv=None) -> int:
                 raise SystemExit(f"{b.name}: the line to break occurs {text.count(b.old)} times in {b.path}")
             path.write_text(text.replace(b.old, b.new))
             passed, t_broken, tail = run_test(copy, b.test)
+        finally:
+            shutil.rmtree(copy, ignore_errors=True)
         seen = intact and not passed
         unseen += not seen
         rows.append(f"| {b.name} | `{b.test}` | {b.what} | {'pass' if intact else 'FAIL'} ({t_intact:.0f} s) | "

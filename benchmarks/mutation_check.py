@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -149,11 +149,17 @@ def head_text(path: str) -> str:
                           check=True).stdout
 
 
-def export_copy(m: Mutation) -> Path:
-    """HEAD's tracked files in a fresh folder, with the mutation applied."""
-    dest = Path(tempfile.mkdtemp(prefix=f"mut-{m.id}-"))
+def export_head(prefix: str) -> Path:
+    """HEAD's tracked files in a fresh temporary folder (the working tree is never touched)."""
+    dest = Path(tempfile.mkdtemp(prefix=prefix))
     archive = subprocess.run(["git", "archive", "--format=tar", "HEAD"], cwd=ROOT, capture_output=True, check=True)
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+    return dest
+
+
+def export_copy(m: Mutation) -> Path:
+    """HEAD's tracked files in a fresh folder, with the mutation applied."""
+    dest = export_head(f"mut-{m.id}-")
     target = dest / m.path
     text = target.read_text()
     check_mutation(m, text)

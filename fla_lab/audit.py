@@ -132,10 +132,10 @@ def replay_call(call: hunt.Call) -> CallAudit:
     cotangent, backward = _recorded_cotangent(call)
     accepted = inspect.signature(spec.reference).parameters
     # float64 where the call ran (a GPU's float64 is fast; the reference is a loop over time steps)
-    exact = harness.run(spec.reference, _leaves(call.inputs, torch.float64, None, backward), cotangent,
+    exact = harness.run(spec.reference, harness.exact_leaves(call.inputs, grads=backward), cotangent,
                         **{n: v for n, v in call.kwargs.items() if n in accepted})
     with contract.value_checks(False), hunt._quiet():  # the model's call got through: let the replay through too
-        got = harness.run(call.fn, _leaves(call.inputs, None, None, backward), cotangent, **call.kwargs)
+        got = harness.run(call.fn, harness.leaves(call.inputs, grads=backward), cotangent, **call.kwargs)
     o = got.o if call.output_final_state else _worse(_output_as_called(call), got.o, exact.o)
     pairs = {"o": (o, exact.o), **{n: (got.states[n], s) for n, s in exact.states.items()}}
     errors = {n: check.rel_error(g, r) for n, (g, r) in pairs.items()}
@@ -151,19 +151,12 @@ def _output_as_called(call: hunt.Call) -> torch.Tensor:
     """The kernel's output with `output_final_state` as the model called it (the replay above asks for the state;
     an op whose output depends on that flag is wrong where the model uses it)."""
     with torch.no_grad(), contract.value_checks(False), hunt._quiet():
-        o, _ = call.fn(**_leaves(call.inputs, None, None, False), **call.kwargs, output_final_state=False)
+        o, _ = call.fn(**harness.leaves(call.inputs, grads=False), **call.kwargs, output_final_state=False)
     return o
 
 
 def _worse(a: torch.Tensor, b: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
     return a if check.rel_error(a, exact) > check.rel_error(b, exact) else b
-
-
-def _leaves(inputs: dict, dtype, device, grads: bool) -> dict:
-    def leaf(t):
-        t = t.detach().to(device or t.device, dtype or t.dtype).clone()
-        return t.requires_grad_(grads and t.is_floating_point())
-    return {n: tuple(leaf(t) for t in x) if isinstance(x, (tuple, list)) else leaf(x) for n, x in inputs.items()}
 
 
 def _recorded_cotangent(call: hunt.Call):

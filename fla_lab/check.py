@@ -74,9 +74,7 @@ def grad_errors(ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor]) -> d
     exact gradient below that, which the kernel's exp underflow returns as 0 (GSA's dg is 4e-24 of the others at
     decay knob 1e3), stays floored. `plain_grad_errors` gives the unfloored error of every gradient.
     """
-    missing = sorted(set(ref) - set(got))
-    if missing:
-        raise ValueError(f"gradients missing from the result: {missing}")
+    _require_every_gradient(ref, got)
     total_sq = sum(_norm(x) ** 2 for x in ref.values())
     total_n = sum(x.numel() for x in ref.values())
     rms_all = math.sqrt(total_sq / max(total_n, 1))
@@ -87,10 +85,14 @@ def grad_errors(ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor]) -> d
 
 def plain_grad_errors(ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor]) -> dict[str, float]:
     """||got - ref|| / ||ref|| of each gradient, no floor (upstream's measure; inf where ref is 0 and got is not)."""
+    _require_every_gradient(ref, got)
+    return {name: rel_error(got[name], r) for name, r in ref.items()}
+
+
+def _require_every_gradient(ref: dict, got: dict) -> None:
     missing = sorted(set(ref) - set(got))
     if missing:
         raise ValueError(f"gradients missing from the result: {missing}")
-    return {name: rel_error(got[name], r) for name, r in ref.items()}
 
 
 DROPPED_ABOVE = 1e-6  # an exact gradient this small next to its floor may underflow to 0 in the kernel
@@ -99,7 +101,7 @@ DROPPED_ABOVE = 1e-6  # an exact gradient this small next to its floor may under
 def zeroed(got: torch.Tensor, ref: torch.Tensor, floor: float = 0.0) -> bool:
     """Whether `got` is exactly 0 everywhere while `ref` is not negligible: its norm is above DROPPED_ABOVE times
     `floor` (with no floor: any nonzero entry). A dropped gradient."""
-    return not bool(got.detach().any()) and _norm(ref) > DROPPED_ABOVE * floor and bool(ref.detach().any())
+    return not bool(got.detach().any()) and _norm(ref) > DROPPED_ABOVE * floor
 
 
 @dataclass

@@ -159,12 +159,19 @@ def run(fn, inputs: dict, cotangent=None, **kwargs) -> Run:
     return Run(o.detach(), {n: s.detach() for n, s in states.items()}, grads)
 
 
+def exact_leaves(rounded: dict, device=None, grads: bool = True) -> dict:
+    """The reference's inputs: every tensor (initial states too) as a float64 leaf of the same (already rounded)
+    values, on `device` (None: where it is); anything else as it is."""
+    def leaf(t):
+        return t.detach().to(device or t.device, torch.float64).requires_grad_(grads)
+    return {n: (tuple(leaf(t) for t in x) if isinstance(x, (tuple, list)) else
+                leaf(x) if isinstance(x, torch.Tensor) else x) for n, x in rounded.items()}
+
+
 def exact_run(reference, rounded: dict, *, seed=0, state_grad=True, grads=True, device="cpu", **kwargs):
     """The float64 reference on the op's (already rounded) inputs, with the random cotangents it draws for them;
     returns `(Run, (do, dht))` (cotangents None without `grads`)."""
-    theirs = {n: (tuple(t.detach().to(device, torch.float64).requires_grad_(grads) for t in x)
-                  if isinstance(x, (tuple, list)) else x.detach().to(device, torch.float64).requires_grad_(grads))
-              for n, x in rounded.items()}
+    theirs = exact_leaves(rounded, device, grads)
     drawn = []
 
     def draw(o, states):

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fla_lab import check, registry
+from fla_lab import check, harness, registry
 from fla_lab.ops import contract
 
 FP32_MAX = torch.finfo(torch.float32).max
@@ -281,9 +281,7 @@ def input_stats(spec: registry.OpSpec, inputs: dict) -> dict:
 
 def _reference_run(spec, inputs: dict, do, dht) -> dict:
     """The float64 answer on the same (already rounded) inputs: is it representable in fp32?"""
-    ref_in = {n: (tuple(t.detach().double().cpu().requires_grad_() for t in x) if isinstance(x, (tuple, list))
-                  else x.detach().double().cpu().requires_grad_() if isinstance(x, torch.Tensor) else x)
-              for n, x in inputs.items()}
+    ref_in = harness.exact_leaves(inputs, "cpu")
     o, ht = spec.reference(**ref_in, output_final_state=True)
     states = ht if isinstance(ht, tuple) else (ht,)
     out = {"o": o.detach(), "state max": max(float(s.detach().abs().max()) for s in states)}

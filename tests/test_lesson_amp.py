@@ -7,7 +7,7 @@ import torch
 
 import fla_lab
 
-from fla_lab.layers import RWKV7Attention, init
+from fla_lab.layers import init
 from fla_lab.lessons import amp
 
 

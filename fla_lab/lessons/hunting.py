@@ -20,7 +20,6 @@ import torch
 from torch import nn
 
 from fla_lab import bugs, check, exercises, harness, hunt, registry, runtime
-from fla_lab.ops import contract
 from fla_lab.layers import GatedSlotAttention, RWKV6Attention, RWKV7Attention
 from fla_lab.lessons import gsa_padding
 
