@@ -183,15 +183,17 @@ def exact_run(reference, rounded: dict, *, seed=0, state_grad=True, grads=True, 
 
 
 def compare(op, reference, inputs: dict[str, torch.Tensor], *, dtype=torch.float32, grads=True,
-            seed=0, state_grad=True, **kwargs) -> Comparison:
+            seed=0, state_grad=True, reference_device="cpu", **kwargs) -> Comparison:
     """Run `op(**inputs cast to dtype, on the device)` and `reference(**inputs in float64)` and compare.
 
     `inputs` maps argument names to float32 CPU tensors (e.g. from `gated_inputs`); `initial_state` stays
     float32 as upstream's kernels expect. Keyword `kwargs` go to both (e.g. `scale`). The reference sees the
-    same rounded values the op sees, upcast to float64.
+    same rounded values the op sees, upcast to float64, on `reference_device` (a GPU's float64 loop is far faster
+    than the CPU's at training lengths).
     """
     ours = leaves(inputs, dtype, runtime.device(), grads)
-    exact, cot = exact_run(reference, ours, seed=seed, state_grad=state_grad, grads=grads, **kwargs)
+    exact, cot = exact_run(reference, ours, seed=seed, state_grad=state_grad, grads=grads, device=reference_device,
+                           **kwargs)
     got = run(op, ours, cot, **kwargs)
     errors = {"o": check.rel_error(got.o, exact.o)}
     errors.update({n: check.rel_error(got.states[n], r) for n, r in exact.states.items()})

@@ -50,16 +50,21 @@ def forward_states(k, v, gi, h0, output_final_state, BT, launch, gate_v):
     return h, ht
 
 
-def state_adjoints(q, do, gi, dht, need_dh0, scale, BT, launch, gate_v, rwkv6=False):
+def state_adjoints(q, do, gi, h, ht, dht, need_dh0, scale, BT, launch, gate_v, rwkv6=False):
+    """dh (the adjoint of the state after each chunk), dh0, and each chunk's boundary term of dg, `bnd
+    [B, NT, H, NP, D]` (D the gated channels, NP partials over the other axis); `h`, `ht`: the forward's states."""
     B, T, H, K = q.shape
     V = do.shape[-1]
     BK, BV, NT = _tile(K), _tile(V), grid_size(T, BT)
     dh = _f32(q, B, NT, H, K, V)
     dh0 = _f32(q, B, H, K, V) if need_dh0 else None
+    if dht is not None and ht is None:
+        raise RuntimeError("state_adjoints: a final-state cotangent needs the final state (its share of dg)")
+    bnd = _f32(q, B, NT, H, grid_size(K, BK), V) if gate_v else _f32(q, B, NT, H, grid_size(V, BV), K)
     st.chunk_bwd_dh_kernel[(grid_size(K, BK), grid_size(V, BV), B * H)](
-        q, do, gi, dh, dht, dh0, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, DOT=_dot(launch, q),
+        q, do, gi, h, ht, dh, dht, dh0, bnd, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, DOT=_dot(launch, q),
         GATE_V=gate_v, RWKV6=rwkv6, USE_DHT=dht is not None, STORE_DH0=need_dh0)
-    return dh, dh0
+    return dh, dh0, bnd
 
 
 def reference_row(bug_exclusive_reference=False, helper=None, op="chunk_rwkv6"):
@@ -98,17 +103,18 @@ def plain_rows(A, x, y, gi, h, alpha, beta, BT, launch, *, transpose_A, to_end, 
     return out
 
 
-def decay_grad(readers, d_readers, writers, d_writers, c, BT, launch, dtype, u=None, dA=None, add=None):
+def decay_grad(readers, d_readers, writers, d_writers, bnd, BT, launch, dtype, u=None, dA=None, add=None):
     """dg (and RWKV6's du) from the closed form in `chunk_bwd_dg_kernel`, plus `add` (another pass's dg);
-    `d_writers=None` leaves the writer term out."""
+    `bnd`: the boundary terms from `state_adjoints`; `d_writers=None` leaves the writer term out."""
     B, T, H, D = readers.shape
+    NT = grid_size(T, BT)
     # in place over `add` when it can hold the result: each element is read and written by the same program
     dg = add if add is not None and add.dtype == dtype else torch.empty(B, T, H, D, dtype=dtype, device=readers.device)
-    du = _f32(readers, B, H, D) if u is not None else None
-    st.chunk_bwd_dg_kernel[(grid_size(D, launch.dg_BK), B * H)](
-        readers, writers, d_readers, d_writers, u, dA, c, add, dg, du, T, grid_size(T, BT), H=H, K=D, BT=BT,
-        BK=launch.dg_BK, RWKV6=u is not None, USE_C=c is not None, ADD=add is not None, WRITERS=d_writers is not None)
-    return dg, du
+    du = _f32(readers, B, NT, H, D) if u is not None else None  # one part per chunk, summed below
+    st.chunk_bwd_dg_kernel[(grid_size(D, launch.dg_BK), NT, B * H)](
+        readers, writers, d_readers, d_writers, u, dA, bnd, add, dg, du, T, NT, H=H, K=D, NP=bnd.shape[3], BT=BT,
+        BK=launch.dg_BK, RWKV6=u is not None, ADD=add is not None, WRITERS=d_writers is not None)
+    return dg, (du.sum((0, 1)) if u is not None else None)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -141,7 +147,8 @@ def key_side_backward(q, k, v, gi, u, scale, h0, ht, h, A, do, dht, BT, launch, 
         h, _ = forward_states(k, v, gi, h0, False, BT, launch, gate_v=False)
     if A is None:
         A = gated_scores(q, k, gi, u, 1.0, BT, launch, row)
-    dh, dh0 = state_adjoints(q, do, gi, dht, h0 is not None, scale, BT, launch, gate_v=False, rwkv6=rwkv6)
+    dh, dh0, bnd = state_adjoints(q, do, gi, h, ht, dht, h0 is not None, scale, BT, launch, gate_v=False,
+                                  rwkv6=rwkv6)
     dA = plain_scores(do, v, scale, BT, launch)
     dv = plain_rows(A, do, k, gi, dh, scale, 1.0, BT, launch, transpose_A=True, to_end=True, transpose_h=False)
     del A
@@ -151,8 +158,7 @@ def key_side_backward(q, k, v, gi, u, scale, h0, ht, h, A, do, dht, BT, launch, 
         q, k, v, gi, u, h, dh, dA, do, dq, dk, scale, T, NT, H=H, K=K, V=V, BT=BT, BC=BC, BK=BKi, BV=_tile(V),
         DOT=_dot(launch, q), RWKV6=rwkv6, REFERENCE_ROW=row, num_warps=launch.dqk_warps)
     del h, dh
-    c = (ht * dht).sum(-1) if dht is not None and ht is not None else None  # the final state's share
-    dg, du = decay_grad(q, dq, k, dk if key_term_in_dg else None, c, BT, launch, dg_dtype, u=u,
+    dg, du = decay_grad(q, dq, k, dk if key_term_in_dg else None, bnd, BT, launch, dg_dtype, u=u,
                         dA=dA if rwkv6 else None)
     return dq, dk, dv, dg, du, dh0
 
@@ -187,7 +193,7 @@ def value_side_backward(q, k, v, gi, scale, h0, ht, h, A, o, do, dht, BT, launch
         h, _ = forward_states(k, v, gi, h0, False, BT, launch, gate_v=True)
     if A is None:
         A = plain_scores(q, k, 1.0, BT, launch)
-    dh, dh0 = state_adjoints(q, do, gi, dht, h0 is not None, scale, BT, launch, gate_v=True)
+    dh, dh0, bnd = state_adjoints(q, do, gi, h, ht, dht, h0 is not None, scale, BT, launch, gate_v=True)
     dA = gated_scores(do, v, gi, None, scale, BT, launch)
     dv = dv_add if dv_add is not None else _f32(q, B, T, H, V)
     BV = min(_tile(V), launch.slots_BV)
@@ -200,8 +206,7 @@ def value_side_backward(q, k, v, gi, scale, h0, ht, h, A, o, do, dht, BT, launch
     del h
     dk = plain_rows(dA, q, v, gi, dh, 1.0, 1.0, BT, launch, transpose_A=True, to_end=True, transpose_h=True)
     del dA, dh
-    c = (ht * dht).sum(-2) if dht is not None and ht is not None else None  # the final state's share, per slot
-    dg, _ = decay_grad(o, do, v, dv, c, BT, launch, torch.float32, add=dg_add)
+    dg, _ = decay_grad(o, do, v, dv, bnd, BT, launch, torch.float32, add=dg_add)
     return dq, dk, dv, dg, dh0
 
 
@@ -238,7 +243,7 @@ class KeySideChunkFunction(torch.autograd.Function):
         do, dht = as_contiguous(do, dht)
         dq, dk, dv, dg, du, dh0 = key_side_backward(q, k, v, gi, u, ctx.scale, h0, ht, h, A, do, dht,
                                                     ctx.chunk_size, ctx.launch, g.dtype, ctx.row)
-        return (cast(dq, q), cast(dk, k), cast(dv, v), dg, None if du is None else cast(du.sum(0), u), None,
+        return (cast(dq, q), cast(dk, k), cast(dv, v), dg, None if du is None else cast(du, u), None,
                 cast(dh0, h0), None, None, None, None)
 
 

@@ -20,7 +20,8 @@ class ChunkLaunch:
     - `scores_BK`, `scores_warps`: the gated score kernel (forward A of GLA/RWKV6, dA of GSA's slot pass);
     - `dqk_BK`, `dqk_warps`: the key-side dq/dk kernel, whose diagonal block is a [16, 16, dqk_BK] tile;
     - `slots_BV`, `slots_warps`: the value-side kernels (GSA's slot pass), a [16, 16, slots_BV] tile;
-    - `dg_BK`: the decay-gradient walk over chunks (not a dot dimension, still a power of two);
+    - `dg_BK`: channels per program of the decay gradient (one program per chunk; not a dot dimension, still a
+      power of two);
     - `dot_dtype`: None uses the input dtype on a GPU (tensor cores), torch.float32 forces IEEE fp32 dots.
     """
     scores_BK: int = 32

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import triton
@@ -75,6 +76,10 @@ def mma(a, b, DOT):
     return tl.dot(a.to(DOT), b.to(DOT), input_precision=PRECISION)
 
 
+# FLA_LAB_SPLIT_STATES=0 turns the split off (read at import): benchmarks/long_accuracy.py measures both ways.
+SPLIT_STATES = tl.constexpr(os.environ.get("FLA_LAB_SPLIT_STATES", "1") != "0")
+
+
 @kernel
 def mma_split(a, b, DOT):
     """`a @ b` for an fp32 state `b` split as hi + lo, two 16-bit parts: about 16 significant bits, not 8.
@@ -85,7 +90,7 @@ def mma_split(a, b, DOT):
     """
     a = a.to(DOT)
     b_hi = b.to(DOT)
-    if DOT == tl.float32:
+    if DOT == tl.float32 or not SPLIT_STATES:
         return tl.dot(a, b_hi, input_precision=PRECISION)
     b_lo = (b - b_hi.to(tl.float32)).to(DOT)
     return tl.dot(a, b_hi, input_precision=PRECISION) + tl.dot(a, b_lo, input_precision=PRECISION)

@@ -27,7 +27,9 @@ pass `dplr_bwd_dh_kernel` as `dX0 + Wb dS_C`; then per chunk the score gradients
 `dA_rk = do' V^T`, `dA_ab = dX U^T`, `dA_ak = dX V^T`, their pairwise contractions, and the state terms give
 dr, da, db, dk, dv. The decay gradient has a closed form (as for GLA): the loss depends on w only through
 `exp(G_reader - G_writer)`, readers r (at G) and a (at Ge), writers b and k, so
-`dw_t = revcumsum(r dr + a da - b db - k dk)_t - a_t da_t + rowsum(S_T * dS_T)`.
+`dw_t = revcumsum(r dr + a da - b db - k dk)_t - a_t da_t + rowsum(S_T * dS_T)`, evaluated per chunk: the sum
+over the chunk's later rows plus `rowsum(S_{n+1} * dS_{n+1})`, the state after chunk n times its adjoint (the
+whole future's share).
 """
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ import triton.language as tl
 from fla_lab.bugs import check_bug
 from fla_lab.ops import contract
 from fla_lab.ops.common.chunk_pass import cast, chunk_cumsum
-from fla_lab.ops.common.chunk_stages import load_query_decay
+from fla_lab.ops.common.chunk_stages import boundary_share, load_query_decay
 from fla_lab.ops.common.utils import (as_contiguous, batch_head, custom_bwd, custom_fwd, dot_dtype, grid_size,
                                       kernel, mma, mma_split, next_pow2, state_tile)
 from fla_lab.ops.rwkv7.fused_recurrent import check_key_width
@@ -252,11 +254,13 @@ def dplr_fwd_o_kernel(r, v, gi, h, u, Arb, Ark, o, scale, T, NT, H: tl.constexpr
 
 
 @kernel
-def dplr_bwd_dh_kernel(r, a, gi, do, Wb, dX0, dh, dX, dht, dh0, scale, T, NT, H: tl.constexpr, K: tl.constexpr,
-                       V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
-                       USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr):
+def dplr_bwd_dh_kernel(r, a, gi, do, Wb, dX0, h, ht, dh, dX, dht, dh0, bnd, scale, T, NT, H: tl.constexpr,
+                       K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                       DOT: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr):
     """The state adjoint in reverse: `dh[n]` = dL/dS at the end of chunk n, `dX = dX0 + Wb dh[n]` (the adjoint of
-    `Ã S_0 + A_ak V`), and `dS_0 = e^{G_C} dS_C + (r e^G)^T do' + Ã^T dX` carried to the chunk before."""
+    `Ã S_0 + A_ak V`), and `dS_0 = e^{G_C} dS_C + (r e^G)^T do' + Ã^T dX` carried to the chunk before.
+    Also each chunk's boundary term of dw, `bnd[n] = rowsum(S_{n+1} * dh[n])` (one partial per value block), the
+    whole future's share (see `dplr_dw_kernel`)."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_bh, i_b, i_h = batch_head(i_bh, H)
     HK: tl.constexpr = H * K
@@ -265,9 +269,13 @@ def dplr_bwd_dh_kernel(r, a, gi, do, Wb, dX0, dh, dX, dht, dh0, scale, T, NT, H:
     r, a, gi, Wb = r + bos * K, a + bos * K, gi + bos * K, Wb + bos * K
     do, dX0, dX = do + bos * V, dX0 + bos * V, dX + bos * V
     b_dh = state_or_zeros(dht, i_bh, p_kv, m_kv, K, V, BK, BV, USE_DHT)
+    b_hn = state_or_zeros(ht, i_bh, p_kv, m_kv, K, V, BK, BV, USE_DHT)  # after the last chunk (dh is 0 without dht)
     for i_r in range(0, NT):
         i_t = NT - 1 - i_r
         tl.store(dh + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_dh, mask=m_kv)
+        if i_r > 0:
+            b_hn = tl.load(h + ((i_b * NT + i_t + 1) * H + i_h) * K * V + p_kv, mask=m_kv, other=0)
+        boundary_share(b_hn, b_dh, bnd, i_b, i_t, i_h, 0, i_v, o_k, o_v, m_k, m_v, NT, H, K, V, BK, BV, False)
         t_first, o_c, o_t, m_t, t_last = chunk_rows(i_t, T, BT)
         m_tk, m_tv, m_kt = m_t[:, None] & m_k[None, :], m_t[:, None] & m_v[None, :], m_k[:, None] & m_t[None, :]
         b_dx = mma_split(load_rows(Wb, o_t, o_k, m_tk, HK), b_dh, DOT) + load_rows(dX0, o_t, o_v, m_tv, H * V)
@@ -364,28 +372,26 @@ def dplr_bwd_kernel(r, k, v, a, b, gi, h, dh, u, dX, do, Ark, Aak, dr, dk, dv, d
 
 
 @kernel
-def dplr_dw_kernel(x, a, da, c, dw, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                   USE_C: tl.constexpr):
-    """`dw_t = sum_{t' >= t} x_t' - a_t da_t + c` over the whole sequence (`c = rowsum(S_T * dS_T)`); one program
-    per channel block walks the sequence backwards; `dw` may be `x` itself (each tile is read, then written)."""
-    i_k, i_bh = tl.program_id(0), tl.program_id(1)
+def dplr_dw_kernel(x, a, da, bnd, dw, T, NT, H: tl.constexpr, K: tl.constexpr, NP: tl.constexpr, BT: tl.constexpr,
+                   BK: tl.constexpr):
+    """dw of one chunk: `dw_t = sum_{t' >= t in the chunk} x_t' - a_t da_t + bnd[n]`, the boundary term the future's
+    share (no sum longer than a chunk: a cumulative sum over the sequence keeps every rounding of x); `dw` may be
+    `x` itself (each tile is read, then written by the same program)."""
+    i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_bh, i_b, i_h = batch_head(i_bh, H)
     o_k = i_k * BK + tl.arange(0, BK)
     m_k = o_k < K
     bos = i_b * T * H + i_h
-    b_acc = tl.zeros([BK], dtype=tl.float32)
-    if USE_C:
-        b_acc += tl.load(c + i_bh * K + o_k, mask=m_k, other=0)
-    NT = tl.cdiv(T, BT)
-    for i_r in range(0, NT):
-        o_t = (NT - 1 - i_r) * BT + tl.arange(0, BT)
-        m = (o_t < T)[:, None] & m_k[None, :]
-        p = bos * K + o_t[:, None] * H * K + o_k[None, :]
-        b_x = tl.load(x + p, mask=m, other=0)
-        b_own = tl.load(a + p, mask=m, other=0).to(tl.float32) * tl.load(da + p, mask=m, other=0)
-        b_dw = b_acc[None, :] + tl.cumsum(b_x, axis=0, reverse=True) - b_own
-        b_acc += tl.sum(b_x, axis=0)
-        tl.store(dw + p, b_dw.to(dw.dtype.element_ty), mask=m)
+    b_bnd = tl.zeros([BK], dtype=tl.float32)
+    for i_p in range(0, NP):
+        b_bnd += tl.load(bnd + (((i_b * NT + i_t) * H + i_h) * NP + i_p) * K + o_k, mask=m_k, other=0)
+    o_t = i_t * BT + tl.arange(0, BT)
+    m = (o_t < T)[:, None] & m_k[None, :]
+    p = bos * K + o_t[:, None] * H * K + o_k[None, :]
+    b_x = tl.load(x + p, mask=m, other=0)
+    b_own = tl.load(a + p, mask=m, other=0).to(tl.float32) * tl.load(da + p, mask=m, other=0)
+    b_dw = b_bnd[None, :] + tl.cumsum(b_x, axis=0, reverse=True) - b_own
+    tl.store(dw + p, b_dw.to(dw.dtype.element_ty), mask=m)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -452,19 +458,21 @@ def _backward(r, w, k, v, a, b, scale, h0, ht, do, dht, bug=None):
     del W, U0
     dh, dX = _f32(r, B, NT, H, K, V), _f32(r, B, T, H, V)
     dh0 = _f32(r, B, H, K, V) if h0 is not None else None
-    dplr_bwd_dh_kernel[(grid_size(V, BV), B * H)](r, a, gi, do, Wb, dX0, dh, dX, dht, dh0, scale, T, NT, H=H, K=K,
-                                                  V=V, BT=CHUNK, BK=BK, BV=BV, DOT=dot, USE_DHT=dht is not None,
-                                                  STORE_DH0=h0 is not None, num_warps=WARPS["bwd_dh"])
+    bnd = _f32(r, B, NT, H, grid_size(V, BV), K)
+    dplr_bwd_dh_kernel[(grid_size(V, BV), B * H)](r, a, gi, do, Wb, dX0, h, ht, dh, dX, dht, dh0, bnd, scale, T, NT,
+                                                  H=H, K=K, V=V, BT=CHUNK, BK=BK, BV=BV, DOT=dot,
+                                                  USE_DHT=dht is not None, STORE_DH0=h0 is not None,
+                                                  num_warps=WARPS["bwd_dh"])
     del Wb, dX0
     dr, dk, da, db, x = (_f32(r, B, T, H, K) for _ in range(5))
     dv = _f32(r, B, T, H, V)
     dplr_bwd_kernel[(NT, B * H)](r, k, v, a, b, gi, h, dh, u, dX, do, Ark, Aak, dr, dk, dv, da, db, x, scale, T,
                                  NT, H=H, K=K, V=V, BT=CHUNK, BK=BK, BV=BV, DOT=dot, num_warps=WARPS["bwd"])
     del h, dh, u, dX, Ark, Aak
-    c = (ht * dht).sum(-1) if dht is not None else None  # the final state's share of every step's dw
     dw = x if w.dtype == torch.float32 else torch.empty_like(w)
     BKw = min(BK, 32)
-    dplr_dw_kernel[(grid_size(K, BKw), B * H)](x, a, da, c, dw, T, H=H, K=K, BT=64, BK=BKw, USE_C=c is not None)
+    dplr_dw_kernel[(grid_size(K, BKw), NT, B * H)](x, a, da, bnd, dw, T, NT, H=H, K=K, NP=bnd.shape[3], BT=CHUNK,
+                                                   BK=BKw)
     return dr, dw, dk, dv, da, db, dh0
 
 
