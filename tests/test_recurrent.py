@@ -5,6 +5,7 @@ import torch
 import fla_lab
 from fla_lab import harness, reference
 from fla_lab.ops import fused_recurrent_gla, fused_recurrent_rwkv6
+from fla_lab.ops.common import fused_recurrent
 
 FP32, FP16, BF16 = torch.float32, torch.float16, torch.bfloat16
 
@@ -52,3 +53,45 @@ def test_explicit_scale_and_no_final_state():
     ref, _ = _gla(**x, scale=0.3)
     assert ht is None
     torch.testing.assert_close(o.double().cpu(), ref, rtol=1e-5, atol=1e-5)
+
+
+# The dkv kernel's tile is at most [DKV_BK, DKV_BV] = [64, 64]: several key blocks keep dg and the bonus in the
+# kernel, several value blocks send them to the torch fallback (`decay_and_bonus_grads`).
+WIDE = [  # B, T, H, K, V
+    (1, 9, 2, 128, 64),   # two key blocks: fused, dv summed over key blocks
+    (1, 9, 1, 32, 96),    # two value blocks: fallback, K != V
+    (1, 7, 1, 128, 128),  # both
+]
+
+
+@pytest.mark.parametrize("bonus", [False, True], ids=["gla", "rwkv6"])
+@pytest.mark.parametrize("B,T,H,K,V", WIDE)
+def test_several_state_blocks(B, T, H, K, V, bonus):
+    names = ("r", "k", "v", "w") if bonus else ("q", "k", "v", "gk")
+    x = harness.gated_inputs(B, T, H, K, V, initial_state=True, bonus=bonus, names=names)
+    result = harness.compare(fused_recurrent_rwkv6 if bonus else fused_recurrent_gla,
+                             reference.recurrent_rwkv6 if bonus else _gla, x)
+    assert result.ok, f"{result.failures()} | {result}"
+
+
+def _grads_of(op, x, output_final_state):
+    """Every input gradient of sum(o * do) (+ sum(ht * dht) with the final state), in fp32."""
+    leaves = harness.leaves(x, torch.float32, fla_lab.device())
+    o, ht = op(**leaves, output_final_state=output_final_state)
+    do, dht = harness.cotangents(o.shape, {"ht": (o.shape[0], o.shape[2], x["k"].shape[-1], o.shape[-1])}, seed=3)
+    loss = (o * do.to(o)).sum() + ((ht * dht["ht"].to(ht)).sum() if output_final_state else 0)
+    loss.backward()
+    return {n: t.grad for n, t in leaves.items()}
+
+
+@pytest.mark.parametrize("output_final_state", [True, False], ids=["dht", "no_dht"])
+@pytest.mark.parametrize("bonus", [False, True], ids=["gla", "rwkv6"])
+def test_in_kernel_decay_grad_matches_the_torch_fallback(monkeypatch, bonus, output_final_state):
+    names = ("r", "k", "v", "w") if bonus else ("q", "k", "v", "gk")
+    x = harness.gated_inputs(2, 11, 2, 48, 40, initial_state=True, bonus=bonus, names=names)
+    op = fused_recurrent_rwkv6 if bonus else fused_recurrent_gla
+    in_kernel = _grads_of(op, x, output_final_state)
+    monkeypatch.setattr(fused_recurrent, "DKV_BV", 16)  # three value blocks: dg and the bonus in torch
+    fallback = _grads_of(op, x, output_final_state)
+    for name, grad in fallback.items():
+        torch.testing.assert_close(in_kernel[name], grad, rtol=1e-5, atol=1e-5, msg=name)

@@ -5,8 +5,10 @@ bonus `diag(u) k_t v_t^T` for the current token; GLA reads the state after the u
 
 Backward, as upstream structures it (and as bug #18 needs): a `dq` kernel that replays the recurrence forward
 with a value-major `[BV, BK]` state tile, and a `dkv` kernel that runs the state adjoint backwards in time with
-a key-major `[BK, BV]` tile. The bonus terms (RWKV6) and the decay gradient are closed forms of what the
-kernels return, computed with vectorised torch ops (no loop over time).
+a key-major `[BK, BV]` tile. When one value block covers V, the dkv kernel's dk_t is complete, so it also reads
+dq_t (the dq kernel runs first), accumulates the decay gradient dg (a reverse cumulative sum) in registers and
+adds the RWKV6 bonus terms: no extra pass over [B, T, H, K]. With several value blocks (V > DKV_BV) the same
+quantities come from `decay_and_bonus_grads`, closed forms in torch over the summed partials.
 """
 from __future__ import annotations
 
@@ -92,21 +94,46 @@ def fused_recurrent_bwd_dq_kernel(k, v, g, do, dq, h0, scale, B, T,
 
 
 @kernel
-def fused_recurrent_bwd_dkv_kernel(q, k, v, g, do, dk, dv, dht, dh0, scale, B, T,
+def rwkv6_bonus_grads(b_q, b_k, b_v, b_do, b_u, b_dq, b_dk, b_dv, scale):
+    """The bonus path o_t += (q_t . u k_t)(v_t): its dq (q unscaled), dk, dv, and du's per-step term (b_q scaled)."""
+    b_dov = tl.sum(b_do * b_v, axis=0)  # do_t . v_t over the whole value dimension (one value block)
+    b_dq += scale * b_u * b_k * b_dov
+    b_dk += b_u * b_q * b_dov
+    b_dv += tl.sum(b_q * b_u * b_k, axis=0) * b_do  # this key block's share; dv's key partials add up the rest
+    return b_dq, b_dk, b_dv, b_q * b_k * b_dov
+
+
+@kernel
+def fused_recurrent_bwd_dkv_kernel(q, k, v, g, u, do, dq, dk, dv, dg, du, ht, dht, dh0, scale, B, T,
                                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                                    BK: tl.constexpr, BV: tl.constexpr, RWKV6: tl.constexpr,
-                                   USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr):
-    """The state adjoint dS runs backwards in time; dk_t = dS v_t and dv_t = dS^T k_t (partial sums per block)."""
+                                   USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
+                                   FUSE_DG: tl.constexpr, DG_HT: tl.constexpr):
+    """The state adjoint dS runs backwards in time; dk_t = dS v_t and dv_t = dS^T k_t (partial sums per block).
+
+    FUSE_DG (one value block, so dk_t is complete): also dg_t = sum_{s>=t}(q_s dq_s - k_s dk_s) + rowsum(ht dht)
+    from the state-path dq and dk (RWKV6's query term one step later: it reads S_{t-1}), then the RWKV6 bonus is
+    added to dq, dk, dv, and du's partial for this (batch, head) is stored. Same semantics as
+    `decay_and_bonus_grads`."""
     i_v, i_k, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_bh, i_b, i_h = batch_head(i_bh, H)
     o_k, o_v, m_k, m_v, m_kv, p_kv = state_tile(i_k, i_v, K, V, BK, BV)
     b_dh = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_DHT:
         b_dh += tl.load(dht + i_bh * K * V + p_kv, mask=m_kv, other=0).to(tl.float32)
+    b_dg_sum = tl.zeros([BK], dtype=tl.float32)  # reverse cumulative sum of q dq - k dk
+    b_qdq_later = tl.zeros([BK], dtype=tl.float32)  # RWKV6: q_{t+1} dq_{t+1}, the query term dg_t receives
+    b_dg_final = tl.zeros([BK], dtype=tl.float32)  # rowsum(ht * dht): G_{T-1} reaches the final state
+    if DG_HT:
+        b_dg_final += tl.sum(tl.load(ht + i_bh * K * V + p_kv, mask=m_kv, other=0).to(tl.float32) * b_dh, axis=1)
+    if RWKV6:
+        b_u = tl.load(u + i_h * K + o_k, mask=m_k, other=0).to(tl.float32)
+        b_du = tl.zeros([BK], dtype=tl.float32)
     for i in range(0, T):
         t = T - 1 - i
         row = (i_b * T + t) * H + i_h
-        b_q = tl.load(q + row * K + o_k, mask=m_k, other=0).to(tl.float32) * scale
+        b_q_raw = tl.load(q + row * K + o_k, mask=m_k, other=0).to(tl.float32)
+        b_q = b_q_raw * scale
         b_k = tl.load(k + row * K + o_k, mask=m_k, other=0).to(tl.float32)
         b_g = tl.load(g + row * K + o_k, mask=m_k, other=0).to(tl.float32)
         b_v = tl.load(v + row * V + o_v, mask=m_v, other=0).to(tl.float32)
@@ -115,6 +142,19 @@ def fused_recurrent_bwd_dkv_kernel(q, k, v, g, do, dk, dv, dht, dh0, scale, B, T
             b_dh += b_q[:, None] * b_do[None, :]
         b_dk = tl.sum(b_dh * b_v[None, :], axis=1)
         b_dv = tl.sum(b_dh * b_k[:, None], axis=0)
+        if FUSE_DG:
+            p_dq = dq + row * K + o_k  # complete (summed over the dq kernel's value blocks), state path only
+            b_dq = tl.load(p_dq, mask=m_k, other=0).to(tl.float32)
+            if RWKV6:
+                b_dg_sum += b_qdq_later - b_k * b_dk
+                b_qdq_later = b_q_raw * b_dq
+            else:
+                b_dg_sum += b_q_raw * b_dq - b_k * b_dk
+            tl.store(dg + row * K + o_k, b_dg_sum + b_dg_final, mask=m_k)
+            if RWKV6:  # the bonus has no decay: after dg, which takes the state-path dq and dk
+                b_dq, b_dk, b_dv, b_du_t = rwkv6_bonus_grads(b_q, b_k, b_v, b_do, b_u, b_dq, b_dk, b_dv, scale)
+                b_du += b_du_t
+                tl.store(p_dq, b_dq, mask=m_k)
         tl.store(dk + (i_v * B * T * H + row) * K + o_k, b_dk, mask=m_k)
         tl.store(dv + (i_k * B * T * H + row) * V + o_v, b_dv, mask=m_v)
         b_dh = b_dh * tl.exp(b_g)[:, None]
@@ -122,6 +162,8 @@ def fused_recurrent_bwd_dkv_kernel(q, k, v, g, do, dk, dv, dht, dh0, scale, B, T
             b_dh += b_q[:, None] * b_do[None, :]
     if STORE_DH0:
         tl.store(dh0 + i_bh * K * V + p_kv, b_dh, mask=m_kv)
+    if FUSE_DG and RWKV6:
+        tl.store(du + i_bh * K + o_k, b_du, mask=m_k)  # [B, H, K]: summed over the batch in torch
 
 
 def _forward(q, k, v, g, u, scale, h0, output_final_state):
@@ -138,6 +180,18 @@ def _forward(q, k, v, g, u, scale, h0, output_final_state):
     return o, ht
 
 
+# The dkv kernel's state tile is at most [DKV_BK, DKV_BV]. One value block (V <= DKV_BV) keeps dg and the RWKV6
+# bonus inside the kernel; more key blocks keep that too (dg is per key, dv's key partials are summed), at the cost
+# of one [NK, B, T, H, V] sum. BK = 32 would double the programs at K = 64 (256 for B*H = 128 on 132 SMs); BV = 32
+# would too, but sends V = 64 to the torch fallback.
+DKV_BK, DKV_BV = 64, 64
+
+
+def sum_partials(x):
+    """Sum a kernel's per-block partials over axis 0; one block is already the sum (a view, no copy)."""
+    return x[0] if x.shape[0] == 1 else x.sum(0)
+
+
 def _backward(q, k, v, g, u, scale, h0, ht, do, dht, dq_tiles, h0_mask_fn):
     B, T, H, K = q.shape
     V = v.shape[-1]
@@ -149,20 +203,28 @@ def _backward(q, k, v, g, u, scale, h0, ht, do, dht, dq_tiles, h0_mask_fn):
     fused_recurrent_bwd_dq_kernel[(NVq, grid_size(K, BKq), B * H)](
         k, v, g, do, dq, h0, scale, B, T, H=H, K=K, V=V, BK=BKq, BV=BVq, RWKV6=rwkv6,
         USE_H0=h0 is not None, H0_MASK=h0_mask_fn)
-    BK, BV = min(next_pow2(K), 64), min(next_pow2(V), 64)
+    dq = sum_partials(dq)  # the dkv kernel reads the complete dq_t
+    BK, BV = min(next_pow2(K), DKV_BK), min(next_pow2(V), DKV_BV)
     NK, NV = grid_size(K, BK), grid_size(V, BV)
+    fuse_dg = NV == 1  # each program holds all of V: its dk_t is complete, so dg and the bonus fit in the kernel
+    dg_ht = dht is not None and ht is not None
     dk, dv = torch.empty(NV, B, T, H, K, **f32), torch.empty(NK, B, T, H, V, **f32)
+    dg = torch.empty(B, T, H, K, **f32) if fuse_dg else None
+    du = torch.empty(B, H, K, **f32) if fuse_dg and rwkv6 else None
     dh0 = torch.empty(B, H, K, V, **f32) if h0 is not None else None
     fused_recurrent_bwd_dkv_kernel[(NV, NK, B * H)](
-        q, k, v, g, do, dk, dv, dht, dh0, scale, B, T, H=H, K=K, V=V, BK=BK, BV=BV, RWKV6=rwkv6,
-        USE_DHT=dht is not None, STORE_DH0=h0 is not None)
-    dq, dk, dv = dq.sum(0), dk.sum(0), dv.sum(0)
+        q, k, v, g, u, do, dq, dk, dv, dg, du, ht, dht, dh0, scale, B, T, H=H, K=K, V=V, BK=BK, BV=BV,
+        RWKV6=rwkv6, USE_DHT=dht is not None, STORE_DH0=h0 is not None, FUSE_DG=fuse_dg, DG_HT=fuse_dg and dg_ht)
+    dk, dv = sum_partials(dk), sum_partials(dv)
+    if fuse_dg:
+        return dq, dk, dv, dg, (du.sum(0) if rwkv6 else None), dh0
     dg, du = decay_and_bonus_grads(q, k, v, u, scale, dq, dk, dv, do, ht, dht)
     return dq, dk, dv, dg, du, dh0
 
 
 def decay_and_bonus_grads(q, k, v, u, scale, dq, dk, dv, do, ht, dht):
-    """Closed forms on top of the state-path gradients (updates dq, dk, dv in place for the RWKV6 bonus).
+    """Closed forms on top of the state-path gradients (updates dq, dk, dv in place for the RWKV6 bonus): the
+    fallback for several value blocks, and the spec of the dkv kernel's FUSE_DG path.
 
     With G the cumulative log-decay, the output depends on G through exp(G_query - G_key), so
     dL/dG_t = q_t * dq_t (query side) - k_t * dk_t (key side), and dg is its reverse cumulative sum.
