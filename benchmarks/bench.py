@@ -21,7 +21,7 @@ B, T, H, K, V, M = 8, 4096, 16, 64, 64, 64
 DTYPE = torch.bfloat16
 
 
-def gated(bonus):
+def gated(bonus, B=B, T=T, H=H):
     x = [torch.randn(B, T, H, K), torch.randn(B, T, H, K), torch.randn(B, T, H, V),
          F.logsigmoid(torch.randn(B, T, H, K))]
     if bonus:
@@ -29,15 +29,26 @@ def gated(bonus):
     return x
 
 
-def gsa():
+def gsa(B=B, T=T, H=H):
     return [torch.randn(B, T, H, K), torch.randn(B, T, H, K), torch.randn(B, T, H, V), torch.randn(B, T, H, M),
             F.logsigmoid(torch.randn(B, T, H, M))]
 
 
-def rwkv7():
+def rwkv7(B=B, T=T, H=H):
     kk = F.normalize(torch.randn(B, T, H, K), dim=-1)
     return [torch.randn(B, T, H, K), -0.6065 * torch.rand(B, T, H, K), torch.randn(B, T, H, K),
             torch.randn(B, T, H, V), -kk, kk * torch.rand(B, T, H, K)]
+
+
+def upstream_ops() -> dict:
+    """flash-linear-attention 0.6.0's ops by name (ImportError when `fla` is missing). Its fused_recurrent_rwkv7
+    is inference only: its backward raises NotImplementedError."""
+    from fla.ops.gla import chunk_gla
+    from fla.ops.gsa import chunk_gsa
+    from fla.ops.rwkv6 import chunk_rwkv6, fused_recurrent_rwkv6
+    from fla.ops.rwkv7 import chunk_rwkv7, fused_recurrent_rwkv7
+    return {"chunk_gla": chunk_gla, "chunk_rwkv6": chunk_rwkv6, "fused_recurrent_rwkv6": fused_recurrent_rwkv6,
+            "chunk_gsa": chunk_gsa, "chunk_rwkv7": chunk_rwkv7, "fused_recurrent_rwkv7": fused_recurrent_rwkv7}
 
 
 def cases():
@@ -53,39 +64,61 @@ def cases():
     ours["chunk_rwkv7"] = (ops.chunk_rwkv7, ours["fused_recurrent_rwkv7"][1], {})
     theirs = {}
     try:
-        from fla.ops.gla import chunk_gla
-        from fla.ops.gsa import chunk_gsa
-        from fla.ops.rwkv6 import chunk_rwkv6, fused_recurrent_rwkv6
-        from fla.ops.rwkv7 import chunk_rwkv7
-        theirs = {"chunk_gla": (chunk_gla, ours["chunk_gla"][1], {}),
-                  "chunk_rwkv6": (chunk_rwkv6, ours["chunk_rwkv6"][1], {}),
-                  "chunk_gsa": (chunk_gsa, ours["chunk_gsa"][1], {}),
-                  "fused_recurrent_rwkv6": (fused_recurrent_rwkv6, ours["fused_recurrent_rwkv6"][1], {}),
-                  "chunk_rwkv7": (chunk_rwkv7, ours["fused_recurrent_rwkv7"][1], {"scale": 1.0})}
+        fla = upstream_ops()
+        theirs = {"chunk_gla": (fla["chunk_gla"], ours["chunk_gla"][1], {}),
+                  "chunk_rwkv6": (fla["chunk_rwkv6"], ours["chunk_rwkv6"][1], {}),
+                  "chunk_gsa": (fla["chunk_gsa"], ours["chunk_gsa"][1], {}),
+                  "fused_recurrent_rwkv6": (fla["fused_recurrent_rwkv6"], ours["fused_recurrent_rwkv6"][1], {}),
+                  "chunk_rwkv7": (fla["chunk_rwkv7"], ours["fused_recurrent_rwkv7"][1], {"scale": 1.0})}
     except ImportError as exc:
         print(f"flash-linear-attention not importable ({exc}): fla_lab only")
     return ours, theirs
 
 
-def timings(fn, inputs, kwargs):
-    x = [t.to("cuda", DTYPE).requires_grad_() for t in inputs]
-    do = torch.randn(B, T, H, V, device="cuda", dtype=DTYPE)
-    forward = lambda: fn(*x, **kwargs)  # noqa: E731
+def on_device(inputs, device="cuda"):
+    """The inputs as bf16 leaves that require gradients."""
+    return [t.to(device, DTYPE).requires_grad_() for t in inputs]
 
-    def forward_backward():
-        forward()[0].backward(do)
 
+def cotangent(x, device="cuda"):
+    """A random `do` shaped like the output `[B, T, H, V]` (B, T, H of the first input)."""
+    return torch.randn(*x[0].shape[:3], V, device=device, dtype=DTYPE)
+
+
+def forward_backward(fn, x, do, kwargs):
+    fn(*x, **kwargs)[0].backward(do)
+
+
+def forward_ms(fn, x, kwargs):
     with torch.no_grad():
-        fwd = triton.testing.do_bench(forward, warmup=50, rep=300, return_mode="median")
-    fwd_bwd = triton.testing.do_bench(forward_backward, warmup=50, rep=300, grad_to_none=x, return_mode="median")
+        return triton.testing.do_bench(lambda: fn(*x, **kwargs), warmup=50, rep=300, return_mode="median")
+
+
+def forward_backward_ms(fn, x, do, kwargs):
+    """Median of forward+backward; `grad_to_none` gives every call fresh gradients."""
+    return triton.testing.do_bench(lambda: forward_backward(fn, x, do, kwargs), warmup=50, rep=300, grad_to_none=x,
+                                   return_mode="median")
+
+
+def peak_MiB(fn, x, do, kwargs):
+    """Peak memory of one forward+backward above what was allocated before it (the inputs and `do`, no
+    gradients): the gradients, saved activations and workspace."""
     for t in x:
         t.grad = None
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
-    forward_backward()
+    forward_backward(fn, x, do, kwargs)
     torch.cuda.synchronize()
-    return fwd, fwd_bwd, (torch.cuda.max_memory_allocated() - base) / 2**20
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+def timings(fn, inputs, kwargs):
+    x = on_device(inputs)
+    do = cotangent(x)
+    fwd = forward_ms(fn, x, kwargs)
+    fwd_bwd = forward_backward_ms(fn, x, do, kwargs)
+    return fwd, fwd_bwd, peak_MiB(fn, x, do, kwargs)
 
 
 def main(argv):
