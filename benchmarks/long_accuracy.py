@@ -31,7 +31,7 @@ def errors_of(spec, fn, x, exact, cot) -> dict:
     errors = {"o": check.rel_error(got.o, exact.o)}
     errors.update({n: check.rel_error(got.states[n], r) for n, r in exact.states.items()})
     errors.update(check.grad_errors(exact.grads, got.grads))
-    errors[f"d{spec.decay_name} plain"] = check.plain_grad_errors(exact.grads, got.grads)[f"d{spec.decay_name}"]
+    errors[f"{spec.decay_name} plain"] = check.plain_grad_errors(exact.grads, got.grads)[spec.decay_name]
     return errors
 
 
@@ -60,11 +60,11 @@ def summary_line(row: dict, decay_name: str) -> str:
     e = row["errors"]
     if "error" in e:
         return f"{row['op']:24s} T={row['T']:6d} m={row['decay']:g} {row['library']:8s} {e['error']}"
-    grads = {n: v for n, v in e.items() if n.startswith("d") and not n.endswith("plain")}
+    grads = {n: v for n, v in e.items() if n != "o" and not n.startswith("ht") and not n.endswith("plain")}
     worst = max(grads, key=lambda n: grads[n])
     return (f"{row['op']:24s} T={row['T']:6d} m={row['decay']:<6g} {row['library']:8s} o={e['o']:.1e} "
-            f"d{decay_name}={e['d' + decay_name]:.1e} (plain {e['d' + decay_name + ' plain']:.1e}) "
-            f"worst {worst}={grads[worst]:.1e}")
+            f"d{decay_name}={e[decay_name]:.1e} (plain {e[decay_name + ' plain']:.1e}) "
+            f"worst d{worst}={grads[worst]:.1e}")
 
 
 def main(argv=None):
@@ -88,7 +88,8 @@ def main(argv=None):
 
 
 def write(rows, path):
-    for target in filter(None, [path, os.environ.get("OUT") and os.path.join(os.environ["OUT"], os.path.basename(path))]):
+    copy = os.environ.get("OUT") and os.path.join(os.environ["OUT"], os.path.basename(path))
+    for target in filter(None, [path, copy]):
         with open(target, "w") as f:
             json.dump(rows, f, indent=1)
 

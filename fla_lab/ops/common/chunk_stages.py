@@ -21,7 +21,7 @@ scores are plain (`A = q k^T`) and the factor stays on the output channel:
 | state adjoint | `chunk_bwd_dh_kernel(GATE_V=False)` | `GATE_V=True` |
 | score gradient | `plain_scores_kernel` (dA) | `gated_scores_kernel` (dA) |
 | gradients through the scores and the state | `chunk_bwd_dqk_kernel` (dq, dk), `plain_rows_kernel` (dv) | `plain_rows_kernel` (dq, dk), `slot_rows_kernel(BACKWARD)` (dv) |
-| decay gradient | `chunk_bwd_dg_kernel` on (q, dq, k, dk), the boundary term from `chunk_bwd_dh_kernel` | on (o, do, v, dv) |
+| decay gradient | `chunk_bwd_dg_kernel` on (q, dq, k, dk), `bnd` from `chunk_bwd_dh_kernel` | on (o, do, v, dv) |
 
 The gated contraction `sum_s S[t, s] Y_s exp(gi_t - gi_s)` (dq on the key side, the output on the value side) and
 its transpose `sum_t S[t, s] W_t exp(gi_t - gi_s)` (dk on the key side, dv on the value side) are two helpers,
@@ -45,7 +45,9 @@ RWKV6's bonus sits on A's diagonal (`A[t, t] = q_t . (u * k_t)`), so `A @ v`, `A
 
 Precision. On a GPU every product runs on the tensor cores in the input dtype with fp32 accumulation, except where a
 product feeds the decay gradient through an fp32 state (h, dh): there the state is split in two 16-bit halves
-(`mma_split`). Every offset is 64-bit (`batch_head`).
+(`mma_split`). The value side's state pass splits its decayed operand too: GSA's slot scores feed a softmax, which
+at weak decay (large scores) magnified one bf16 rounding per term of h into 3e-2 of dg at T = 4096 on an H200.
+Every offset is 64-bit (`batch_head`).
 """
 from __future__ import annotations
 
@@ -235,8 +237,8 @@ def chunk_fwd_h_kernel(k, v, gi, h, h0, ht, T, NT, H: tl.constexpr, K: tl.conste
         if GATE_V:  # decay each value channel from its step to the chunk end
             b_glast = tl.load(gi + bos * V + t_last * H * V + o_v, mask=m_v, other=0)
             b_g = tl.load(gi + bos * V + o_t[:, None] * H * V + o_v[None, :], mask=m_tv, other=0)
-            b_v *= tl.exp(tl.where(m_tv, b_glast[None, :] - b_g, 0))
-            b_h = b_h * tl.exp(b_glast)[None, :] + mma(b_kt, b_v, DOT)
+            b_v *= tl.exp(tl.where(m_tv, b_glast[None, :] - b_g, 0))  # split: GSA's softmax magnifies h's error
+            b_h = b_h * tl.exp(b_glast)[None, :] + mma_split(b_kt, b_v, DOT)
         else:  # decay each key channel from its step to the chunk end
             b_glast = tl.load(gi + bos * K + t_last * H * K + o_k, mask=m_k, other=0)
             b_gt = tl.load(gi + bos * K + o_t[None, :] * H * K + o_k[:, None], mask=m_kt, other=0)
@@ -471,7 +473,7 @@ def chunk_bwd_dh_kernel(q, do, gi, h, ht, dh, dht, dh0, bnd, scale, T, NT, H: tl
         if GATE_V:
             b_glast = tl.load(gi + bos * V + t_last * H * V + o_v, mask=m_v, other=0)
             b_do *= tl.exp(tl.load(gi + bos * V + o_t[:, None] * H * V + o_v[None, :], mask=m_tv, other=0))
-            b_dh = b_dh * tl.exp(b_glast)[None, :] + scale * mma(b_qt, b_do, DOT)
+            b_dh = b_dh * tl.exp(b_glast)[None, :] + scale * mma_split(b_qt, b_do, DOT)
         else:
             b_glast = tl.load(gi + bos * K + t_last * H * K + o_k, mask=m_k, other=0)
             b_gqt = load_query_decay(gi + bos * K, o_t[None, :], o_k[:, None], m_kt, t_first, H * K, RWKV6)
