@@ -333,23 +333,24 @@ def table(result) -> str:
         f"T={meta['reference'][1]} (bench.py's shape); RWKV-7 scale=1.0, output_final_state=False everywhere",
         f"- times: `triton.testing.do_bench` ({meta['do_bench']}), fwd+bwd = `o.backward(do)` with fresh "
         f"gradients; timed in alternation fla_lab, FLA, fla_lab checks off (rounds: {meta['rounds']}), each the "
-        "median over rounds. Ratios: fla_lab / FLA (< 1: fla_lab faster or smaller)",
+        "median over rounds. Ratios: fla_lab / FLA in the same row, timed on that row's card (< 1: fla_lab faster or "
+        "smaller)",
         "- peak: `torch.cuda.max_memory_allocated()` during one forward+backward minus what was allocated before it "
         "(inputs and `do` resident, no gradients): gradients + saved activations + workspace",
         "- checks: fla_lab's fwd+bwd with its value checks on (default, deferred) over off, minus 1",
         f"- floor: bytes of the inputs and output read/written once (fwd), plus `do` and every input gradient "
         f"(fwd+bwd: twice that), at {meta['hbm_TBps']} TB/s (H200 HBM spec); computed, not measured",
         "",
-        "| op | shape | B | T | fwd ms fla_lab | fwd ms FLA | fwd ratio | fwd+bwd ms fla_lab | fwd+bwd ms FLA "
+        "| op | device | shape | B | T | fwd ms fla_lab | fwd ms FLA | fwd ratio | fwd+bwd ms fla_lab | fwd+bwd ms FLA "
         "| fwd+bwd ratio | peak MiB fla_lab | peak MiB FLA | peak ratio | checks cost | floor fwd ms "
         "| floor fwd+bwd ms | errors |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         a, b = row.get("fla_lab", {}), row.get("fla", {})
         errors = "; ".join(f"{lib} ({e['at']}): {e['error'][:100]}" for lib, e in row.get("errors", {}).items())
         lines.append(
-            f"| {row['op']} | {row['shape']} | {row['B']} | {row['T']} | {fmt(a.get('fwd_ms'))} | "
+            f"| {row['op']} | {short_device(row)} | {row['shape']} | {row['B']} | {row['T']} | {fmt(a.get('fwd_ms'))} | "
             f"{fmt(b.get('fwd_ms')) if 'fla' in row else 'not run'} | {ratio(a.get('fwd_ms'), b.get('fwd_ms'))} | "
             f"{fmt(a.get('fwd_bwd_ms'))} | {fmt(b.get('fwd_bwd_ms'))} | "
             f"{ratio(a.get('fwd_bwd_ms'), b.get('fwd_bwd_ms'))} | {fmt(a.get('peak_MiB'), 0)} | "
@@ -357,6 +358,12 @@ def table(result) -> str:
             f"{significant(floor_ms(row, meta, False))} | {significant(floor_ms(row, meta, True))} | "
             f"{errors.replace('|', '/')} |")
     return "\n".join(lines) + "\n"
+
+
+def short_device(row) -> str:
+    """"H200", "H100": each row's own card (a run may span machines; ratios compare within one row only)."""
+    words = str(row.get("device", "?")).split()
+    return next((w for w in words if w == "CPU" or (w[:1] in "HABL" and w[1:].isdigit())), "?")
 
 
 def series(rows, lib, key):

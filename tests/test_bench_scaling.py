@@ -74,7 +74,7 @@ def test_dry_run_writes_row_table_and_figure(tmp_path):
     assert rows[0]["errors"] == {} and rows[0]["fla_lab"]["fwd_bwd_ms"] > 0
     assert rows[0]["fla_lab"]["fwd_bwd_checks_off_ms"] > 0
     table = (tmp_path / "scaling.md").read_text()
-    assert "| chunk_gla | scaling | 1 | 32 |" in table
+    assert "| chunk_gla | CPU | scaling | 1 | 32 |" in table
     assert_figure(tmp_path / "scaling.png")
 
 
@@ -84,9 +84,9 @@ def test_plot_from_json_alone(tmp_path, bench_scaling):
     bench_scaling.main(["--plot", "--out-dir", str(tmp_path)])
     table = (tmp_path / "scaling.md").read_text()
     # fla_lab / FLA: fwd 0.2 / 0.25, fwd+bwd 0.8 / 0.7, peak 1000 / 1200 MiB, checks 0.8 / 0.79
-    assert "| chunk_gla | scaling | 64 | 1024 | 0.200 | 0.250 | 0.80x | 0.800 | 0.700 | 1.14x | 1000 | 1200 | 0.83x " \
+    assert "| chunk_gla | H200 | scaling | 64 | 1024 | 0.200 | 0.250 | 0.80x | 0.800 | 0.700 | 1.14x | 1000 | 1200 | 0.83x " \
            "| +1.3% |" in table
-    assert "| chunk_gla | ref | 8 | 4096 |" in table
+    assert "| chunk_gla | H200 | ref | 8 | 4096 |" in table
     assert "NotImplementedError" in table and "NVIDIA H200" in table and "4.8 TB/s" in table
     # floor: (4 inputs + 1 output) * 65536 tokens * 16 heads * 64 * 2 bytes at 4.8 TB/s
     floor_fwd = 5 * 65536 * 16 * 64 * 2 / 4.8e12 * 1e3

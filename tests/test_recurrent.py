@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import fla_lab
-from fla_lab import harness, reference
+from fla_lab import check, harness, reference
 from fla_lab.ops import fused_recurrent_gla, fused_recurrent_rwkv6
 from fla_lab.ops.common import fused_recurrent
 
@@ -93,5 +93,7 @@ def test_in_kernel_decay_grad_matches_the_torch_fallback(monkeypatch, bonus, out
     in_kernel = _grads_of(op, x, output_final_state)
     monkeypatch.setattr(fused_recurrent, "DKV_BV", 16)  # three value blocks: dg and the bonus in torch
     fallback = _grads_of(op, x, output_final_state)
-    for name, grad in fallback.items():
-        torch.testing.assert_close(in_kernel[name], grad, rtol=1e-5, atol=1e-5, msg=name)
+    # the two paths sum in different orders: dg's reverse cumsum cancels to small entries, so the comparison is the
+    # whole tensor's relative error (fp32 rounding is ~1e-7; a wrong term is O(1))
+    errors = {name: check.rel_error(in_kernel[name], grad) for name, grad in fallback.items()}
+    assert max(errors.values()) < 1e-5, errors
