@@ -438,6 +438,16 @@ def boundary_share(b_h, b_dh, bnd, i_b, i_t, i_h, i_k, i_v, o_k, o_v, m_k, m_v, 
 
 
 @kernel
+def boundary_term(bnd, i_b, i_t, i_h, o_d, m_d, NT, H: tl.constexpr, D: tl.constexpr, NP: tl.constexpr,
+                  BD: tl.constexpr):
+    """Chunk i_t's boundary term of the decay gradient, the NP partials of `boundary_share` summed: [BD]."""
+    b_bnd = tl.zeros([BD], dtype=tl.float32)
+    for i_p in range(0, NP):
+        b_bnd += tl.load(bnd + (((i_b * NT + i_t) * H + i_h) * NP + i_p) * D + o_d, mask=m_d, other=0)
+    return b_bnd
+
+
+@kernel
 def chunk_bwd_dh_kernel(q, do, gi, h, ht, dh, dht, dh0, bnd, scale, T, NT, H: tl.constexpr, K: tl.constexpr,
                         V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                         DOT: tl.constexpr, GATE_V: tl.constexpr, RWKV6: tl.constexpr, USE_DHT: tl.constexpr,
@@ -612,9 +622,7 @@ def chunk_bwd_dg_kernel(q, k, dq, dk, u, dA, bnd, dg_add, dg, du, T, NT, H: tl.c
     m_k = o_k < K
     o_c = tl.arange(0, BT)
     bos = i_b * T * H + i_h
-    b_bnd = tl.zeros([BK], dtype=tl.float32)
-    for i_p in range(0, NP):
-        b_bnd += tl.load(bnd + (((i_b * NT + i_t) * H + i_h) * NP + i_p) * K + o_k, mask=m_k, other=0)
+    b_bnd = boundary_term(bnd, i_b, i_t, i_h, o_k, m_k, NT, H, K, NP, BK)
     o_t = i_t * BT + o_c
     m_t = o_t < T
     m = m_t[:, None] & m_k[None, :]

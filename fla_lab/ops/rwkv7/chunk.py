@@ -40,7 +40,7 @@ import triton.language as tl
 from fla_lab.bugs import check_bug
 from fla_lab.ops import contract
 from fla_lab.ops.common.chunk_pass import cast, chunk_cumsum
-from fla_lab.ops.common.chunk_stages import boundary_share, load_query_decay
+from fla_lab.ops.common.chunk_stages import boundary_share, boundary_term, load_query_decay
 from fla_lab.ops.common.utils import (as_contiguous, batch_head, custom_bwd, custom_fwd, dot_dtype, grid_size,
                                       kernel, mma, mma_split, next_pow2, state_tile)
 from fla_lab.ops.rwkv7.fused_recurrent import check_key_width
@@ -382,9 +382,7 @@ def dplr_dw_kernel(x, a, da, bnd, dw, T, NT, H: tl.constexpr, K: tl.constexpr, N
     o_k = i_k * BK + tl.arange(0, BK)
     m_k = o_k < K
     bos = i_b * T * H + i_h
-    b_bnd = tl.zeros([BK], dtype=tl.float32)
-    for i_p in range(0, NP):
-        b_bnd += tl.load(bnd + (((i_b * NT + i_t) * H + i_h) * NP + i_p) * K + o_k, mask=m_k, other=0)
+    b_bnd = boundary_term(bnd, i_b, i_t, i_h, o_k, m_k, NT, H, K, NP, BK)
     o_t = i_t * BT + tl.arange(0, BT)
     m = (o_t < T)[:, None] & m_k[None, :]
     p = bos * K + o_t[:, None] * H * K + o_k[None, :]
