@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from fla_lab import check, harness, registry  # noqa: E402
+from fla_lab import harness, registry  # noqa: E402
 
 OPS = ("chunk_gla", "chunk_rwkv6", "chunk_gsa", "chunk_rwkv7", "fused_recurrent_gla", "fused_recurrent_rwkv6",
        "fused_recurrent_rwkv7")
@@ -27,12 +27,9 @@ DTYPE = torch.bfloat16
 
 
 def errors_of(spec, fn, x, exact, cot) -> dict:
-    got = harness.run(fn, harness.leaves(x, DTYPE, "cuda", True), cot)
-    errors = {"o": check.rel_error(got.o, exact.o)}
-    errors.update({n: check.rel_error(got.states[n], r) for n, r in exact.states.items()})
-    errors.update(check.grad_errors(exact.grads, got.grads))
-    errors[f"{spec.decay_name} plain"] = check.plain_grad_errors(exact.grads, got.grads)[spec.decay_name]
-    return errors
+    """`harness.judge` of `fn` against the shared reference run, plus the decay gradient's plain error."""
+    result = harness.judge(harness.run(fn, harness.leaves(x, DTYPE, "cuda", True), cot), exact, DTYPE)
+    return {**result.errors, f"{spec.decay_name} plain": result.plain_errors[spec.decay_name]}
 
 
 def measure(name: str, T: int, decay: float, upstream: bool) -> list[dict]:

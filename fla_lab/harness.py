@@ -194,9 +194,15 @@ def compare(op, reference, inputs: dict[str, torch.Tensor], *, dtype=torch.float
     ours = leaves(inputs, dtype, runtime.device(), grads)
     exact, cot = exact_run(reference, ours, seed=seed, state_grad=state_grad, grads=grads, device=reference_device,
                            **kwargs)
-    got = run(op, ours, cot, **kwargs)
+    return judge(run(op, ours, cot, **kwargs), exact, dtype)
+
+
+def judge(got: Run, exact: Run, dtype: torch.dtype) -> Comparison:
+    """A run of an op against the reference's run on the same inputs and cotangents (`exact_run`): the output's,
+    each final state's and (where the runs have them) every gradient's error."""
     errors = {"o": check.rel_error(got.o, exact.o)}
     errors.update({n: check.rel_error(got.states[n], r) for n, r in exact.states.items()})
+    grads = bool(exact.grads)
     if grads:
         errors.update(check.grad_errors(exact.grads, got.grads))
     plain = check.plain_grad_errors(exact.grads, got.grads) if grads else {}
