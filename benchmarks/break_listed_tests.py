@@ -37,7 +37,7 @@ BREAKS = (
           'return importlib.util.find_spec("fla") is not None',
           "the adapter registers FLA's ops without a GPU"),
     Break("H200 numbers the notebook quotes",
-          "tests/test_lesson_gsa_padding.py::test_h200_atlas_numbers_the_notebook_quotes",
+          "tests/test_lesson_gsa_padding.py::test_gpu_atlas_numbers_the_notebook_quotes",
           "fla_lab/lessons/gsa_padding.py", '{"scale-aware": r["errors"]["dg"], "plain": r["errors_unfloored"]["dg"]}',
           '{"scale-aware": r["errors"]["dq"], "plain": r["errors_unfloored"]["dg"]}',
           "the lesson reads another tensor's error from the json"),

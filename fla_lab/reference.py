@@ -16,7 +16,7 @@ import torch
 
 __all__ = [
     "recurrent_gla", "recurrent_rwkv6", "recurrent_rwkv7", "recurrent_gsa",
-    "chunked_gla", "chunked_rwkv6", "chunked_rwkv7", "chunked_gsa",
+    "chunked_gla", "chunked_rwkv6", "chunked_rwkv7", "chunked_gsa", "chunk_local_cumsum",
 ]
 
 
@@ -113,6 +113,14 @@ def recurrent_gsa(q, k, v, s, g=None, scale=None, initial_state=None, output_fin
 # ---------------------------------------------------------------------------------------------------------
 # Chunked formulation: inside a chunk every pair (t, s) gets its decay exp(G_t - G_s) directly from the
 # chunk-local cumulative log-decay G; a state carries everything before the chunk.
+
+
+def chunk_local_cumsum(g, chunk_size=16, dtype=torch.float64):
+    """The chunk-local inclusive cumulative log-decay `G` of `g [B, T, H, D]` along T, restarting at every multiple
+    of `chunk_size` (the `G` of the chunked references; the kernels' `gi`, `ops.common.chunk_pass.chunk_cumsum`).
+    Computed in `dtype`: float64, the spec; `torch.float32` gives the fp32 sums a kernel's `gi` holds."""
+    g = g.to(dtype)
+    return torch.cat([c.cumsum(1) for c in g.split(chunk_size, dim=1)], dim=1)
 
 
 def _chunk_pairwise(q, k, v, gk, gv, scale, S, exclusive, u):

@@ -567,3 +567,59 @@ def test_cuda_now_mode_reports_at_once():
     x = {n: t.cuda() for n, t in positive_w().items()}
     with contract.value_checks(True), pytest.raises(ValueError, match=r"^fused_recurrent_rwkv7: `w` is a log-decay"):
         check7(x)
+
+
+# ------------------------------------------------------------------------------ checks inside the op's kernels
+
+KEY_SIDE = {"chunk_gla": (chunk_gla, ("q", "k", "v", "g"), False),
+            "chunk_rwkv6": (chunk_rwkv6, ("r", "k", "v", "w"), True)}
+IN_KERNEL_CASES = [  # (op, the argument made bad, how, the (batch, step, head, channel) it is put at)
+    ("chunk_gla", "q", "nan", (0, 7, 1, 3)), ("chunk_gla", "k", "inf", (0, 20, 0, 15)),  # last row: a partial chunk
+    ("chunk_gla", "v", "nan", (0, 16, 1, 0)), ("chunk_gla", "g", "inf", (0, 0, 0, 0)),
+    ("chunk_gla", "g", "positive", (0, 9, 1, 2)), ("chunk_gla", "initial_state", "nan", (0, 1, 2, 3)),
+    ("chunk_rwkv6", "r", "inf", (0, 20, 1, 1)), ("chunk_rwkv6", "w", "positive", (0, 20, 0, 15)),
+    ("chunk_rwkv6", "u", "nan", (1, 4)),
+]
+
+
+def key_side_call(name, bad=None, how=None, at=None):
+    op, names, bonus = KEY_SIDE[name]
+    x = harness.gated_inputs(1, 21, 2, 16, 16, initial_state=True, bonus=bonus, names=names)
+    if bad is not None:
+        x[bad][at] = {"nan": float("nan"), "inf": float("inf"), "positive": 0.5}[how]
+    return op, {n: t.to(fla_lab.device()) for n, t in x.items()}
+
+
+@pytest.mark.parametrize("name,bad,how,at", IN_KERNEL_CASES)
+def test_chunk_ops_check_values_inside_their_kernels(deferred, monkeypatch, name, bad, how, at):
+    """Deferred, the chunked GLA/RWKV6 forward checks its big inputs as its kernels read them: the flag pass gets
+    only the rest, and a bad value anywhere (a partial chunk's last row included) is still named."""
+    passed = []
+    monkeypatch.setattr(contract, "value_flags", lambda slots, **kw: passed.append(len(slots)) or
+                        vf.value_flags(slots, **kw))
+    op, x = key_side_call(name, bad, how, at)
+    op(**x)
+    assert passed == [1 + (name == "chunk_rwkv6")]  # initial_state (and u): q, k, v and g are the kernels'
+    message = "is a log-decay and must be <= 0" if how == "positive" else "has 1 non-finite value"
+    with pytest.raises(ValueError, match=rf"{name} call #\d+ .*: `{bad}` {message}"):
+        contract.flush_value_checks()
+
+
+@pytest.mark.parametrize("name", KEY_SIDE)
+def test_chunk_ops_in_kernel_checks_pass_valid_inputs(deferred, name):
+    op, x = key_side_call(name)
+    op(**x)
+    assert len(contract._pending) == 1
+    contract.flush_value_checks()  # nothing to report
+
+
+@needs_cuda
+@pytest.mark.parametrize("name,bad,how,at", IN_KERNEL_CASES)
+def test_cuda_chunk_ops_check_values_inside_their_kernels(name, bad, how, at):
+    """The same, compiled: the GPU's default (deferred) mode, where the kernels' bits are set."""
+    op, x = key_side_call(name, bad, how, at)
+    assert contract.value_check_mode(x["k"]) == "deferred"
+    op(**x)
+    message = "is a log-decay and must be <= 0" if how == "positive" else "has 1 non-finite value"
+    with pytest.raises(ValueError, match=rf"{name} call #\d+ .*: `{bad}` {message}"):
+        contract.flush_value_checks()

@@ -7,8 +7,8 @@ kernel) fails there instead of staying in the notebook unchecked:
 - `overflow.GPU_THRESHOLDS` (notebook 03a): the decay knob at which the buggy `chunk_rwkv6` forward first turns
   non-finite, per dtype and chunk size, bisected on the GPU;
 - `amp.CUDA_AUTOCAST_BF16` (notebook 05): the result dtype of each op under CUDA autocast;
-- the H200 atlas's bf16 `dg` of the fixed `chunk_gsa` at weak decay (notebooks 03b and 06, read from
-  `benchmarks/results/atlas_h200.json`): one setting of `benchmarks/atlas_h200.py`, measured again.
+- the GPU atlas's bf16 `dg` of the fixed `chunk_gsa` at weak decay (notebooks 03b and 06, read from
+  `benchmarks/results/atlas_gpu.json`): one setting of `benchmarks/atlas_gpu.py`, measured again.
 """
 import math
 
@@ -62,12 +62,12 @@ def test_cuda_autocast_table_holds_on_this_gpu():
 
 
 @pytest.mark.parametrize("decay", [1e-3, 1.0])
-def test_h200_atlas_gsa_dg_holds_on_this_gpu(decay):
+def test_gpu_atlas_gsa_dg_holds_on_this_gpu(decay):
     """chunk_gsa (fixed) bf16 at B=1, T=512, H=4, K=V=M=64: the scale-aware dg error the atlas json quotes."""
     from fla_lab import atlas
     from fla_lab.lessons import gsa_padding
 
-    quoted = gsa_padding.h200_dg_errors()[(512, decay)]["scale-aware"]
+    quoted = gsa_padding.gpu_dg_errors()[(512, decay)]["scale-aware"]
     (setting,) = atlas.settings(["chunk_gsa"], variants=["fixed"], dtypes=("bf16",), decays=(decay,), lengths=(512,),
                                 combinations=[(True, True)], B=1, H=4, K=64, V=64, M=64)  # as the json's records
     record = atlas.measure(setting)

@@ -93,5 +93,9 @@ def test_in_kernel_decay_grad_matches_the_torch_fallback(monkeypatch, bonus, out
     in_kernel = _grads_of(op, x, output_final_state)
     monkeypatch.setattr(fused_recurrent, "DKV_BV", 16)  # three value blocks: dg and the bonus in torch
     fallback = _grads_of(op, x, output_final_state)
+    # The two paths sum the same terms in different orders (a reverse cumsum in registers against torch's), so
+    # they agree to rounding at the scale of the summed terms, not of each element: on an H200, dw's worst
+    # element differs by 1.1e-5 where max|dw| = 28 (4e-7 of the scale). A missing or doubled term is O(1).
     for name, grad in fallback.items():
-        torch.testing.assert_close(in_kernel[name], grad, rtol=1e-5, atol=1e-5, msg=name)
+        diff = float((in_kernel[name] - grad).abs().max())
+        assert diff <= 1e-6 * float(grad.abs().max()), f"{name}: max |in-kernel - fallback| = {diff:.3g}"

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fla_lab import bugs, check, exercises, harness, runtime, viz, widgets
+from fla_lab import bugs, check, exercises, harness, reference, runtime, viz, widgets
 from fla_lab.lessons.overflow import decade, spans, summary  # noqa: F401  (decade, summary: for the notebook)
 
 BUG = "unmasked_padding"
@@ -175,12 +175,6 @@ def nonfinite_slots(x: torch.Tensor) -> dict[tuple[int, int], str]:
 # ---------------------------------------------------------------------------------------------------- prediction
 
 
-def chunk_cumsum(g: torch.Tensor, chunk_size: int = CHUNK) -> torch.Tensor:
-    """The chunk-local inclusive cumulative log-decay `gi` in fp32, `[B, T, H, M]`: the sum restarts every chunk."""
-    g = g.float()
-    return torch.cat([c.cumsum(1) for c in g.split(chunk_size, dim=1)], dim=1)
-
-
 def _sub_chunks_meeting_padding(T: int, chunk_size: int):
     """(first row, last valid row) of each sub-chunk of the partial last chunk that has a later sub-chunk."""
     r = T % chunk_size
@@ -197,7 +191,7 @@ def predicted_nonfinite(g: torch.Tensor, chunk_size: int = CHUNK) -> dict[str, t
     decay of 0), in the slots where `exp(0 - gn)` overflows, i.e. `gn = gi[last valid row] < -88.72`.
     dg: the decay gradient is a reverse cumulative sum over time, so every row up to a slot's last bad ds row.
     """
-    gi = chunk_cumsum(g, chunk_size)
+    gi = reference.chunk_local_cumsum(g, chunk_size, torch.float32)  # fp32, as the kernel's gi
     ds = torch.zeros(g.shape, dtype=torch.bool, device=g.device)
     for first, last in _sub_chunks_meeting_padding(g.shape[1], chunk_size):
         ds[:, first:last + 1] = (-gi[:, last] > FP32_EXP_MAX)[:, None]
@@ -225,7 +219,7 @@ def exponent_ranges(g: torch.Tensor, chunk_size: int = CHUNK) -> dict[str, float
       row of i]`): `gi_t - gn` over valid later rows, and over rows past T, where the decay loads as 0 (the bug)
       or the exponent is masked to 0 (the fix).
     """
-    gi = chunk_cumsum(g.double(), chunk_size)
+    gi = reference.chunk_local_cumsum(g, chunk_size)  # float64
     T = g.shape[1]
     out = {"forward: query factor": -math.inf, "forward: key factor": -math.inf,
            "transposed: valid later rows": -math.inf, "transposed: rows past T, bug": -math.inf,
@@ -379,7 +373,7 @@ def gate_report(layer, x: torch.Tensor) -> dict[str, float]:
     f_cut = -USERS_CLAMP * layer.gate_logit_normalizer  # logsigmoid(z) <= -160 <=> z <= about -160
     raw = torch.nn.functional.logsigmoid(z) / layer.gate_logit_normalizer
     clamped = int((raw < -layer.gate_clamp).sum()) if layer.gate_clamp is not None else 0
-    gi = chunk_cumsum(f)
+    gi = reference.chunk_local_cumsum(f, CHUNK, torch.float32)
     ends = [last for _, last in _sub_chunks_meeting_padding(x.shape[1], CHUNK)]
     worst = float(gi[:, ends].min()) if ends else 0.0
     bad = predicted_nonfinite(f)["ds"].any(1)
@@ -502,12 +496,12 @@ def sweep(decays: tuple[float, ...] = SWEEP_DECAYS, dtype: str = "bf16", T: int 
     return {m: gradient_errors(T, m, dtype) for m in tqdm(decays, desc="sweep", leave=False, disable=not progress)}
 
 
-H200_ATLAS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "atlas_h200.json"
+GPU_ATLAS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "atlas_gpu.json"
 
 
-def h200_dg_errors(op: str = "chunk_gsa", path: Path = H200_ATLAS) -> dict[tuple[int, float], dict[str, float]]:
-    """{(T, m): {"scale-aware": ..., "plain": ...}} of the fixed `op`'s bf16 decay gradient in the H200 atlas
-    (`benchmarks/atlas_h200.py`, notebook 06: B=1, H=4, K=V=M=64, T in {512, 4096}). Read from the GPU run's json,
+def gpu_dg_errors(op: str = "chunk_gsa", path: Path = GPU_ATLAS) -> dict[tuple[int, float], dict[str, float]]:
+    """{(T, m): {"scale-aware": ..., "plain": ...}} of the fixed `op`'s bf16 decay gradient in the GPU atlas
+    (`benchmarks/atlas_gpu.py`, notebook 06: B=1, H=4, K=V=M=64, T in {512, 4096}). Read from the GPU run's json,
     not recomputed; "fla:chunk_gsa" is upstream 0.6.0's kernel in the same run."""
     from fla_lab import atlas
 
@@ -528,7 +522,7 @@ def plot_accuracy(results: dict[float, dict], dtype: str = "bf16", T: int = SWEE
                   h200: dict[tuple[int, float], dict[str, float]] | None = None):
     """dg (both measures), ds and the worst other gradient of the fixed kernel against the decay knob, beside
     upstream's two bf16 dg points; the plain dg error is drawn only where the exact dg has not underflowed.
-    `h200` (`h200_dg_errors()`): the same kernel's scale-aware dg on the GPU at larger T, as open triangles."""
+    `h200` (`gpu_dg_errors()`): the same kernel's scale-aware dg on the GPU at larger T, as open triangles."""
     import numpy as np
 
     decays = np.array(sorted(results))
@@ -549,7 +543,7 @@ def plot_accuracy(results: dict[float, dict], dtype: str = "bf16", T: int = SWEE
         points = sorted((m, e["scale-aware"]) for (t, m), e in (h200 or {}).items() if t == length)
         if points:
             ax.plot(*zip(*points), marker, ms=6, color="#9467bd", mfc="none", ls="none",
-                    label=f"fla_lab, fixed: dg, scale-aware, H200 atlas T = {length} (GPU)")
+                    label=f"fla_lab, fixed: dg, scale-aware, GPU atlas T = {length} (GPU)")
     ax.axhline(check.tolerance(viz.DTYPES[dtype]).grad, color="grey", ls="--", lw=0.8,
                label=f"{dtype} gradient tolerance")
     if len(plain) < len(decays):

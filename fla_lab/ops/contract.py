@@ -13,7 +13,8 @@ int32 flag; when the flag is read depends on `value_check_mode`:
 - "off": `set_value_checks(False)`, `with value_checks(False):` (how the layers let a `bug=` switch's wrong
   input through) or FLA_LAB_VALUE_CHECKS=0.
 
-The pass reads each input once (GPU cost: benchmarks/results/checks.md). A deferred check keeps references to
+The pass reads each input once (GPU cost: benchmarks/results/checks.md); a deferred check of chunk_gla and
+chunk_rwkv6 leaves q, k, v and the decay to the forward's own kernels, which read them anyway (`KernelChecks`). A deferred check keeps references to
 its call's inputs until its flag is read (so the message can count the bad values); at most MAX_PENDING checks
 wait, beyond that the oldest is waited for. Inside a CUDA graph capture the checks are off.
 """
@@ -243,10 +244,13 @@ class _ValueCheck:
         first = self.transition or ((self.decay,) if self.decay else ())
         self.slots = tuple(dict.fromkeys((*first, *self.tensors)))
 
-    def flags(self) -> torch.Tensor:
-        """The flag, left on the tensors' device."""
-        return value_flags([self.tensors[n] for n in self.slots], decay=self.decay is not None,
-                           transition=self.transition is not None)
+    def flags(self, leave_out: tuple[str, ...] = ()) -> torch.Tensor:
+        """The flag, left on the tensors' device, from every slot but `leave_out` (the op's kernels set those)."""
+        names = [n for n in self.slots if n not in leave_out]
+        if not names:
+            return torch.zeros(1, dtype=torch.int32, device=next(iter(self.tensors.values())).device)
+        return value_flags([self.tensors[n] for n in names], decay=self.decay in names,
+                           transition=self.transition is not None, bits=tuple(map(self.slots.index, names)))
 
     def report(self, flags: int, where: str) -> None:
         """Raise (non-finite values, named in argument order, then a positive log-decay) or warn (transition)."""
@@ -318,23 +322,54 @@ def flush_value_checks() -> None:
     _report_pending(wait=True, when="by flush_value_checks()")
 
 
-def _check_values(op: str, tensors: dict, decay: str | None = None, transition: tuple | None = None) -> None:
-    """One op call's value checks, as `value_check_mode` says; earlier calls' deferred checks are reported first."""
+class KernelChecks:
+    """The share of a deferred value check that an op's own kernels do as they read their inputs.
+
+    `flags` is the call's flag (the pass over the other tensors has run); `slot(name)` the bit a kernel sets for
+    `name`, -1 for a tensor it need not check. The op passes both to its kernels, then calls `submit()` once they
+    are queued: the flag's host copy goes behind them.
+    """
+
+    def __init__(self, check: _ValueCheck, names: tuple[str, ...]):
+        self.check, self.names = check, tuple(n for n in names if n in check.slots)
+        self.flags = check.flags(leave_out=self.names)
+
+    def slot(self, name: str) -> int:
+        return self.check.slots.index(name) if name in self.names else -1
+
+    def submit(self) -> None:
+        _defer(self.check, self.flags)
+
+
+def _defer(check: _ValueCheck, flags: torch.Tensor) -> None:
+    host, done = _to_host(flags)
+    _pending.append(_Pending(check, _calls[check.op], host, done))
+    while len(_pending) > MAX_PENDING:
+        _report_oldest(wait=True)
+
+
+def _check_values(op: str, tensors: dict, decay: str | None = None, transition: tuple | None = None,
+                  in_kernel: tuple[str, ...] = ()) -> KernelChecks | None:
+    """One op call's value checks, as `value_check_mode` says; earlier calls' deferred checks are reported first.
+
+    `in_kernel`: tensors the op's kernels can check as they read them. A deferred check leaves them out of the flag
+    pass and returns the `KernelChecks` the op hands its kernels; otherwise (now, off) the result is None.
+    """
     mode = value_check_mode(next(t for t in tensors.values() if t is not None))
     if mode == "off":
-        return
+        return None
     _report_pending(wait=False)
     check = _ValueCheck(op, tensors, decay, transition)
     if not check.slots:
-        return
+        return None
     _calls[op] += 1
     if mode == "now":
         check.report(int(check.flags()[0]), where=op)
-        return
-    host, done = _to_host(check.flags())
-    _pending.append(_Pending(check, _calls[op], host, done))
-    while len(_pending) > MAX_PENDING:
-        _report_oldest(wait=True)
+        return None
+    if in_kernel:
+        return KernelChecks(check, in_kernel)
+    _defer(check, check.flags())
+    return None
 
 
 def _check_metadata(op: str, tensors: dict, first: str, same_dtype: tuple[str, ...], kwargs) -> tuple:
@@ -360,10 +395,11 @@ def _check_value_shape(op: str, nv: str, v: torch.Tensor, B: int, T: int, H: int
 
 
 def check_gated_inputs(op: str, q, k, v, g, *, names=("q", "k", "v", "g"), u=None, initial_state=None,
-                       kwargs=None) -> None:
+                       kwargs=None, in_kernel: bool = False) -> KernelChecks | None:
     """The contract of GLA-style ops: q, k, g `[B, T, H, K]`, v `[B, T, H, V]`, u `[H, K]`, h0 `[B, H, K, V]`.
 
-    Value checks (finite inputs, log-decay <= 0) follow `value_check_mode`.
+    Value checks (finite inputs, log-decay <= 0) follow `value_check_mode`. `in_kernel`: the op's kernels check
+    q, k, v and g as they read them when the check is deferred (the returned `KernelChecks`, else None).
     """
     nq, nk, nv, ng = names
     tensors = {nq: q, nk: k, nv: v, ng: g, "u": u, "initial_state": initial_state}
@@ -376,7 +412,7 @@ def check_gated_inputs(op: str, q, k, v, g, *, names=("q", "k", "v", "g"), u=Non
     if initial_state is not None:
         check_shape(op, "initial_state", initial_state, (B, H, K, V), "[B, H, K, V]")
     warn_if_head_first(op, nq, q)
-    _check_values(op, tensors, decay=ng)
+    return _check_values(op, tensors, decay=ng, in_kernel=names if in_kernel else ())
 
 
 def check_rwkv7_inputs(op: str, r, w, k, v, a, b, initial_state=None, kwargs=None) -> None:

@@ -11,8 +11,8 @@ import torch
 from fla_lab.ops import contract
 from fla_lab.ops.common import chunk_stages as st
 from fla_lab.ops.common.launch import ChunkLaunch, check_chunk_size, resolve
-from fla_lab.ops.common.utils import (as_contiguous, custom_bwd, custom_fwd, dot_dtype, grid_size, next_pow2,
-                                      slot_helper)
+from fla_lab.ops.common.utils import (as_contiguous, cast_grad, custom_bwd, custom_fwd, dot_dtype, grid_size,
+                                      next_pow2, slot_helper)
 
 BC = 16  # rows per sub-chunk: the smallest tile a GPU `tl.dot` takes
 
@@ -29,12 +29,22 @@ def _dot(launch: ChunkLaunch, x: torch.Tensor):
     return dot_dtype(launch.dot_dtype or x.dtype)
 
 
-def chunk_cumsum(g: torch.Tensor, BT: int) -> torch.Tensor:
-    """Chunk-local inclusive cumulative log-decay, fp32, same shape as g."""
+def _slot(checks: contract.KernelChecks | None, name: str) -> int:
+    return -1 if checks is None else checks.slot(name)
+
+
+def _flags(checks: contract.KernelChecks | None):
+    return None if checks is None else checks.flags
+
+
+def chunk_cumsum(g: torch.Tensor, BT: int, checks=None, name="g") -> torch.Tensor:
+    """Chunk-local inclusive cumulative log-decay, fp32, same shape as g. `checks` (`contract.KernelChecks`):
+    g's value check, under the argument name `name`, in the same pass."""
     B, T, H, D = g.shape
     gi = _f32(g, B, T, H, D)
     BD = _tile(D)
-    st.chunk_cumsum_kernel[(grid_size(D, BD), grid_size(T, BT), B * H)](g, gi, T, H=H, K=D, BT=BT, BK=BD)
+    st.chunk_cumsum_kernel[(grid_size(D, BD), grid_size(T, BT), B * H)](g, gi, _flags(checks), T, H=H, K=D, BT=BT,
+                                                                         BK=BD, G_SLOT=_slot(checks, name))
     return gi
 
 
@@ -74,12 +84,13 @@ def reference_row(bug_exclusive_reference=False, helper=None, op="chunk_rwkv6"):
                        st.reference_row, helper)
 
 
-def gated_scores(q, k, gi, u, scale, BT, launch, row=st.reference_row):
+def gated_scores(q, k, gi, u, scale, BT, launch, row=st.reference_row, checks=None, k_name="k"):
     B, T, H, K = q.shape
     A = _f32(q, B, T, H, BT)
     st.gated_scores_kernel[(grid_size(T, BT) * (BT // BC), B * H)](
-        q, k, gi, u, A, scale, T, H=H, K=K, BT=BT, BC=BC, BK=min(_tile(K), launch.scores_BK), DOT=_dot(launch, q),
-        RWKV6=u is not None, REFERENCE_ROW=row, num_warps=launch.scores_warps)
+        q, k, gi, u, A, _flags(checks), scale, T, H=H, K=K, BT=BT, BC=BC, BK=min(_tile(K), launch.scores_BK),
+        DOT=_dot(launch, q), RWKV6=u is not None, REFERENCE_ROW=row, K_SLOT=_slot(checks, k_name),
+        num_warps=launch.scores_warps)
     return A
 
 
@@ -121,16 +132,20 @@ def decay_grad(readers, d_readers, writers, d_writers, bnd, BT, launch, dtype, u
 # Key side: GLA, RWKV6 (`u` its bonus), GSA's value pass
 
 
-def key_side_forward(q, k, v, gi, u, scale, h0, output_final_state, BT, launch, out_dtype, row=st.reference_row):
+def key_side_forward(q, k, v, gi, u, scale, h0, output_final_state, BT, launch, out_dtype, row=st.reference_row,
+                     checks=None, names=("q", "k", "v")):
+    """`checks` (`contract.KernelChecks`): the value checks of q, k, v (argument names `names`) in the scores and
+    output kernels."""
     B, T, H, K = q.shape
     V = v.shape[-1]
+    nq, nk, nv = names
     h, ht = forward_states(k, v, gi, h0, output_final_state, BT, launch, gate_v=False)
-    A = gated_scores(q, k, gi, u, 1.0, BT, launch, row)
+    A = gated_scores(q, k, gi, u, 1.0, BT, launch, row, checks, nk)
     o = torch.empty(B, T, H, V, dtype=out_dtype, device=q.device)
     BV = _tile(V)
     st.chunk_fwd_o_kernel[(grid_size(V, BV), grid_size(T, BT), B * H)](
-        q, v, gi, h, A, o, scale, T, grid_size(T, BT), H=H, K=K, V=V, BT=BT, BK=_tile(K), BV=BV,
-        DOT=_dot(launch, q), RWKV6=u is not None)
+        q, v, gi, h, A, o, _flags(checks), scale, T, grid_size(T, BT), H=H, K=K, V=V, BT=BT, BK=_tile(K), BV=BV,
+        DOT=_dot(launch, q), RWKV6=u is not None, Q_SLOT=_slot(checks, nq), V_SLOT=_slot(checks, nv))
     return o, ht, h, A
 
 
@@ -227,11 +242,13 @@ def key_side_scores(q, k, g, u=None, chunk_size=64, launch=None, bug_exclusive_r
 class KeySideChunkFunction(torch.autograd.Function):
     @staticmethod
     @custom_fwd
-    def forward(ctx, q, k, v, g, u, scale, h0, output_final_state, chunk_size, launch, row):
+    def forward(ctx, q, k, v, g, u, scale, h0, output_final_state, chunk_size, launch, row, checks, names):
         q, k, v, g, u, h0 = as_contiguous(q, k, v, g, u, h0)
-        gi = chunk_cumsum(g, chunk_size)
+        gi = chunk_cumsum(g, chunk_size, checks, names[3])
         o, ht, h, A = key_side_forward(q, k, v, gi, u, scale, h0, output_final_state, chunk_size, launch, q.dtype,
-                                       row)
+                                       row, checks, names[:3])
+        if checks is not None:
+            checks.submit()
         ctx.save_for_backward(q, k, v, g, u, h0, ht, gi, h, A)
         ctx.scale, ctx.chunk_size, ctx.launch, ctx.row = scale, chunk_size, launch, row
         return o, ht
@@ -243,20 +260,17 @@ class KeySideChunkFunction(torch.autograd.Function):
         do, dht = as_contiguous(do, dht)
         dq, dk, dv, dg, du, dh0 = key_side_backward(q, k, v, gi, u, ctx.scale, h0, ht, h, A, do, dht,
                                                     ctx.chunk_size, ctx.launch, g.dtype, ctx.row)
-        return (cast(dq, q), cast(dk, k), cast(dv, v), dg, None if du is None else cast(du, u), None,
-                cast(dh0, h0), None, None, None, None)
-
-
-def cast(grad, like):
-    return None if grad is None or like is None else grad.to(like.dtype)
+        return (cast_grad(dq, q), cast_grad(dk, k), cast_grad(dv, v), dg, cast_grad(du, u), None,
+                cast_grad(dh0, h0), None, None, None, None, None, None)
 
 
 def key_side_chunk(op, q, k, v, g, u, scale, initial_state, output_final_state, chunk_size, launch,
-                   bug_exclusive_reference, row=None):
+                   bug_exclusive_reference, row=None, checks=None, names=("q", "k", "v", "g")):
     """Chunked GLA (`u=None`) or RWKV6 (`u` the bonus), forward and backward in Triton. `row`: a `@triton.jit`
-    helper for RWKV6's REFERENCE_ROW slot in place of the shipped one (notebook 03a's exercise)."""
+    helper for RWKV6's REFERENCE_ROW slot in place of the shipped one (notebook 03a's exercise). `checks`: the
+    contract's `KernelChecks` for q, k, v, g (their argument names `names`), done by the forward's kernels."""
     contract.check_kernel_device(op, dict(q=q, k=k, v=v, g=g, u=u, initial_state=initial_state))
     o, ht = KeySideChunkFunction.apply(q, k, v, g, u, scale, initial_state, output_final_state,
                                        check_chunk_size(chunk_size), resolve(launch),
-                                       reference_row(bug_exclusive_reference, row, op))
+                                       reference_row(bug_exclusive_reference, row, op), checks, names)
     return o, (ht if output_final_state else None)

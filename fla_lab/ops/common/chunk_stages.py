@@ -48,12 +48,17 @@ product feeds the decay gradient through an fp32 state (h, dh): there the state 
 (`mma_split`). The value side's state pass splits its decayed operand too: GSA's slot scores feed a softmax, which
 at weak decay (large scores) magnified one bf16 rounding per term of h into 3e-2 of dg at T = 4096 on an H200.
 Every offset is 64-bit (`batch_head`).
+
+Value checks. A deferred check of the key-side forward's inputs runs inside the kernels that read them anyway
+(`fla_lab.ops.contract.KernelChecks`): the cumulative decay checks g, the scores' diagonal blocks k, the output
+q and v. A `*_SLOT` constexpr is the input's bit in the call's flag, -1 for no check.
 """
 from __future__ import annotations
 
 import triton.language as tl
 
 from fla_lab.ops.common.utils import batch_head, kernel, mma, mma_split, state_tile
+from fla_lab.ops.common.value_flags import nonfinite_probe, or_nonfinite_bit, or_positive_decay_bit
 
 # ----------------------------------------------------------------------------------------------------------
 # Small shared pieces
@@ -201,8 +206,9 @@ def cols_from_later_subchunks(S, W, gi, b_gk, i_start, t_first, i_i, T, o_c, o_d
 
 
 @kernel
-def chunk_cumsum_kernel(g, gi, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
-    """Chunk-local inclusive cumulative sum of the log-decay, in fp32."""
+def chunk_cumsum_kernel(g, gi, flags, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                        G_SLOT: tl.constexpr = -1):
+    """Chunk-local inclusive cumulative sum of the log-decay, in fp32 (and g's value check: finite, <= 0)."""
     i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_bh, i_b, i_h = batch_head(i_bh, H)
     o_t = i_t * BT + tl.arange(0, BT)
@@ -210,6 +216,9 @@ def chunk_cumsum_kernel(g, gi, T, H: tl.constexpr, K: tl.constexpr, BT: tl.const
     m = (o_t < T)[:, None] & (o_k < K)[None, :]
     p = (i_b * T * H + i_h) * K + o_t[:, None] * H * K + o_k[None, :]
     b_g = tl.load(g + p, mask=m, other=0).to(tl.float32)
+    if G_SLOT >= 0:
+        or_nonfinite_bit(flags, tl.sum(nonfinite_probe(b_g)), G_SLOT)
+        or_positive_decay_bit(flags, tl.max(b_g))
     tl.store(gi + p, tl.cumsum(b_g, axis=0), mask=m)
 
 
@@ -249,9 +258,9 @@ def chunk_fwd_h_kernel(k, v, gi, h, h0, ht, T, NT, H: tl.constexpr, K: tl.conste
 
 
 @kernel
-def gated_scores_kernel(q, k, gi, u, A, scale, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+def gated_scores_kernel(q, k, gi, u, A, flags, scale, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
                         BC: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr, RWKV6: tl.constexpr,
-                        REFERENCE_ROW: tl.constexpr = reference_row):
+                        REFERENCE_ROW: tl.constexpr = reference_row, K_SLOT: tl.constexpr = -1):
     """`A[t, s] = scale * sum_i q_t[i] k_s[i] exp(gq_t[i] - gi_s[i])` (s <= t) for one query sub-chunk: a row block
     `A[rows, 0:BT]`, zeros right of it. The key side's scores; the value side's dA (q = do, k = v).
 
@@ -282,8 +291,10 @@ def gated_scores_kernel(q, k, gi, u, A, scale, T, H: tl.constexpr, K: tl.constex
             b_qg = b_q * tl.exp(tl.where(m_ik, b_gq - b_gn[None, :], 0))
             b_A += mma(b_qg, b_kt * tl.exp(b_gn[:, None] - b_gkt), DOT)
         tl.store(p_A + i_j * BC, scale * b_A, mask=m_i[:, None])
-    # the diagonal block, one key row at a time (measured faster here than one [BC, BC, BK] tile)
+    # the diagonal block, one key row at a time (measured faster here than one [BC, BC, BK] tile); it reads each
+    # key row once over all programs, so k's value check goes here
     b_A = tl.zeros([BC, BC], dtype=tl.float32)
+    b_probe = tl.zeros([BK], dtype=tl.float32)
     for i_k in range(0, tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
@@ -294,11 +305,15 @@ def gated_scores_kernel(q, k, gi, u, A, scale, T, H: tl.constexpr, K: tl.constex
         for j in range(0, BC):
             m_j = m_k & (i_start + j + 0 * o_k < T)  # a vector test: triton 3.9 rejects vector & scalar masks
             b_kj = tl.load(k + (i_start + j) * HK + o_k, mask=m_j, other=0).to(tl.float32)
+            if K_SLOT >= 0:
+                b_probe += nonfinite_probe(b_kj)
             b_gj = tl.load(gi + (i_start + j) * HK + o_k, mask=m_j, other=0)
             causal = ((o_c >= j) & m_i)[:, None]
             b_w = diagonal_weight(b_gq, b_gj[None, :], b_u, causal & (o_c == j)[:, None], causal, RWKV6)
             b_A += tl.where(o_c[None, :] == j, tl.sum(b_q * b_kj[None, :] * b_w, axis=1)[:, None], 0)
     tl.store(p_A + i_i * BC, scale * b_A, mask=m_i[:, None])
+    if K_SLOT >= 0:
+        or_nonfinite_bit(flags, tl.sum(b_probe), K_SLOT)
     for i_j in range(i_i + 1, NC):
         tl.store(p_A + i_j * BC, tl.zeros([BC, BC], dtype=tl.float32), mask=m_i[:, None])
 
@@ -328,10 +343,11 @@ def plain_scores_kernel(x, y, A, scale, T, H: tl.constexpr, D: tl.constexpr, BT:
 
 
 @kernel
-def chunk_fwd_o_kernel(q, v, gi, h, A, o, scale, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+def chunk_fwd_o_kernel(q, v, gi, h, A, o, flags, scale, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                        BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
-                       RWKV6: tl.constexpr):
-    """Key side: o = scale * ((q * exp(gq)) @ h_n + A @ v), one [BT, BV] tile per program (A holds RWKV6's bonus)."""
+                       RWKV6: tl.constexpr, Q_SLOT: tl.constexpr = -1, V_SLOT: tl.constexpr = -1):
+    """Key side: o = scale * ((q * exp(gq)) @ h_n + A @ v), one [BT, BV] tile per program (A holds RWKV6's bonus);
+    the value checks of v and (first value tile) of q."""
     i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_bh, i_b, i_h = batch_head(i_bh, H)
     HK: tl.constexpr = H * K
@@ -345,16 +361,24 @@ def chunk_fwd_o_kernel(q, v, gi, h, A, o, scale, T, NT, H: tl.constexpr, K: tl.c
     q, gi = q + bos * K, gi + bos * K
     h += ((i_b * NT + i_t) * H + i_h) * K * V
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
+    b_probe = tl.zeros([BT, BK], dtype=tl.float32)
     for i_k in range(0, tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
         m_tk = m_t[:, None] & m_k[None, :]
         b_q = tl.load(q + o_t[:, None] * HK + o_k[None, :], mask=m_tk, other=0).to(tl.float32)
+        if Q_SLOT >= 0:
+            b_probe += nonfinite_probe(b_q)
         b_gq = load_query_decay(gi, o_t[:, None], o_k[None, :], m_tk, t_first, HK, RWKV6)
         b_h = tl.load(h + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0)
         b_o += mma(b_q * tl.exp(b_gq), b_h, DOT)  # gq <= 0 (and 0 on masked rows)
     b_A = tl.load(A + bos * BT + o_t[:, None] * H * BT + o_c[None, :], mask=m_t[:, None], other=0)
     b_v = tl.load(v + bos * V + o_t[:, None] * H * V + o_v[None, :], mask=m_tv, other=0).to(tl.float32)
+    if Q_SLOT >= 0:
+        if i_v == 0:
+            or_nonfinite_bit(flags, tl.sum(b_probe), Q_SLOT)
+    if V_SLOT >= 0:
+        or_nonfinite_bit(flags, tl.sum(nonfinite_probe(b_v)), V_SLOT)
     b_o += mma(b_A, b_v, DOT)
     tl.store(o + bos * V + o_t[:, None] * H * V + o_v[None, :], (scale * b_o).to(o.dtype.element_ty), mask=m_tv)
 

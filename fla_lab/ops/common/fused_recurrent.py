@@ -16,8 +16,8 @@ import torch
 import triton.language as tl
 
 from fla_lab.ops import contract
-from fla_lab.ops.common.utils import (as_contiguous, batch_head, custom_bwd, custom_fwd, grid_size, kernel,
-                                      next_pow2, reverse_cumsum, slot_helper, state_tile)
+from fla_lab.ops.common.utils import (as_contiguous, batch_head, cast_grad, custom_bwd, custom_fwd, grid_size,
+                                      kernel, next_pow2, reverse_cumsum, slot_helper, state_tile)
 
 MAX_K = 256  # the forward keeps a whole key dimension per program
 FWD_BV = 16  # value columns per forward program: more programs (H200, B=8, T=4096, H=16, K=V=64, bf16: forward
@@ -267,9 +267,8 @@ class FusedRecurrentFunction(torch.autograd.Function):
         q, k, v, g, u, h0, ht = ctx.saved_tensors
         do, dht = as_contiguous(do, dht)
         dq, dk, dv, dg, du, dh0 = _backward(q, k, v, g, u, ctx.scale, h0, ht, do, dht, ctx.dq_tiles, ctx.h0_mask_fn)
-        cast = lambda grad, like: None if grad is None else grad.to(like.dtype)  # noqa: E731
-        return (cast(dq, q), cast(dk, k), cast(dv, v), cast(dg, g), cast(du, u) if u is not None else None,
-                None, cast(dh0, h0) if h0 is not None else None, None, None, None)
+        return (cast_grad(dq, q), cast_grad(dk, k), cast_grad(dv, v), cast_grad(dg, g), cast_grad(du, u), None,
+                cast_grad(dh0, h0), None, None, None)
 
 
 DEFAULT_DQ_TILES = (16, 64)  # (BK, BV) of the dq kernel: upstream's non-square tiles, where #18 showed

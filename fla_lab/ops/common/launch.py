@@ -58,9 +58,24 @@ def resolve(launch: ChunkLaunch | None) -> ChunkLaunch:
     return launch
 
 
-def check_chunk_size(chunk_size) -> int:
-    """A chunk is split into 16-row sub-chunks: a power of two >= 16."""
+def check_chunk_size(chunk_size, op: str | None = None, allowed: tuple[int, ...] | None = None,
+                     why: str = "") -> int:
+    """The chunk size an op runs with, checked before any kernel is compiled.
+
+    Without `allowed`: a chunk is split into 16-row sub-chunks, so a power of two >= 16. With `allowed` (a kernel
+    built for fixed chunk sizes, e.g. RWKV-7's 16): one of those, None meaning the first. `op` names the op in the
+    error message; `why` says there why the kernel takes only `allowed`.
+    """
+    where = f"{op}: " if op else ""
+    if allowed is not None:
+        if chunk_size is None:
+            return allowed[0]
+        if isinstance(chunk_size, int) and not isinstance(chunk_size, bool) and chunk_size in allowed:
+            return chunk_size
+        sizes = " or ".join(map(str, allowed))
+        raise ValueError(f"{where}chunk_size={chunk_size!r}: this kernel works on chunks of {sizes} rows"
+                         f"{f' ({why})' if why else ''}; pass None or {sizes}")
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < MIN_DOT \
             or chunk_size & (chunk_size - 1):
-        raise ValueError(f"chunk_size must be a power of two >= {MIN_DOT}, got {chunk_size!r}")
+        raise ValueError(f"{where}chunk_size must be a power of two >= {MIN_DOT}, got {chunk_size!r}")
     return chunk_size

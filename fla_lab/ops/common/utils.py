@@ -108,6 +108,11 @@ def as_contiguous(*xs):
     return [None if x is None else x.contiguous() for x in xs]
 
 
+def cast_grad(grad, like):
+    """A backward's gradient in its input's dtype: None where the gradient or the input is None."""
+    return None if grad is None or like is None else grad.to(like.dtype)
+
+
 def custom_fwd(fn):
     """Kernels see the real input dtypes under autocast (like FLA's autocast_custom_fwd)."""
     return torch.amp.custom_fwd(device_type="cuda")(fn)

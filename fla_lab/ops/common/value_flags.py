@@ -10,6 +10,10 @@ An op's tensors are read as rows (a row = the last dimension: one (b, t, h) of a
 
 `value_flags` launches the kernel on a GPU and runs `reference_value_flags` (torch ops, the same definition)
 elsewhere: the Triton interpreter would be slow, and on the CPU there is no queue to keep busy.
+
+`bits` gives each tensor its slot when some slots are left out: an op's own kernels can set those bits as they
+read the tensor anyway (`nonfinite_probe`, `or_nonfinite_bit`, `or_positive_decay_bit`; the chunked GLA and
+RWKV6 forward do), which saves the flag pass a read of each.
 """
 from __future__ import annotations
 
@@ -53,14 +57,23 @@ def growing_rows(w: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Ten
 
 
 @torch.no_grad()
-def reference_value_flags(slots: list[torch.Tensor], decay: bool = False, transition: bool = False) -> torch.Tensor:
-    """The flag (int32, shape [1], on the slots' device) with torch ops: the definition the kernel follows."""
-    bits = [(~torch.isfinite(x)).any().int() << i for i, x in enumerate(slots)]
+def reference_value_flags(slots: list[torch.Tensor], decay: bool = False, transition: bool = False,
+                          bits: tuple[int, ...] | None = None) -> torch.Tensor:
+    """The flag (int32, shape [1], on the slots' device) with torch ops: the definition the kernel follows.
+    `bits[i]`: the slot of `slots[i]` (default i)."""
+    bits = [(~torch.isfinite(x)).any().int() << i for i, x in zip(_slot_ids(slots, bits), slots)]
     if decay:
         bits.append((slots[0] > 0).any().int() << POSITIVE_DECAY_BIT)
     if transition:
         bits.append(growing_rows(*slots[:3]).any().int() << TRANSITION_BIT)
     return torch.stack(bits).sum().reshape(1).to(torch.int32)
+
+
+def _slot_ids(slots, bits) -> tuple[int, ...]:
+    bits = tuple(range(len(slots))) if bits is None else tuple(bits)
+    if len(bits) != len(slots) or not all(0 <= b < MAX_SLOTS for b in bits):
+        raise ValueError(f"value_flags: one slot in [0, {MAX_SLOTS}) per tensor, got {bits} for {len(slots)}")
+    return bits
 
 
 # ------------------------------------------------------------------------------------------------ the kernel
@@ -102,9 +115,10 @@ def _transition_grows(w, a, b, LAMBDA: tl.constexpr):
 
 @kernel
 def value_flags_kernel(flags, xs, ns, strides, WS: tl.constexpr, BWS: tl.constexpr, N: tl.constexpr,
-                       DECAY: tl.constexpr, TRANSITION: tl.constexpr, LAMBDA: tl.constexpr, BLOCK_R: tl.constexpr):
+                       SLOTS: tl.constexpr, DECAY: tl.constexpr, TRANSITION: tl.constexpr, LAMBDA: tl.constexpr,
+                       BLOCK_R: tl.constexpr):
     """Rows [pid * BLOCK_R, (pid + 1) * BLOCK_R) of each of the N slots (xs[i]: ns[i] rows of WS[i] values,
-    `strides[i]` apart). Bits are gathered per row (no reduction across warps) and OR-ed into the flag by the
+    `strides[i]` apart; its bit SLOTS[i]). Bits are gathered per row (no reduction across warps) and OR-ed into the flag by the
     rows that found something: a valid input issues no atomic at all."""
     pid = tl.program_id(0)
     bits = tl.zeros([BLOCK_R], dtype=tl.int32)
@@ -112,11 +126,12 @@ def value_flags_kernel(flags, xs, ns, strides, WS: tl.constexpr, BWS: tl.constex
         w, mw = _load_rows(xs[0], ns[0], strides[0], pid, WS[0], BWS[0], BLOCK_R)
         a, ma = _load_rows(xs[1], ns[1], strides[1], pid, WS[1], BWS[1], BLOCK_R)
         b, mb = _load_rows(xs[2], ns[2], strides[2], pid, WS[2], BWS[2], BLOCK_R)
-        bits |= _slot_bits(w, mw, 0, DECAY) | _slot_bits(a, ma, 1, False) | _slot_bits(b, mb, 2, False)
+        bits |= _slot_bits(w, mw, SLOTS[0], DECAY) | _slot_bits(a, ma, SLOTS[1], False)
+        bits |= _slot_bits(b, mb, SLOTS[2], False)
         bits |= _transition_grows(w, a, b, LAMBDA) << _TRANSITION_BIT
     for i in tl.static_range(3 if TRANSITION else 0, N):
         tile, mask = _load_rows(xs[i], ns[i], strides[i], pid, WS[i], BWS[i], BLOCK_R)
-        bits |= _slot_bits(tile, mask, i, DECAY and i == 0)
+        bits |= _slot_bits(tile, mask, SLOTS[i], DECAY and i == 0)
     tl.atomic_or(flags + tl.zeros([BLOCK_R], dtype=tl.int32), bits, mask=bits != 0)
 
 
@@ -127,14 +142,16 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1, x.shape[-1] if x.dim() else 1)
 
 
-def launch_value_flags(slots: list[torch.Tensor], decay: bool = False, transition: bool = False) -> torch.Tensor:
+def launch_value_flags(slots: list[torch.Tensor], decay: bool = False, transition: bool = False,
+                       bits: tuple[int, ...] | None = None) -> torch.Tensor:
     """The flag (int32, shape [1], on the slots' device) from one launch of `value_flags_kernel`.
 
-    `slots` are non-empty tensors (at most MAX_SLOTS); `decay`: slot 0 is a log-decay; `transition`: slots 0, 1, 2
-    are w, a, b of the same shape.
+    `slots` are non-empty tensors (at most MAX_SLOTS); `decay`: slots[0] is a log-decay; `transition`: slots[0:3]
+    are w, a, b of the same shape; `bits[i]`: the slot (bit) of slots[i], default i.
     """
     if not 0 < len(slots) <= MAX_SLOTS:
         raise ValueError(f"value_flags: 1 to {MAX_SLOTS} tensors, got {len(slots)}")
+    ids = _slot_ids(slots, bits)
     rows = [_rows(x) for x in slots]
     widths = tuple(r.shape[1] for r in rows)
     padded = tuple(next_pow2(w) for w in widths)
@@ -143,13 +160,35 @@ def launch_value_flags(slots: list[torch.Tensor], decay: bool = False, transitio
     n_rows = tuple(r.shape[0] for r in rows)
     flags = torch.zeros(1, dtype=torch.int32, device=slots[0].device)
     value_flags_kernel[(triton.cdiv(max(n_rows), block_r),)](
-        flags, tuple(rows), n_rows, tuple(r.stride(0) for r in rows), widths, padded, len(rows),
+        flags, tuple(rows), n_rows, tuple(r.stride(0) for r in rows), widths, padded, len(rows), ids,
         decay, transition, LAMBDA0, block_r)
     return flags
 
 
-def value_flags(slots: list[torch.Tensor], decay: bool = False, transition: bool = False) -> torch.Tensor:
+def value_flags(slots: list[torch.Tensor], decay: bool = False, transition: bool = False,
+                bits: tuple[int, ...] | None = None) -> torch.Tensor:
     """The flag of `slots`, left on their device (no sync): the kernel on a GPU, torch ops elsewhere."""
     if slots[0].device.type == "cuda":
-        return launch_value_flags(slots, decay, transition)
-    return reference_value_flags(slots, decay, transition)
+        return launch_value_flags(slots, decay, transition, bits)
+    return reference_value_flags(slots, decay, transition, bits)
+
+
+# ------------------------------------------------------------------------------- bits set inside an op's kernels
+
+@kernel
+def nonfinite_probe(x):
+    """0 where x is finite, NaN where it is NaN or inf: summed over everything a kernel read, NaN iff any was."""
+    return x * 0.0
+
+
+@kernel
+def or_nonfinite_bit(flags, probe, SLOT: tl.constexpr):
+    """OR slot SLOT's bit into the flag when `probe` (a sum of `nonfinite_probe`s) is NaN; no atomic otherwise."""
+    bad = probe != probe
+    tl.atomic_or(flags, bad.to(tl.int32) << SLOT, mask=bad)
+
+
+@kernel
+def or_positive_decay_bit(flags, top):
+    """OR the positive-decay bit into the flag when `top` (the largest log-decay a kernel read) is > 0."""
+    tl.atomic_or(flags, (top > 0).to(tl.int32) << _DECAY_BIT, mask=top > 0)

@@ -32,7 +32,8 @@ def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=Fal
     `fla_lab.ops.ChunkLaunch` (tile widths and warps, validated).
     Returns `(o [B, T, H, V], final_state [B, H, K, V] in fp32 or None)`.
     """
-    contract.check_gated_inputs("chunk_gla", q, k, v, g, initial_state=initial_state, kwargs=kwargs)
+    checks = contract.check_gated_inputs("chunk_gla", q, k, v, g, initial_state=initial_state, kwargs=kwargs,
+                                         in_kernel=True)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     return key_side_chunk("chunk_gla", q, k, v, g, None, scale, initial_state, output_final_state, chunk_size, launch,
-                          False)
+                          False, checks=checks)

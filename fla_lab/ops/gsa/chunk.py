@@ -21,7 +21,8 @@ from fla_lab.ops import contract
 from fla_lab.ops.common import chunk_pass as cp
 from fla_lab.ops.common import chunk_stages as st
 from fla_lab.ops.common.launch import check_chunk_size, resolve
-from fla_lab.ops.common.utils import as_contiguous, custom_bwd, custom_fwd, grid_size, kernel, next_pow2, slot_helper
+from fla_lab.ops.common.utils import (as_contiguous, cast_grad, custom_bwd, custom_fwd, grid_size, kernel, next_pow2,
+                                      slot_helper)
 
 ROWS = 16  # rows of [B * T * H, M] per softmax program
 
@@ -97,17 +98,17 @@ class ChunkGSAFunction(torch.autograd.Function):
     def backward(ctx, do, dhkt, dhvt):
         q, k, v, s, g, hk0, hv0, hkt, hvt, scores, p = ctx.saved_tensors
         do, dhkt, dhvt = as_contiguous(do, dhkt, dhvt)
-        BT, launch, cast = ctx.chunk_size, ctx.launch, cp.cast
+        BT, launch = ctx.chunk_size, ctx.launch
         gi = cp.chunk_cumsum(g, BT)
         # pass 2's dg leaves out its slot term: s * (ds of both passes) enters once, in pass 1's dg
         dp, ds, dv, dg, _, dhv0 = cp.key_side_backward(p, s, v, gi, None, 1.0, hv0, hvt, None, None, do, dhvt, BT,
                                                        launch, torch.float32, key_term_in_dg=False)
-        dv, dhv0 = cast(dv, v), cast(dhv0, hv0)  # drop the fp32 copies before the second pass
+        dv, dhv0 = cast_grad(dv, v), cast_grad(dhv0, hv0)  # drop the fp32 copies before the second pass
         dscores = slot_softmax_backward(scores, dp, out=dp)
         dq, dk, ds, dg, dhk0 = cp.value_side_backward(q, k, s, gi, ctx.scale, hk0, hkt, None, None, scores, dscores,
                                                       dhkt, BT, launch, ctx.exponent, dv_add=ds, dg_add=dg)
-        return (cast(dq, q), cast(dk, k), dv, cast(ds, s), cast(dg, g), None, cast(dhk0, hk0), dhv0, None, None,
-                None, None)
+        return (cast_grad(dq, q), cast_grad(dk, k), dv, cast_grad(ds, s), cast_grad(dg, g), None, cast_grad(dhk0, hk0),
+                dhv0, None, None, None, None)
 
 
 def additive_gates(s):
@@ -144,6 +145,6 @@ def chunk_gsa(q, k, v, s, g=None, scale=None, initial_state=None, output_final_s
     contract.check_kernel_device("chunk_gsa", dict(q=q, k=k, v=v, s=s, g=g, hk0=hk0, hv0=hv0))
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     o, hkt, hvt = ChunkGSAFunction.apply(q, k, v, s, g, scale, hk0, hv0, output_final_state,
-                                         check_chunk_size(chunk_size), resolve(launch),
+                                         check_chunk_size(chunk_size, "chunk_gsa"), resolve(launch),
                                          padded_rows_exponent(bug, later_rows_exponent))
     return o, ((hkt, hvt) if output_final_state else None)

@@ -36,8 +36,9 @@ def chunk_rwkv6(r, k, v, w, u, scale=None, initial_state=None, output_final_stat
     output and dq once the per-step log-decay is about -89 or stronger.
     """
     check_bug(bug, "chunk_rwkv6")
-    contract.check_gated_inputs("chunk_rwkv6", r, k, v, w, names=("r", "k", "v", "w"), u=u,
-                                initial_state=initial_state, kwargs=kwargs)
+    names = ("r", "k", "v", "w")
+    checks = contract.check_gated_inputs("chunk_rwkv6", r, k, v, w, names=names, u=u, initial_state=initial_state,
+                                         kwargs=kwargs, in_kernel=True)
     scale = r.shape[-1] ** -0.5 if scale is None else scale
     return key_side_chunk("chunk_rwkv6", r, k, v, w, u, scale, initial_state, output_final_state, chunk_size, launch,
-                          bug == "exclusive_reference")
+                          bug == "exclusive_reference", checks=checks, names=names)

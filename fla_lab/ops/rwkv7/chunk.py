@@ -39,10 +39,11 @@ import triton.language as tl
 
 from fla_lab.bugs import check_bug
 from fla_lab.ops import contract
-from fla_lab.ops.common.chunk_pass import cast, chunk_cumsum
+from fla_lab.ops.common.chunk_pass import chunk_cumsum
 from fla_lab.ops.common.chunk_stages import boundary_share, boundary_term, load_query_decay
-from fla_lab.ops.common.utils import (as_contiguous, batch_head, custom_bwd, custom_fwd, dot_dtype, grid_size,
-                                      kernel, mma, mma_split, next_pow2, state_tile)
+from fla_lab.ops.common.launch import check_chunk_size
+from fla_lab.ops.common.utils import (as_contiguous, batch_head, cast_grad, custom_bwd, custom_fwd, dot_dtype,
+                                      grid_size, kernel, mma, mma_split, next_pow2, state_tile)
 from fla_lab.ops.rwkv7.fused_recurrent import check_key_width
 
 CHUNK = 16  # rows per chunk: the whole chunk is one pairwise tile and one 16x16 triangular solve
@@ -490,8 +491,8 @@ class ChunkRWKV7Function(torch.autograd.Function):
         r, w, k, v, a, b, h0, ht = ctx.saved_tensors
         do, dht = as_contiguous(do, dht)
         dr, dw, dk, dv, da, db, dh0 = _backward(r, w, k, v, a, b, ctx.scale, h0, ht, do, dht, ctx.bug)
-        return (cast(dr, r), cast(dw, w), cast(dk, k), cast(dv, v), cast(da, a), cast(db, b), None, cast(dh0, h0),
-                None, None)
+        return (cast_grad(dr, r), cast_grad(dw, w), cast_grad(dk, k), cast_grad(dv, v), cast_grad(da, a),
+                cast_grad(db, b), None, cast_grad(dh0, h0), None, None)
 
 
 @torch.no_grad()
@@ -509,12 +510,6 @@ def chunk_rwkv7_intermediates(r, w, k, v, a, b, scale=1.0, initial_state=None, b
     return {**kept, "o": o}
 
 
-def check_chunk_size(op: str, chunk_size) -> None:
-    if chunk_size not in (None, CHUNK):
-        raise ValueError(f"{op}: chunk_size={chunk_size!r}: this kernel works on chunks of {CHUNK} rows (one pairwise "
-                         f"tile, exact at any decay); pass None or {CHUNK}")
-
-
 def chunk_rwkv7(r, w, k, v, a, b, scale=1.0, initial_state=None, output_final_state=False, chunk_size=None,
                 bug=None, **kwargs):
     """Chunked RWKV-7 (DPLR), forward and backward in Triton, exact at any decay (see the module docstring).
@@ -529,7 +524,7 @@ def chunk_rwkv7(r, w, k, v, a, b, scale=1.0, initial_state=None, output_final_st
     check_bug(bug, op)
     contract.check_rwkv7_inputs(op, r, w, k, v, a, b, initial_state, kwargs)
     check_key_width(op, r.shape[-1])
-    check_chunk_size(op, chunk_size)
+    check_chunk_size(chunk_size, op, allowed=(CHUNK,), why="one pairwise tile, exact at any decay")
     contract.check_kernel_device(op, dict(r=r, w=w, k=k, v=v, a=a, b=b, initial_state=initial_state))
     scale = r.shape[-1] ** -0.5 if scale is None else scale
     o, ht = ChunkRWKV7Function.apply(r, w, k, v, a, b, scale, initial_state, output_final_state, bug)

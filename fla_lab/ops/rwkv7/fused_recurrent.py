@@ -21,8 +21,8 @@ import triton
 import triton.language as tl
 
 from fla_lab.ops import contract
-from fla_lab.ops.common.utils import (as_contiguous, batch_head, custom_bwd, custom_fwd, grid_size, kernel,
-                                      next_pow2, state_tile)
+from fla_lab.ops.common.utils import (as_contiguous, batch_head, cast_grad, custom_bwd, custom_fwd, grid_size,
+                                      kernel, next_pow2, state_tile)
 
 MAX_K = 128  # a program keeps the whole key dimension of its state tile in registers
 CHECKPOINT_EVERY = 16  # steps per segment; the official RWKV-7 kernels' CHUNK_LEN
@@ -177,9 +177,8 @@ class FusedRecurrentRWKV7Function(torch.autograd.Function):
         r, w, k, v, a, b, h0, hc = ctx.saved_tensors
         do, dht = as_contiguous(do, dht)
         dr, dw, dk, dv, da, db, dh0 = _backward(r, w, k, v, a, b, ctx.scale, h0, hc, do, dht)
-        cast = lambda grad, like: None if like is None else grad.to(like.dtype)  # noqa: E731
-        return (cast(dr, r), cast(dw, w), cast(dk, k), cast(dv, v), cast(da, a), cast(db, b), None,
-                cast(dh0, h0), None)
+        return (cast_grad(dr, r), cast_grad(dw, w), cast_grad(dk, k), cast_grad(dv, v), cast_grad(da, a),
+                cast_grad(db, b), None, cast_grad(dh0, h0), None)
 
 
 def check_key_width(op: str, K: int) -> None:

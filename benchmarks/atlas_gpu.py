@@ -2,8 +2,8 @@
 
 bf16, B=1, H=4, K=V=M=64, T in {512, 4096}, per-step log-decay magnitudes 1e-3..1e4, every variant (fixed, each
 catalogued bug, upstream's op). The atlas measures accuracy, not speed: upstream's autotuning is pinned to its
-first config (as in upstream_agreement.py) and fp32 dots are IEEE. Writes $OUT/atlas_h200.{json,png}, the error
-figure, and a table. Run: `python benchmarks/atlas_h200.py` (needs CUDA and `fla` importable).
+first config (as in upstream_agreement.py) and fp32 dots are IEEE. Writes $OUT/atlas_gpu.{json,png}, the error
+figure, and a table. Run: `python benchmarks/atlas_gpu.py` (needs CUDA and `fla` importable).
 """
 import os
 import sys
@@ -27,9 +27,9 @@ def main():
     todo = atlas.settings(ops, dtypes=("bf16",), lengths=(512, 4096), B=1, H=4, K=64, V=64, M=64)
     # the cache outlives one call on a warm machine: a second call resumes where a timed-out one stopped
     records = atlas.sweep(todo, atlas.Cache(os.environ.get("ATLAS_CACHE", "/tmp/atlas_cache")), progress=False)
-    atlas.write(records, out, "atlas_h200")
+    atlas.write(records, out, "atlas_gpu")
     fig = atlas.plot_errors(records, list(OPS), "bf16", 4096)
-    fig.savefig(os.path.join(out, "atlas_h200_errors.png"), dpi=110, metadata={"Software": None})
+    fig.savefig(os.path.join(out, "atlas_gpu_errors.png"), dpi=110, metadata={"Software": None})
     print(atlas.format_table(records))
 
 
