@@ -70,13 +70,10 @@ class Launch:
     masks: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)  # argument -> where (bool, CPU)
 
 
-def _nonfinite(x: torch.Tensor) -> int:
-    return int((~torch.isfinite(x)).sum()) if x.is_floating_point() else 0
-
-
 class KernelTracer:
     """Watches every launch of fla_lab's Triton kernels (`fla_lab.ops.common.utils.kernel`): after each launch,
-    counts the non-finite values in every tensor argument and records the ones that gained some.
+    records every tensor argument that holds a non-finite value where it held a finite one before. Positions, not
+    counts: an output from `torch.empty` may hold NaN bit patterns, more of them than the kernel writes.
 
     A replay tool: it reads every argument twice per launch (and syncs), so use it on one call, not in training.
     """
@@ -93,7 +90,8 @@ class KernelTracer:
         def traced_run(*args, **kwargs):
             tensors = {n: a for n, a in zip(arg_names, args) if isinstance(a, torch.Tensor)}
             tensors.update({n: a for n, a in kwargs.items() if isinstance(a, torch.Tensor)})
-            before = {n: _nonfinite(t) for n, t in tensors.items()}
+            # positions, not counts: an output from torch.empty may hold NaN bit patterns before the kernel writes it
+            before = {n: ~torch.isfinite(t) for n, t in tensors.items()}
             launch = Launch(name, autograd_phase())
             tracer.launches.append(launch)
             try:
@@ -103,7 +101,7 @@ class KernelTracer:
                 raise
             finally:
                 for n, t in tensors.items():
-                    if _nonfinite(t) > before[n]:
+                    if (~torch.isfinite(t) & ~before[n]).any():
                         launch.written[n] = check.nonfinite_census(t, dims=_dims(t))
                         launch.masks[n] = (~torch.isfinite(t)).cpu()
         return traced_run
