@@ -113,9 +113,16 @@ class KernelTracer:
         kernels = {n.rsplit(".", 1)[1]: k for n, k in utils.registered_kernels().items() if hasattr(k, "arg_names")}
         for name, jitted in kernels.items():
             jitted.run = self._wrap(name, jitted)
+        empty, empty_like = torch.empty, torch.empty_like
+        # The ops allocate their outputs with torch.empty: memory just freed by the same computation (the model's
+        # own forward, before the replay) comes back holding the very NaN a kernel is about to write, and the write
+        # would go unseen. While watching, new tensors start at zero.
+        torch.empty = lambda *args, **kwargs: empty(*args, **kwargs).zero_()
+        torch.empty_like = lambda *args, **kwargs: empty_like(*args, **kwargs).zero_()
         try:
             yield self
         finally:
+            torch.empty, torch.empty_like = empty, empty_like
             for jitted in kernels.values():
                 del jitted.run  # back to the class's method
 

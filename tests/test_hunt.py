@@ -201,3 +201,15 @@ def test_tracer_sees_nan_written_over_garbage_nan():
     bad = tracer.first_bad()
     assert bad is not None and bad.kernel == "chunk_cumsum_kernel" and set(bad.written) == {"gi"}
     assert bad.written["gi"].first == {"t": 3, "b": 0, "h": 0, "d": 0} and bad.written["gi"].count == 13
+
+
+def test_tensors_made_while_tracing_start_at_zero():
+    """The replay's outputs must not inherit the NaN of the model's own forward from the allocator (the #77
+    scenario's score matrix did, now and then, and the locator named the output kernel instead)."""
+    real = torch.empty
+    for _ in range(3):
+        nan = torch.full((4096,), float("nan"))
+        del nan  # its block goes back to the allocator
+        with hunt.trace_kernels():
+            assert torch.isfinite(torch.empty(4096)).all() and torch.isfinite(torch.empty_like(torch.ones(9))).all()
+    assert torch.empty is real
