@@ -96,7 +96,7 @@ def training_step(stack, x) -> None:
 def count_syncs(stack, x, mode: str) -> dict:
     """One forward+backward step in `mode` under the sync debug mode: "warn" counts the syncs ("error" would stop
     at the first); also the number of checked op calls."""
-    calls = sum(contract._calls.values())
+    calls = sum(contract.values._calls.values())
     with contract.value_checks(MODES[mode]), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
@@ -106,7 +106,7 @@ def count_syncs(stack, x, mode: str) -> dict:
             torch.cuda.set_sync_debug_mode("default")
     contract.flush_value_checks()
     syncs = [w for w in caught if "synchronizing" in str(w.message)]
-    return {"mode": mode, "checked_calls": sum(contract._calls.values()) - calls, "syncs": len(syncs),
+    return {"mode": mode, "checked_calls": sum(contract.values._calls.values()) - calls, "syncs": len(syncs),
             "first_sync": str(syncs[0].message).splitlines()[0] if syncs else None}
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fla_lab import check, device, harness, reference
-from fla_lab.ops import chunk_gla, chunk_rwkv6, fused_recurrent_gla, fused_recurrent_rwkv6
+from fla_lab.ops import ChunkLaunch, chunk_gla, chunk_rwkv6, fused_recurrent_gla, fused_recurrent_rwkv6
 
 FP32, FP16, BF16 = torch.float32, torch.float16, torch.bfloat16
 GLA_NAMES, RWKV6_NAMES = ("q", "k", "v", "g"), ("r", "k", "v", "w")
@@ -57,6 +57,18 @@ def test_chunk_rwkv6(case):
                              names=RWKV6_NAMES)
     result = harness.compare(functools.partial(chunk_rwkv6, chunk_size=cs), reference.recurrent_rwkv6, x,
                              dtype=dtype, seed=T)
+    assert result.ok, f"{result.failures()} | {result}"
+
+
+@pytest.mark.parametrize("op, ref, bonus", [(chunk_gla, reference.recurrent_gla, False),
+                                            (chunk_rwkv6, reference.recurrent_rwkv6, True)], ids=["gla", "rwkv6"])
+def test_narrow_state_and_output_tiles(op, ref, bonus):
+    """The state passes and the output kernel split V over several programs (each state tile carries its own
+    share of dg's boundary term): same results as one tile, initial state and final-state cotangent included."""
+    names = RWKV6_NAMES if bonus else GLA_NAMES
+    x = harness.gated_inputs(1, 41, 2, 32, 48, decay=3.0, initial_state=True, bonus=bonus, seed=5, names=names)
+    launch = ChunkLaunch(state_BV=16, state_warps=2, state_stages=2, out_BV=16, out_warps=2)
+    result = harness.compare(functools.partial(op, chunk_size=16, launch=launch), ref, x)
     assert result.ok, f"{result.failures()} | {result}"
 
 

@@ -23,6 +23,15 @@ def test_exact_over_the_decay_range(decay, dtype):
     assert result.ok, f"{result.failures()} | {result}"
 
 
+def test_narrow_state_tiles(monkeypatch):
+    """The two sequential passes split V over several programs (`STATE_BV`), each with its own share of dw's
+    boundary term: still exact, initial state and final-state cotangent included."""
+    monkeypatch.setattr(chunk_module, "STATE_BV", 16)
+    inputs = harness.rwkv7_inputs(1, 37, 2, 32, 48, decay=3.0, initial_state=True, seed=3)
+    result = harness.compare(chunk_rwkv7, reference.recurrent_rwkv7, inputs)
+    assert result.ok, f"{result.failures()} | {result}"
+
+
 @pytest.mark.parametrize("decay", [None, 1e4])
 def test_agrees_with_the_recurrent_kernel(decay):
     """Two algorithms (a chunked WY solve, a step-by-step recurrence) on the same fp32 inputs."""

@@ -5,6 +5,7 @@ layout and transition heuristics), before any kernel runs.
 """
 from __future__ import annotations
 
+import os
 import types
 import warnings
 
@@ -16,6 +17,7 @@ import fla_lab
 from fla_lab import harness, ops, runtime
 from fla_lab.ops import chunk_gla, chunk_rwkv6, contract, fused_recurrent_rwkv7
 from fla_lab.ops.common import value_flags as vf
+from fla_lab.ops.contract import values
 
 GATED_OPS = {
     "fused_recurrent_gla": (lambda: ops.fused_recurrent_gla, ("q", "k", "v", "gk"), False),
@@ -58,10 +60,10 @@ def check7(inputs, initial_state=None, **kwargs):
 def default_value_checks(monkeypatch):
     monkeypatch.delenv("FLA_LAB_VALUE_CHECKS", raising=False)
     contract.set_value_checks(None)
-    contract._pending.clear()
+    values._pending.clear()
     yield
     contract.set_value_checks(None)
-    contract._pending.clear()
+    values._pending.clear()
 
 
 # ------------------------------------------------------------------------------------------- positive log-decay
@@ -463,6 +465,20 @@ def test_one_growing_row_is_found_and_its_modulus_reported():
     assert record[0].filename == __file__  # points at the caller, not inside fla_lab
 
 
+def test_transition_warning_skips_fla_lab_frames_outside_ops():
+    """A layer or lesson between the user and the op: the warning still points at the user's line."""
+    g = torch.Generator().manual_seed(0)
+    x = rwkv7_inputs(K=64, V=64)
+    x["a"], x["b"] = torch.rand(x["a"].shape, generator=g), torch.rand(x["b"].shape, generator=g)
+    layer = os.path.join(os.path.dirname(fla_lab.__file__), "layers", "stand_in.py")  # a frame in fla_lab/layers/
+    scope = {"contract": contract}
+    exec(compile("def forward(x):\n    contract.check_rwkv7_inputs('fused_recurrent_rwkv7', *x.values())\n",
+                 layer, "exec"), scope)
+    with pytest.warns(contract.TransitionWarning) as record:
+        scope["forward"](x)
+    assert record[0].filename == __file__
+
+
 # ------------------------------------------------------------------------------------------- deferred reading
 
 class FakeEvent:
@@ -487,8 +503,8 @@ def deferred(monkeypatch):
         events.append(FakeEvent())
         return flags, events[-1]
 
-    monkeypatch.setattr(contract, "_DEFERRED_DEVICES", ("cuda", "cpu"))
-    monkeypatch.setattr(contract, "_to_host", to_host)
+    monkeypatch.setattr(values, "_DEFERRED_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(values, "_to_host", to_host)
     return events
 
 
@@ -501,12 +517,12 @@ def positive_w():
 def test_deferred_check_reports_at_a_later_call_once_the_flag_arrives(deferred):
     check7(positive_w())  # queued, no error yet
     check7(rwkv7_inputs())  # the first flag has not arrived: nothing to report
-    assert len(contract._pending) == 2
+    assert len(values._pending) == 2
     deferred[0].ready = True
     with pytest.raises(ValueError, match=r"^fused_recurrent_rwkv7 call #\d+ \(checked without stopping the GPU, "
                                          r"reported at a later op call\): `w` is a log-decay.*logsigmoid"):
         check7(rwkv7_inputs())
-    assert len(contract._pending) == 1 and not deferred[0].waited  # read without waiting, then dropped
+    assert len(values._pending) == 1 and not deferred[0].waited  # read without waiting, then dropped
 
 
 def test_flush_waits_for_every_deferred_check(deferred):
@@ -516,7 +532,7 @@ def test_flush_waits_for_every_deferred_check(deferred):
     check7(x)
     with pytest.raises(ValueError, match=r"call #\d+ .*reported by flush_value_checks\(\)\): `b` has 1 non-finite"):
         contract.flush_value_checks()
-    assert all(e.waited for e in deferred) and not contract._pending
+    assert all(e.waited for e in deferred) and not values._pending
     contract.flush_value_checks()  # nothing left
 
 
@@ -530,17 +546,17 @@ def test_deferred_transition_warning_names_its_call(deferred):
 
 
 def test_deferred_queue_is_bounded(deferred, monkeypatch):
-    monkeypatch.setattr(contract, "MAX_PENDING", 2)
+    monkeypatch.setattr(values, "MAX_PENDING", 2)
     for _ in range(3):
         check7(rwkv7_inputs())
-    assert len(contract._pending) == 2 and deferred[0].waited and not deferred[1].waited
+    assert len(values._pending) == 2 and deferred[0].waited and not deferred[1].waited
 
 
 def test_switched_off_checks_queue_nothing(deferred):
     assert contract.value_check_mode(torch.zeros(1)) == "deferred"
     with contract.value_checks(False):
         check7(positive_w())
-    assert not contract._pending and not deferred
+    assert not values._pending and not deferred
 
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -557,7 +573,7 @@ def test_cuda_default_is_deferred_without_a_sync():
         check7(x)  # the bad decay is queued, nothing waits
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    assert len(contract._pending) == 1
+    assert len(values._pending) == 1
     with pytest.raises(ValueError, match=r"call #\d+ \(checked without stopping the GPU.*`w` is a log-decay"):
         contract.flush_value_checks()
 
@@ -595,7 +611,7 @@ def test_chunk_ops_check_values_inside_their_kernels(deferred, monkeypatch, name
     """Deferred, the chunked GLA/RWKV6 forward checks its big inputs as its kernels read them: the flag pass gets
     only the rest, and a bad value anywhere (a partial chunk's last row included) is still named."""
     passed = []
-    monkeypatch.setattr(contract, "value_flags", lambda slots, **kw: passed.append(len(slots)) or
+    monkeypatch.setattr(values, "value_flags", lambda slots, **kw: passed.append(len(slots)) or
                         vf.value_flags(slots, **kw))
     op, x = key_side_call(name, bad, how, at)
     op(**x)
@@ -609,7 +625,7 @@ def test_chunk_ops_check_values_inside_their_kernels(deferred, monkeypatch, name
 def test_chunk_ops_in_kernel_checks_pass_valid_inputs(deferred, name):
     op, x = key_side_call(name)
     op(**x)
-    assert len(contract._pending) == 1
+    assert len(values._pending) == 1
     contract.flush_value_checks()  # nothing to report
 
 

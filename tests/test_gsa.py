@@ -109,7 +109,8 @@ def fla_value_checks():
     return value_checks(True)
 
 
-@pytest.mark.parametrize("bad", [dict(slots_BV=8), dict(scores_BK=24), dict(dqk_warps=3)])
+@pytest.mark.parametrize("bad", [dict(slots_BV=8), dict(scores_BK=24), dict(dqk_warps=3), dict(state_BV=48),
+                                 dict(state_stages=0)])
 def test_launch_settings_are_validated(bad):
     with pytest.raises(ValueError, match="ChunkLaunch"):
         ChunkLaunch(**bad)

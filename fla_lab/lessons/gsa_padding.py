@@ -519,10 +519,10 @@ def meaningful(errors: dict, name: str = "dg", floor: float = 1e-12) -> bool:
 
 
 def plot_accuracy(results: dict[float, dict], dtype: str = "bf16", T: int = SWEEP_T,
-                  h200: dict[tuple[int, float], dict[str, float]] | None = None):
+                  gpu: dict[tuple[int, float], dict[str, float]] | None = None):
     """dg (both measures), ds and the worst other gradient of the fixed kernel against the decay knob, beside
     upstream's two bf16 dg points; the plain dg error is drawn only where the exact dg has not underflowed.
-    `h200` (`gpu_dg_errors()`): the same kernel's scale-aware dg on the GPU at larger T, as open triangles."""
+    `gpu` (`gpu_dg_errors()`): the same kernel's scale-aware dg on the GPU at larger T, as open triangles."""
     import numpy as np
 
     decays = np.array(sorted(results))
@@ -540,10 +540,10 @@ def plot_accuracy(results: dict[float, dict], dtype: str = "bf16", T: int = SWEE
     ax.plot(list(UPSTREAM_BF16_DG), list(UPSTREAM_BF16_DG.values()), "*", ms=12, color="k",
             label="upstream 0.6.0: dg, plain (H200, T = 128..512, K = V = 64)")
     for (length, marker) in ((512, "^"), (4096, "v")):
-        points = sorted((m, e["scale-aware"]) for (t, m), e in (h200 or {}).items() if t == length)
+        points = sorted((m, e["scale-aware"]) for (t, m), e in (gpu or {}).items() if t == length)
         if points:
             ax.plot(*zip(*points), marker, ms=6, color="#9467bd", mfc="none", ls="none",
-                    label=f"fla_lab, fixed: dg, scale-aware, GPU atlas T = {length} (GPU)")
+                    label=f"fla_lab, fixed: dg, scale-aware, GPU atlas (H100), T = {length}")
     ax.axhline(check.tolerance(viz.DTYPES[dtype]).grad, color="grey", ls="--", lw=0.8,
                label=f"{dtype} gradient tolerance")
     if len(plain) < len(decays):

@@ -1,7 +1,7 @@
 """Triton kernels, flash-linear-attention 0.6.0 signatures, `[B, T, H, D]` layout, natural-log decays.
 
 One sub-package per family (`gla/`, `rwkv6/`, `rwkv7/`, `gsa/`: the public ops and their `bug=` switches), the
-stages they share in `common/`, the input contract in `contract.py`.
+stages they share in `common/`, the input contract in `contract/`.
 """
 from fla_lab.ops.common.launch import ChunkLaunch
 from fla_lab.ops.contract import LayoutWarning, flush_value_checks, set_value_checks, value_check_mode

@@ -51,12 +51,13 @@ def chunk_cumsum(g: torch.Tensor, BT: int, checks=None, name="g") -> torch.Tenso
 def forward_states(k, v, gi, h0, output_final_state, BT, launch, gate_v):
     B, T, H, K = k.shape
     V = v.shape[-1]
-    BK, BV, NT = _tile(K), _tile(V), grid_size(T, BT)
+    BK, BV, NT = _tile(K), min(_tile(V), launch.state_BV), grid_size(T, BT)
     h = _f32(k, B, NT, H, K, V)
     ht = _f32(k, B, H, K, V) if output_final_state else None
     st.chunk_fwd_h_kernel[(grid_size(K, BK), grid_size(V, BV), B * H)](
         k, v, gi, h, h0, ht, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, DOT=_dot(launch, k), GATE_V=gate_v,
-        USE_H0=h0 is not None, STORE_HT=output_final_state)
+        USE_H0=h0 is not None, STORE_HT=output_final_state, num_warps=launch.state_warps,
+        num_stages=launch.state_stages)
     return h, ht
 
 
@@ -65,7 +66,7 @@ def state_adjoints(q, do, gi, h, ht, dht, need_dh0, scale, BT, launch, gate_v, r
     [B, NT, H, NP, D]` (D the gated channels, NP partials over the other axis); `h`, `ht`: the forward's states."""
     B, T, H, K = q.shape
     V = do.shape[-1]
-    BK, BV, NT = _tile(K), _tile(V), grid_size(T, BT)
+    BK, BV, NT = _tile(K), min(_tile(V), launch.state_BV), grid_size(T, BT)
     dh = _f32(q, B, NT, H, K, V)
     dh0 = _f32(q, B, H, K, V) if need_dh0 else None
     if dht is not None and ht is None:
@@ -73,7 +74,8 @@ def state_adjoints(q, do, gi, h, ht, dht, need_dh0, scale, BT, launch, gate_v, r
     bnd = _f32(q, B, NT, H, grid_size(K, BK), V) if gate_v else _f32(q, B, NT, H, grid_size(V, BV), K)
     st.chunk_bwd_dh_kernel[(grid_size(K, BK), grid_size(V, BV), B * H)](
         q, do, gi, h, ht, dh, dht, dh0, bnd, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, DOT=_dot(launch, q),
-        GATE_V=gate_v, RWKV6=rwkv6, USE_DHT=dht is not None, STORE_DH0=need_dh0)
+        GATE_V=gate_v, RWKV6=rwkv6, USE_DHT=dht is not None, STORE_DH0=need_dh0, num_warps=launch.state_warps,
+        num_stages=launch.state_stages)
     return dh, dh0, bnd
 
 
@@ -142,10 +144,11 @@ def key_side_forward(q, k, v, gi, u, scale, h0, output_final_state, BT, launch, 
     h, ht = forward_states(k, v, gi, h0, output_final_state, BT, launch, gate_v=False)
     A = gated_scores(q, k, gi, u, 1.0, BT, launch, row, checks, nk)
     o = torch.empty(B, T, H, V, dtype=out_dtype, device=q.device)
-    BV = _tile(V)
+    BV = min(_tile(V), launch.out_BV)
     st.chunk_fwd_o_kernel[(grid_size(V, BV), grid_size(T, BT), B * H)](
         q, v, gi, h, A, o, _flags(checks), scale, T, grid_size(T, BT), H=H, K=K, V=V, BT=BT, BK=_tile(K), BV=BV,
-        DOT=_dot(launch, q), RWKV6=u is not None, Q_SLOT=_slot(checks, nq), V_SLOT=_slot(checks, nv))
+        DOT=_dot(launch, q), RWKV6=u is not None, Q_SLOT=_slot(checks, nq), V_SLOT=_slot(checks, nv),
+        num_warps=launch.out_warps)
     return o, ht, h, A
 
 

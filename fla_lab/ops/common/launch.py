@@ -1,6 +1,7 @@
 """Launch settings of the chunked kernels, passed per call and validated before any kernel is compiled.
 
-The defaults are the fastest measured on an H200 (B=8, T=4096, H=16, K=V=64, bf16). A notebook or a
+The defaults are the fastest measured on an H200 (B=8, T=4096, H=16, K=V=64, bf16) by
+`benchmarks/tune_launch.py` (results in `benchmarks/results/tune_launch.json`). A notebook or a
 benchmark sweeps them by passing `launch=ChunkLaunch(...)` to an op; nothing global changes.
 """
 from __future__ import annotations
@@ -11,6 +12,7 @@ import torch
 
 MIN_DOT = 16  # the smallest dimension a GPU `tl.dot` compiles for 16-bit operands (the interpreter takes any)
 WARPS = (1, 2, 4, 8, 16)
+STAGES = (1, 2, 3, 4, 5)
 
 
 @dataclass(frozen=True)
@@ -20,17 +22,26 @@ class ChunkLaunch:
     - `scores_BK`, `scores_warps`: the gated score kernel (forward A of GLA/RWKV6, dA of GSA's slot pass);
     - `dqk_BK`, `dqk_warps`: the key-side dq/dk kernel, whose diagonal block is a [16, 16, dqk_BK] tile;
     - `slots_BV`, `slots_warps`: the value-side kernels (GSA's slot pass), a [16, 16, slots_BV] tile;
+    - `state_BV`, `state_warps`, `state_stages`: the two sequential passes over chunks (forward states, state
+      adjoints), one [K, state_BV] state tile per program: a narrower tile gives more programs to the only loop
+      that cannot run in parallel over chunks;
+    - `out_BV`, `out_warps`: the key-side output kernel, one [BT, out_BV] tile per program;
     - `dg_BK`: channels per program of the decay gradient (one program per chunk; not a dot dimension, still a
       power of two);
     - `dot_dtype`: None uses the input dtype on a GPU (tensor cores), torch.float32 forces IEEE fp32 dots.
     """
     scores_BK: int = 32
     scores_warps: int = 2
-    dqk_BK: int = 32
+    dqk_BK: int = 64
     dqk_warps: int = 2
     slots_BV: int = 32
     slots_warps: int = 4
-    dg_BK: int = 16
+    state_BV: int = 64
+    state_warps: int = 8
+    state_stages: int = 3
+    out_BV: int = 64
+    out_warps: int = 4
+    dg_BK: int = 64
     dot_dtype: torch.dtype | None = None
 
     def __post_init__(self):
@@ -43,6 +54,8 @@ class ChunkLaunch:
                                      "less and hide it)")
             elif f.name.endswith("_warps") and value not in WARPS:
                 raise ValueError(f"ChunkLaunch.{f.name}={value!r}: num_warps must be one of {WARPS}")
+            elif f.name.endswith("_stages") and value not in STAGES:
+                raise ValueError(f"ChunkLaunch.{f.name}={value!r}: num_stages must be one of {STAGES}")
         if self.dot_dtype not in (None, torch.float32, torch.float16, torch.bfloat16):
             raise ValueError(f"ChunkLaunch.dot_dtype={self.dot_dtype!r}: None, float32, float16 or bfloat16")
 

@@ -48,6 +48,7 @@ from fla_lab.ops.rwkv7.fused_recurrent import check_key_width
 
 CHUNK = 16  # rows per chunk: the whole chunk is one pairwise tile and one 16x16 triangular solve
 MAX_BV = 64  # value columns per program
+STATE_BV = 32  # value columns per program of the two sequential passes: more programs for the one serial loop
 WARPS = {"intra": 4, "fwd_h": 4, "fwd_o": 1, "bwd_dh": 4, "bwd": 4}  # per kernel: benchmarks/tune_chunk_rwkv7.py, H200
 
 
@@ -422,8 +423,13 @@ def _intra(r, k, v, a, b, gi, do, scale, backward):
     return Arb, Ark, Aak, W, U0, Wb, dX0
 
 
+def _state_block(V: int) -> int:
+    return min(_value_block(V), STATE_BV)
+
+
 def _states(k, v, b, gi, W, U0, h0, store_ht, dot, bug=None):
-    B, T, H, K, V, NT, BK, BV = _shapes(k, v)
+    B, T, H, K, V, NT, BK, _ = _shapes(k, v)
+    BV = _state_block(V)
     h, u = _f32(k, B, NT, H, K, V), _f32(k, B, T, H, V)
     ht = _f32(k, B, H, K, V) if store_ht else None
     dplr_fwd_h_kernel[(grid_size(V, BV), B * H)](k, v, b, gi, W, U0, h, u, h0, ht, T, NT, H=H, K=K, V=V, BT=CHUNK,
@@ -457,11 +463,12 @@ def _backward(r, w, k, v, a, b, scale, h0, ht, do, dht, bug=None):
     del W, U0
     dh, dX = _f32(r, B, NT, H, K, V), _f32(r, B, T, H, V)
     dh0 = _f32(r, B, H, K, V) if h0 is not None else None
-    bnd = _f32(r, B, NT, H, grid_size(V, BV), K)
-    dplr_bwd_dh_kernel[(grid_size(V, BV), B * H)](r, a, gi, do, Wb, dX0, h, ht, dh, dX, dht, dh0, bnd, scale, T, NT,
-                                                  H=H, K=K, V=V, BT=CHUNK, BK=BK, BV=BV, DOT=dot,
-                                                  USE_DHT=dht is not None, STORE_DH0=h0 is not None,
-                                                  num_warps=WARPS["bwd_dh"])
+    SBV = _state_block(V)
+    bnd = _f32(r, B, NT, H, grid_size(V, SBV), K)
+    dplr_bwd_dh_kernel[(grid_size(V, SBV), B * H)](r, a, gi, do, Wb, dX0, h, ht, dh, dX, dht, dh0, bnd, scale, T,
+                                                   NT, H=H, K=K, V=V, BT=CHUNK, BK=BK, BV=SBV, DOT=dot,
+                                                   USE_DHT=dht is not None, STORE_DH0=h0 is not None,
+                                                   num_warps=WARPS["bwd_dh"])
     del Wb, dX0
     dr, dk, da, db, x = (_f32(r, B, T, H, K) for _ in range(5))
     dv = _f32(r, B, T, H, V)

@@ -1,0 +1,71 @@
+"""The ops' entry points: one call checks an op's inputs, metadata first, then values (`value_check_mode`)."""
+from __future__ import annotations
+
+from fla_lab.ops.contract.metadata import (_check_metadata, _check_value_shape, _describe, check_shape,
+                                           warn_if_head_first)
+from fla_lab.ops.contract.values import KernelChecks, _check_values
+
+
+def check_gated_inputs(op: str, q, k, v, g, *, names=("q", "k", "v", "g"), u=None, initial_state=None,
+                       kwargs=None, in_kernel: bool = False) -> KernelChecks | None:
+    """The contract of GLA-style ops: q, k, g `[B, T, H, K]`, v `[B, T, H, V]`, u `[H, K]`, h0 `[B, H, K, V]`.
+
+    Value checks (finite inputs, log-decay <= 0) follow `value_check_mode`. `in_kernel`: the op's kernels check
+    q, k, v and g as they read them when the check is deferred (the returned `KernelChecks`, else None).
+    """
+    nq, nk, nv, ng = names
+    tensors = {nq: q, nk: k, nv: v, ng: g, "u": u, "initial_state": initial_state}
+    B, T, H, K = _check_metadata(op, tensors, nq, (nq, nk, nv), kwargs)
+    check_shape(op, nk, k, (B, T, H, K), f"like `{nq}`, [B, T, H, K]")
+    check_shape(op, ng, g, (B, T, H, K), f"like `{nq}`, [B, T, H, K]")
+    V = _check_value_shape(op, nv, v, B, T, H)
+    if u is not None:
+        check_shape(op, "u", u, (H, K), "[H, K]")
+    if initial_state is not None:
+        check_shape(op, "initial_state", initial_state, (B, H, K, V), "[B, H, K, V]")
+    warn_if_head_first(op, nq, q)
+    return _check_values(op, tensors, decay=ng, in_kernel=names if in_kernel else ())
+
+
+def check_rwkv7_inputs(op: str, r, w, k, v, a, b, initial_state=None, kwargs=None) -> None:
+    """The contract of RWKV-7 (DPLR) ops: r, w, k, a, b `[B, T, H, K]`, v `[B, T, H, V]`, h0 `[B, H, K, V]`.
+
+    `w` is the natural-log decay (<= 0) and may be float32 while the rest is bf16 (the layer computes the decay
+    in fp32, upstream #181). r, k, v, a, b share a dtype. Value checks (finite, w <= 0, and a `TransitionWarning`
+    when diag(exp w) + b a^T can grow the state) follow `value_check_mode`.
+    """
+    tensors = {"r": r, "w": w, "k": k, "v": v, "a": a, "b": b, "initial_state": initial_state}
+    B, T, H, K = _check_metadata(op, tensors, "r", ("r", "k", "v", "a", "b"), kwargs)
+    for name in ("w", "k", "a", "b"):
+        check_shape(op, name, tensors[name], (B, T, H, K), "like `r`, [B, T, H, K]")
+    V = _check_value_shape(op, "v", v, B, T, H)
+    if initial_state is not None:
+        check_shape(op, "initial_state", initial_state, (B, H, K, V), "[B, H, K, V]")
+    warn_if_head_first(op, "r", r)
+    _check_values(op, tensors, decay="w", transition=("w", "a", "b"))
+
+
+def check_gsa_inputs(op: str, q, k, v, s, g, initial_state=None, kwargs=None) -> None:
+    """The contract of GSA: q, k `[B, T, H, K]`, v `[B, T, H, V]`, s, g `[B, T, H, M]` (g may be None: vanilla
+    ABC), `initial_state` the pair `(Hk0 [B, H, K, M], Hv0 [B, H, M, V])`. q, k, v, s share a dtype; g is a
+    natural-log forget gate (<= 0) in any supported dtype. Value checks follow `value_check_mode`."""
+    if initial_state is not None and not (isinstance(initial_state, (tuple, list)) and len(initial_state) == 2):
+        raise TypeError(f"{op}: `initial_state` is the pair (Hk0 [B, H, K, M], Hv0 [B, H, M, V]), "
+                        f"got {type(initial_state).__name__}")
+    hk0, hv0 = initial_state if initial_state is not None else (None, None)
+    tensors = {"q": q, "k": k, "v": v, "s": s, "g": g, "initial_state[0]": hk0, "initial_state[1]": hv0}
+    B, T, H, K = _check_metadata(op, tensors, "q", ("q", "k", "v", "s"), kwargs)
+    check_shape(op, "k", k, (B, T, H, K), "like `q`, [B, T, H, K]")
+    V = _check_value_shape(op, "v", v, B, T, H)
+    if s.dim() != 4 or tuple(s.shape[:3]) != (B, T, H):
+        raise ValueError(f"{op}: `s` should be [B, T, H, M] = ({B}, {T}, {H}, M), got {_describe(s)}")
+    M = s.shape[-1]
+    if g is not None:
+        check_shape(op, "g", g, (B, T, H, M), "like `s`, [B, T, H, M]")
+    if hk0 is not None or hv0 is not None:
+        if hk0 is None or hv0 is None:
+            raise ValueError(f"{op}: `initial_state` needs both Hk0 and Hv0 (pass zeros for the one you lack)")
+        check_shape(op, "initial_state[0]", hk0, (B, H, K, M), "Hk0 [B, H, K, M]")
+        check_shape(op, "initial_state[1]", hv0, (B, H, M, V), "Hv0 [B, H, M, V]")
+    warn_if_head_first(op, "q", q)
+    _check_values(op, tensors, decay="g")

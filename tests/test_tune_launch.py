@@ -1,0 +1,41 @@
+"""benchmarks/tune_launch.py on the CPU: its choices are valid launch settings, and the greedy pass keeps a change
+only beyond noise (timings faked here: no kernel runs)."""
+import importlib.util
+import os
+import sys
+
+import pytest
+
+from conftest import ROOT
+from fla_lab.ops import ChunkLaunch
+from fla_lab.ops.common.launch import DEFAULT_LAUNCH
+
+
+@pytest.fixture(scope="module")
+def tune_launch():
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    spec = importlib.util.spec_from_file_location("tune_launch", os.path.join(ROOT, "benchmarks", "tune_launch.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_choice_is_a_valid_launch_setting(tune_launch):
+    for field, values in tune_launch.CHOICES.items():
+        assert getattr(DEFAULT_LAUNCH, field) in values, f"{field}: the default is not among the values tried"
+        for value in values:
+            ChunkLaunch(**{field: value})  # raises on an invalid tile width, warp or stage count
+
+
+def test_greedy_pass_keeps_only_changes_beyond_noise(tune_launch, monkeypatch):
+    def fake_timings(fn, inputs, kwargs):  # (fwd, fwd+bwd, peak): dqk_BK=16 is 10% faster, state_warps=2 0.5%
+        launch = kwargs["launch"]
+        fwd_bwd = 10.0 - (launch.dqk_BK == 16) * 1.0 - (launch.state_warps == 2) * 0.05
+        return 3.0, fwd_bwd, 0.0
+
+    monkeypatch.setattr(tune_launch.bench, "cases", lambda: ({"op": (None, [], {})}, {}))
+    monkeypatch.setattr(tune_launch.bench, "timings", fake_timings)
+    result = tune_launch.tune("op")
+    assert result["launch"]["dqk_BK"] == 16
+    assert result["launch"]["state_warps"] == DEFAULT_LAUNCH.state_warps
+    assert result["best"]["fwd_bwd_ms"] == pytest.approx(9.0)
