@@ -101,9 +101,10 @@ class KernelTracer:
                 raise
             finally:
                 for n, t in tensors.items():
-                    if (~torch.isfinite(t) & ~before[n]).any():
+                    bad = ~torch.isfinite(t)
+                    if (bad & ~before[n]).any():
                         launch.written[n] = check.nonfinite_census(t, dims=_dims(t))
-                        launch.masks[n] = (~torch.isfinite(t)).cpu()
+                        launch.masks[n] = bad.cpu()
         return traced_run
 
     @contextlib.contextmanager
