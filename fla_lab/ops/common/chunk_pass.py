@@ -104,11 +104,11 @@ def plain_scores(x, y, scale, BT, launch):
     return A
 
 
-def plain_rows(A, x, y, gi, h, alpha, beta, BT, launch, *, transpose_A, to_end, transpose_h):
-    """`alpha * op(A) @ x + beta * (y * exp(G)) @ op(h)` (see `plain_rows_kernel`), fp32 `[B, T, H, DX]`."""
+def plain_rows(A, x, y, gi, h, alpha, beta, BT, launch, *, transpose_A, to_end, transpose_h, dtype=torch.float32):
+    """`alpha * op(A) @ x + beta * (y * exp(G)) @ op(h)` (see `plain_rows_kernel`), `[B, T, H, DX]` in `dtype`."""
     B, T, H, DX = x.shape
     DY = y.shape[-1]
-    out = _f32(x, B, T, H, DX)
+    out = torch.empty(B, T, H, DX, dtype=dtype, device=x.device)
     BX = _tile(DX)
     st.plain_rows_kernel[(grid_size(DX, BX), grid_size(T, BT), B * H)](
         A, x, y, gi, h, out, alpha, beta, T, grid_size(T, BT), H=H, DX=DX, DY=DY, BT=BT, BX=BX, BY=_tile(DY),
@@ -116,18 +116,24 @@ def plain_rows(A, x, y, gi, h, alpha, beta, BT, launch, *, transpose_A, to_end, 
     return out
 
 
-def decay_grad(readers, d_readers, writers, d_writers, bnd, BT, launch, dtype, u=None, dA=None, add=None):
+def decay_grad(readers, d_readers, writers, d_writers, bnd, BT, launch, dtype, u=None, dA=None, add=None,
+               cast=False):
     """dg (and RWKV6's du) from the closed form in `chunk_bwd_dg_kernel`, plus `add` (another pass's dg);
-    `bnd`: the boundary terms from `state_adjoints`; `d_writers=None` leaves the writer term out."""
+    `bnd`: the boundary terms from `state_adjoints`; `d_writers=None` leaves the writer term out.
+    `cast=True` also returns the fp32 `d_readers`, `d_writers` in dtype `dtype`, written by the same kernel (it reads
+    them anyway: no separate cast pass); else `(dg, du, None, None)`."""
     B, T, H, D = readers.shape
     NT = grid_size(T, BT)
     # in place over `add` when it can hold the result: each element is read and written by the same program
     dg = add if add is not None and add.dtype == dtype else torch.empty(B, T, H, D, dtype=dtype, device=readers.device)
     du = _f32(readers, B, NT, H, D) if u is not None else None  # one part per chunk, summed below
+    dr_cast = torch.empty_like(d_readers, dtype=dtype) if cast else None
+    dw_cast = torch.empty_like(d_writers, dtype=dtype) if cast and d_writers is not None else None
     st.chunk_bwd_dg_kernel[(grid_size(D, launch.dg_BK), NT, B * H)](
-        readers, writers, d_readers, d_writers, u, dA, bnd, add, dg, du, T, NT, H=H, K=D, NP=bnd.shape[3], BT=BT,
-        BK=launch.dg_BK, RWKV6=u is not None, ADD=add is not None, WRITERS=d_writers is not None)
-    return dg, (du.sum((0, 1)) if u is not None else None)
+        readers, writers, d_readers, d_writers, u, dA, bnd, add, dg, du, dr_cast, dw_cast, T, NT, H=H, K=D,
+        NP=bnd.shape[3], BT=BT, BK=launch.dg_BK, RWKV6=u is not None, ADD=add is not None,
+        WRITERS=d_writers is not None, CAST=cast)
+    return dg, (du.sum((0, 1)) if u is not None else None), dr_cast, dw_cast
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -153,11 +159,16 @@ def key_side_forward(q, k, v, gi, u, scale, h0, output_final_state, BT, launch, 
 
 
 def key_side_backward(q, k, v, gi, u, scale, h0, ht, h, A, do, dht, BT, launch, dg_dtype, row=st.reference_row,
-                      key_term_in_dg=True):
-    """Returns dq, dk, dv (fp32), dg (dg_dtype), du (RWKV6) and dh0. `h=None`, `A=None`: recompute them here (each
-    intermediate is dropped after its last use, which bounds the peak memory of GSA's backward). `row`: the
-    REFERENCE_ROW helper (see `reference_row`).
-    `key_term_in_dg=False` leaves `- k * dk` out of dg (GSA adds it once, for the summed slot gradient)."""
+                      key_term_in_dg=True, grad_dtype=torch.float32):
+    """Returns dq, dk, dv (in grad_dtype), dg (dg_dtype), du (RWKV6) and dh0. `h=None`, `A=None`: recompute them
+    here (each intermediate is dropped after its last use, which bounds the peak memory of GSA's backward). `row`:
+    the REFERENCE_ROW helper (see `reference_row`).
+    `key_term_in_dg=False` leaves `- k * dk` out of dg (GSA adds it once, for the summed slot gradient); dk then
+    stays fp32 (GSA sums it with the other pass's). A 16-bit `grad_dtype` needs `dg_dtype` equal to it."""
+    cast = grad_dtype != torch.float32
+    if cast and (dg_dtype != grad_dtype or not key_term_in_dg):
+        raise ValueError("key_side_backward: 16-bit gradients are cast by the decay-gradient kernel, which writes dg "
+                         "in the same dtype and needs the key term")
     B, T, H, K = q.shape
     V = v.shape[-1]
     NT, rwkv6 = grid_size(T, BT), u is not None
@@ -168,7 +179,8 @@ def key_side_backward(q, k, v, gi, u, scale, h0, ht, h, A, do, dht, BT, launch, 
     dh, dh0, bnd = state_adjoints(q, do, gi, h, ht, dht, h0 is not None, scale, BT, launch, gate_v=False,
                                   rwkv6=rwkv6)
     dA = plain_scores(do, v, scale, BT, launch)
-    dv = plain_rows(A, do, k, gi, dh, scale, 1.0, BT, launch, transpose_A=True, to_end=True, transpose_h=False)
+    dv = plain_rows(A, do, k, gi, dh, scale, 1.0, BT, launch, transpose_A=True, to_end=True, transpose_h=False,
+                    dtype=grad_dtype)
     del A
     dq, dk = _f32(q, B, T, H, K), _f32(q, B, T, H, K)
     BKi = min(_tile(K), launch.dqk_BK)  # the diagonal block is a [BC, BC, BKi] tile: keep it in registers
@@ -176,8 +188,10 @@ def key_side_backward(q, k, v, gi, u, scale, h0, ht, h, A, do, dht, BT, launch, 
         q, k, v, gi, u, h, dh, dA, do, dq, dk, scale, T, NT, H=H, K=K, V=V, BT=BT, BC=BC, BK=BKi, BV=_tile(V),
         DOT=_dot(launch, q), RWKV6=rwkv6, REFERENCE_ROW=row, num_warps=launch.dqk_warps)
     del h, dh
-    dg, du = decay_grad(q, dq, k, dk if key_term_in_dg else None, bnd, BT, launch, dg_dtype, u=u,
-                        dA=dA if rwkv6 else None)
+    dg, du, dq_cast, dk_cast = decay_grad(q, dq, k, dk if key_term_in_dg else None, bnd, BT, launch, dg_dtype, u=u,
+                                          dA=dA if rwkv6 else None, cast=cast)
+    if cast:
+        dq, dk = dq_cast, dk_cast
     return dq, dk, dv, dg, du, dh0
 
 
@@ -224,7 +238,7 @@ def value_side_backward(q, k, v, gi, scale, h0, ht, h, A, o, do, dht, BT, launch
     del h
     dk = plain_rows(dA, q, v, gi, dh, 1.0, 1.0, BT, launch, transpose_A=True, to_end=True, transpose_h=True)
     del dA, dh
-    dg, _ = decay_grad(o, do, v, dv, bnd, BT, launch, torch.float32, add=dg_add)
+    dg, _, _, _ = decay_grad(o, do, v, dv, bnd, BT, launch, torch.float32, add=dg_add)
     return dq, dk, dv, dg, dh0
 
 
@@ -261,8 +275,11 @@ class KeySideChunkFunction(torch.autograd.Function):
     def backward(ctx, do, dht):
         q, k, v, g, u, h0, ht, gi, h, A = ctx.saved_tensors
         do, dht = as_contiguous(do, dht)
+        # dq, dk, dv in their inputs' dtype straight from the kernels when q, k, v, g share it (no cast pass)
+        same = q.dtype == k.dtype == v.dtype == g.dtype
         dq, dk, dv, dg, du, dh0 = key_side_backward(q, k, v, gi, u, ctx.scale, h0, ht, h, A, do, dht,
-                                                    ctx.chunk_size, ctx.launch, g.dtype, ctx.row)
+                                                    ctx.chunk_size, ctx.launch, g.dtype, ctx.row,
+                                                    grad_dtype=g.dtype if same else torch.float32)
         return (cast_grad(dq, q), cast_grad(dk, k), cast_grad(dv, v), dg, cast_grad(du, u), None,
                 cast_grad(dh0, h0), None, None, None, None, None, None)
 
