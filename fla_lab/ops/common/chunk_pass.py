@@ -117,18 +117,19 @@ def plain_rows(A, x, y, gi, h, alpha, beta, BT, launch, *, transpose_A, to_end, 
 
 
 def decay_grad(readers, d_readers, writers, d_writers, bnd, BT, launch, dtype, u=None, dA=None, add=None,
-               cast=False):
+               cast_dtype=torch.float32):
     """dg (and RWKV6's du) from the closed form in `chunk_bwd_dg_kernel`, plus `add` (another pass's dg);
     `bnd`: the boundary terms from `state_adjoints`; `d_writers=None` leaves the writer term out.
-    `cast=True` also returns the fp32 `d_readers`, `d_writers` in dtype `dtype`, written by the same kernel (it reads
-    them anyway: no separate cast pass); else `(dg, du, None, None)`."""
+    Returns `(dg, du, d_readers, d_writers)`, the last two in `cast_dtype`: a 16-bit one is written by the same
+    kernel, which reads the fp32 gradients anyway (no separate cast pass)."""
     B, T, H, D = readers.shape
     NT = grid_size(T, BT)
     # in place over `add` when it can hold the result: each element is read and written by the same program
     dg = add if add is not None and add.dtype == dtype else torch.empty(B, T, H, D, dtype=dtype, device=readers.device)
     du = _f32(readers, B, NT, H, D) if u is not None else None  # one part per chunk, summed below
-    dr_cast = torch.empty_like(d_readers, dtype=dtype) if cast else None
-    dw_cast = torch.empty_like(d_writers, dtype=dtype) if cast and d_writers is not None else None
+    cast = cast_dtype != d_readers.dtype
+    dr_cast = torch.empty_like(d_readers, dtype=cast_dtype) if cast else d_readers
+    dw_cast = torch.empty_like(d_writers, dtype=cast_dtype) if cast and d_writers is not None else d_writers
     st.chunk_bwd_dg_kernel[(grid_size(D, launch.dg_BK), NT, B * H)](
         readers, writers, d_readers, d_writers, u, dA, bnd, add, dg, du, dr_cast, dw_cast, T, NT, H=H, K=D,
         NP=bnd.shape[3], BT=BT, BK=launch.dg_BK, RWKV6=u is not None, ADD=add is not None,
@@ -163,12 +164,8 @@ def key_side_backward(q, k, v, gi, u, scale, h0, ht, h, A, do, dht, BT, launch, 
     """Returns dq, dk, dv (in grad_dtype), dg (dg_dtype), du (RWKV6) and dh0. `h=None`, `A=None`: recompute them
     here (each intermediate is dropped after its last use, which bounds the peak memory of GSA's backward). `row`:
     the REFERENCE_ROW helper (see `reference_row`).
-    `key_term_in_dg=False` leaves `- k * dk` out of dg (GSA adds it once, for the summed slot gradient); dk then
-    stays fp32 (GSA sums it with the other pass's). A 16-bit `grad_dtype` needs `dg_dtype` equal to it."""
-    cast = grad_dtype != torch.float32
-    if cast and (dg_dtype != grad_dtype or not key_term_in_dg):
-        raise ValueError("key_side_backward: 16-bit gradients are cast by the decay-gradient kernel, which writes dg "
-                         "in the same dtype and needs the key term")
+    `key_term_in_dg=False` leaves `- k * dk` out of dg (GSA adds it once, for the summed slot gradient), and keeps
+    dq and dk fp32 whatever grad_dtype (GSA's softmax backward and its other pass take them on)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     NT, rwkv6 = grid_size(T, BT), u is not None
@@ -188,10 +185,11 @@ def key_side_backward(q, k, v, gi, u, scale, h0, ht, h, A, do, dht, BT, launch, 
         q, k, v, gi, u, h, dh, dA, do, dq, dk, scale, T, NT, H=H, K=K, V=V, BT=BT, BC=BC, BK=BKi, BV=_tile(V),
         DOT=_dot(launch, q), RWKV6=rwkv6, REFERENCE_ROW=row, num_warps=launch.dqk_warps)
     del h, dh
-    dg, du, dq_cast, dk_cast = decay_grad(q, dq, k, dk if key_term_in_dg else None, bnd, BT, launch, dg_dtype, u=u,
-                                          dA=dA if rwkv6 else None, cast=cast)
-    if cast:
-        dq, dk = dq_cast, dk_cast
+    if key_term_in_dg:
+        dg, du, dq, dk = decay_grad(q, dq, k, dk, bnd, BT, launch, dg_dtype, u=u, dA=dA if rwkv6 else None,
+                                    cast_dtype=grad_dtype)
+    else:
+        dg, du, _, _ = decay_grad(q, dq, k, None, bnd, BT, launch, dg_dtype, u=u, dA=dA if rwkv6 else None)
     return dq, dk, dv, dg, du, dh0
 
 
@@ -214,10 +212,10 @@ def value_side_forward(q, k, v, gi, scale, h0, output_final_state, BT, launch):
 
 
 def value_side_backward(q, k, v, gi, scale, h0, ht, h, A, o, do, dht, BT, launch,
-                        exponent=st.later_rows_exponent, dv_add=None, dg_add=None):
-    """Returns dq, dk, dv, dg (all fp32) and dh0; `o` is the pass's fp32 output, `do` its cotangent. `h=None`,
-    `A=None`: recompute them here. `exponent`: the dv kernel's EXPONENT helper (`chunk_stages.later_rows_exponent`
-    ships). `dv_add`, `dg_add` (GSA's other pass) are added in place."""
+                        exponent=st.later_rows_exponent, dv_add=None, dg_add=None, qk_dtype=torch.float32):
+    """Returns dq, dk (in qk_dtype, written so by their kernel), dv, dg (fp32) and dh0; `o` is the pass's fp32
+    output, `do` its cotangent. `h=None`, `A=None`: recompute them here. `exponent`: the dv kernel's EXPONENT helper
+    (`chunk_stages.later_rows_exponent` ships). `dv_add`, `dg_add` (GSA's other pass) are added in place."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     NT = grid_size(T, BT)
@@ -234,11 +232,13 @@ def value_side_backward(q, k, v, gi, scale, h0, ht, h, A, o, do, dht, BT, launch
         BACKWARD=True, ACC=dv_add is not None, EXPONENT=exponent,
         num_warps=launch.slots_warps)
     del A
-    dq = plain_rows(dA, k, do, gi, h, 1.0, scale, BT, launch, transpose_A=False, to_end=False, transpose_h=True)
+    dq = plain_rows(dA, k, do, gi, h, 1.0, scale, BT, launch, transpose_A=False, to_end=False, transpose_h=True,
+                    dtype=qk_dtype)
     del h
-    dk = plain_rows(dA, q, v, gi, dh, 1.0, 1.0, BT, launch, transpose_A=True, to_end=True, transpose_h=True)
+    dk = plain_rows(dA, q, v, gi, dh, 1.0, 1.0, BT, launch, transpose_A=True, to_end=True, transpose_h=True,
+                    dtype=qk_dtype)
     del dA, dh
-    dg, _, _, _ = decay_grad(o, do, v, dv, bnd, BT, launch, torch.float32, add=dg_add)
+    dg, _, _, _ = decay_grad(o, do, v, dv, bnd, BT, launch, torch.float32, add=dg_add)  # dv, dg: fp32 sums
     return dq, dk, dv, dg, dh0
 
 

@@ -268,36 +268,32 @@ def gated_scores_kernel(q, k, gi, u, A, flags, scale, T, H: tl.constexpr, K: tl.
     """
     i_tc, i_bh = tl.program_id(0), tl.program_id(1)
     i_bh, i_b, i_h = batch_head(i_bh, H)
+    NC: tl.constexpr = BT // BC
     i_t, i_i, t_first, i_start, o_c, o_i, m_i = subchunk(i_tc, T, BT, BC)
     if i_start >= T:
         return
     HK: tl.constexpr = H * K
     bos = i_b * T * H + i_h
     q, k, gi = q + bos * K, k + bos * K, gi + bos * K
-    o_s = tl.arange(0, BT)  # key columns of the chunk
-    m_earlier = t_first + o_s < i_start  # keys of earlier sub-chunks (all rows < i_start < T)
-    b_A = tl.zeros([BC, BT], dtype=tl.float32)
-    if i_i > 0:  # every earlier key sub-chunk in one dot around the reference row; later columns stay 0
+    p_A = A + bos * BT + o_i[:, None] * H * BT + o_c[None, :]
+    for i_j in range(0, i_i):  # earlier key sub-chunks: one dot each around the reference row
+        o_j = t_first + i_j * BC + o_c  # all rows < i_start < T
+        b_A = tl.zeros([BC, BC], dtype=tl.float32)
         for i_k in range(0, tl.cdiv(K, BK)):
             o_k = i_k * BK + tl.arange(0, BK)
             m_k = o_k < K
             m_ik = m_i[:, None] & m_k[None, :]
-            m_ks = m_k[:, None] & m_earlier[None, :]
             b_q = tl.load(q + o_i[:, None] * HK + o_k[None, :], mask=m_ik, other=0).to(tl.float32)
             b_gq = load_query_decay(gi, o_i[:, None], o_k[None, :], m_ik, t_first, HK, RWKV6)
             b_gn = load_reference_decay(gi, i_start, o_k, m_k, HK, RWKV6, REFERENCE_ROW)
-            b_kt = tl.load(k + (t_first + o_s)[None, :] * HK + o_k[:, None], mask=m_ks, other=0).to(tl.float32)
-            b_gkt = tl.load(gi + (t_first + o_s)[None, :] * HK + o_k[:, None], mask=m_ks, other=0)
+            b_kt = tl.load(k + o_j[None, :] * HK + o_k[:, None], mask=m_k[:, None], other=0).to(tl.float32)
+            b_gkt = tl.load(gi + o_j[None, :] * HK + o_k[:, None], mask=m_k[:, None], other=0)
             b_qg = b_q * tl.exp(tl.where(m_ik, b_gq - b_gn[None, :], 0))
-            b_A += mma(b_qg, b_kt * tl.exp(tl.where(m_ks, b_gn[:, None] - b_gkt, 0)), DOT)
-    m_diag = (o_s >= i_i * BC) & (o_s < i_i * BC + BC)
-    p_A = A + bos * BT + o_i[:, None] * H * BT
-    # later columns: exact zeros (under the #77 switch an overflowed query factor times their zero keys is NaN)
-    tl.store(p_A + o_s[None, :], tl.where(m_earlier[None, :], scale * b_A, 0), mask=m_i[:, None] & ~m_diag[None, :])
-    p_A += o_c[None, :]
+            b_A += mma(b_qg, b_kt * tl.exp(b_gn[:, None] - b_gkt), DOT)
+        tl.store(p_A + i_j * BC, scale * b_A, mask=m_i[:, None])
     # the diagonal block, one key row at a time (measured faster here than one [BC, BC, BK] tile); it reads each
     # key row once over all programs, so k's value check goes here
-    b_D = tl.zeros([BC, BC], dtype=tl.float32)
+    b_A = tl.zeros([BC, BC], dtype=tl.float32)
     b_probe = tl.zeros([BK], dtype=tl.float32)
     for i_k in range(0, tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
@@ -314,10 +310,12 @@ def gated_scores_kernel(q, k, gi, u, A, flags, scale, T, H: tl.constexpr, K: tl.
             b_gj = tl.load(gi + (i_start + j) * HK + o_k, mask=m_j, other=0)
             causal = ((o_c >= j) & m_i)[:, None]
             b_w = diagonal_weight(b_gq, b_gj[None, :], b_u, causal & (o_c == j)[:, None], causal, RWKV6)
-            b_D += tl.where(o_c[None, :] == j, tl.sum(b_q * b_kj[None, :] * b_w, axis=1)[:, None], 0)
-    tl.store(p_A + i_i * BC, scale * b_D, mask=m_i[:, None])
+            b_A += tl.where(o_c[None, :] == j, tl.sum(b_q * b_kj[None, :] * b_w, axis=1)[:, None], 0)
+    tl.store(p_A + i_i * BC, scale * b_A, mask=m_i[:, None])
     if K_SLOT >= 0:
         or_nonfinite_bit(flags, tl.sum(b_probe), K_SLOT)
+    for i_j in range(i_i + 1, NC):
+        tl.store(p_A + i_j * BC, tl.zeros([BC, BC], dtype=tl.float32), mask=m_i[:, None])
 
 
 @kernel

@@ -76,9 +76,11 @@ def slot_softmax_backward(x, dp, out=None):
 
 
 class ChunkGSAFunction(torch.autograd.Function):
-    """Saves the inputs, the pre-softmax slot scores (fp32) and the slot weights; the cumulative decay, the states
-    and the score matrices of both passes are recomputed in the backward (as upstream's checkpoint_level=2), which
-    keeps the peak memory of a training step below upstream's."""
+    """Saves the inputs, the pre-softmax slot scores (fp32), the slot weights and pass 2's gated score matrix
+    `[B, T, H, BT]` fp32 (its exps are the most expensive kernel of the op: recomputing it cost 8% of forward+backward
+    on an H200); the cumulative decay, the states and pass 1's plain scores are recomputed in the backward (as
+    upstream's checkpoint_level=2 recomputes all of them), which keeps the peak memory of a training step below
+    upstream's."""
 
     @staticmethod
     @custom_fwd
@@ -87,26 +89,29 @@ class ChunkGSAFunction(torch.autograd.Function):
         gi = cp.chunk_cumsum(g, chunk_size)
         scores, hkt, _, _ = cp.value_side_forward(q, k, s, gi, scale, hk0, output_final_state, chunk_size, launch)
         p = slot_softmax(scores, s.dtype)  # pass 2 reads the slot weights in the input dtype, like its keys
-        o, hvt, _, _ = cp.key_side_forward(p, s, v, gi, None, 1.0, hv0, output_final_state, chunk_size, launch,
+        o, hvt, _, A = cp.key_side_forward(p, s, v, gi, None, 1.0, hv0, output_final_state, chunk_size, launch,
                                            v.dtype)
-        ctx.save_for_backward(q, k, v, s, g, hk0, hv0, hkt, hvt, scores, p)
+        ctx.save_for_backward(q, k, v, s, g, hk0, hv0, hkt, hvt, scores, p, A)
         ctx.scale, ctx.chunk_size, ctx.launch, ctx.exponent = scale, chunk_size, launch, exponent
         return o, hkt, hvt
 
     @staticmethod
     @custom_bwd
     def backward(ctx, do, dhkt, dhvt):
-        q, k, v, s, g, hk0, hv0, hkt, hvt, scores, p = ctx.saved_tensors
+        q, k, v, s, g, hk0, hv0, hkt, hvt, scores, p, A = ctx.saved_tensors
         do, dhkt, dhvt = as_contiguous(do, dhkt, dhvt)
         BT, launch = ctx.chunk_size, ctx.launch
         gi = cp.chunk_cumsum(g, BT)
         # pass 2's dg leaves out its slot term: s * (ds of both passes) enters once, in pass 1's dg
-        dp, ds, dv, dg, _, dhv0 = cp.key_side_backward(p, s, v, gi, None, 1.0, hv0, hvt, None, None, do, dhvt, BT,
-                                                       launch, torch.float32, key_term_in_dg=False)
-        dv, dhv0 = cast_grad(dv, v), cast_grad(dhv0, hv0)  # drop the fp32 copies before the second pass
+        # dv in v's dtype from its kernel; dp, ds, dg stay fp32 for the softmax backward and pass 1's sums
+        dp, ds, dv, dg, _, dhv0 = cp.key_side_backward(p, s, v, gi, None, 1.0, hv0, hvt, None, A, do, dhvt, BT,
+                                                       launch, torch.float32, key_term_in_dg=False,
+                                                       grad_dtype=v.dtype)
+        dhv0 = cast_grad(dhv0, hv0)  # drop the fp32 copy before the second pass
         dscores = slot_softmax_backward(scores, dp, out=dp)
         dq, dk, ds, dg, dhk0 = cp.value_side_backward(q, k, s, gi, ctx.scale, hk0, hkt, None, None, scores, dscores,
-                                                      dhkt, BT, launch, ctx.exponent, dv_add=ds, dg_add=dg)
+                                                      dhkt, BT, launch, ctx.exponent, dv_add=ds, dg_add=dg,
+                                                      qk_dtype=q.dtype if q.dtype == k.dtype else torch.float32)
         return (cast_grad(dq, q), cast_grad(dk, k), dv, cast_grad(ds, s), cast_grad(dg, g), None, cast_grad(dhk0, hk0),
                 dhv0, None, None, None, None)
 
