@@ -37,14 +37,16 @@ def _flags(checks: contract.KernelChecks | None):
     return None if checks is None else checks.flags
 
 
-def chunk_cumsum(g: torch.Tensor, BT: int, checks=None, name="g") -> torch.Tensor:
+def chunk_cumsum(g: torch.Tensor, BT: int, checks=None, name="g", also=None, also_name="k") -> torch.Tensor:
     """Chunk-local inclusive cumulative log-decay, fp32, same shape as g. `checks` (`contract.KernelChecks`):
-    g's value check, under the argument name `name`, in the same pass."""
+    g's value check, under the argument name `name`, in the same pass, and that of `also` (a tensor shaped like g,
+    argument name `also_name`) when given."""
     B, T, H, D = g.shape
     gi = _f32(g, B, T, H, D)
     BD = _tile(D)
-    st.chunk_cumsum_kernel[(grid_size(D, BD), grid_size(T, BT), B * H)](g, gi, _flags(checks), T, H=H, K=D, BT=BT,
-                                                                         BK=BD, G_SLOT=_slot(checks, name))
+    st.chunk_cumsum_kernel[(grid_size(D, BD), grid_size(T, BT), B * H)](
+        g, gi, also, _flags(checks), T, H=H, K=D, BT=BT, BK=BD, G_SLOT=_slot(checks, name),
+        X_SLOT=-1 if also is None else _slot(checks, also_name))
     return gi
 
 
@@ -86,13 +88,12 @@ def reference_row(bug_exclusive_reference=False, helper=None, op="chunk_rwkv6"):
                        st.reference_row, helper)
 
 
-def gated_scores(q, k, gi, u, scale, BT, launch, row=st.reference_row, checks=None, k_name="k"):
+def gated_scores(q, k, gi, u, scale, BT, launch, row=st.reference_row):
     B, T, H, K = q.shape
     A = _f32(q, B, T, H, BT)
     st.gated_scores_kernel[(grid_size(T, BT) * (BT // BC), B * H)](
-        q, k, gi, u, A, _flags(checks), scale, T, H=H, K=K, BT=BT, BC=BC, BK=min(_tile(K), launch.scores_BK),
-        DOT=_dot(launch, q), RWKV6=u is not None, REFERENCE_ROW=row, K_SLOT=_slot(checks, k_name),
-        num_warps=launch.scores_warps)
+        q, k, gi, u, A, scale, T, H=H, K=K, BT=BT, BC=BC, BK=min(_tile(K), launch.scores_BK), DOT=_dot(launch, q),
+        RWKV6=u is not None, REFERENCE_ROW=row, num_warps=launch.scores_warps)
     return A
 
 
@@ -143,13 +144,13 @@ def decay_grad(readers, d_readers, writers, d_writers, bnd, BT, launch, dtype, u
 
 def key_side_forward(q, k, v, gi, u, scale, h0, output_final_state, BT, launch, out_dtype, row=st.reference_row,
                      checks=None, names=("q", "k", "v")):
-    """`checks` (`contract.KernelChecks`): the value checks of q, k, v (argument names `names`) in the scores and
-    output kernels."""
+    """`checks` (`contract.KernelChecks`): the value checks of q and v (argument names `names[0]`, `names[2]`) in
+    the output kernel; k's is the cumulative decay's (`chunk_cumsum`)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    nq, nk, nv = names
+    nq, _, nv = names
     h, ht = forward_states(k, v, gi, h0, output_final_state, BT, launch, gate_v=False)
-    A = gated_scores(q, k, gi, u, 1.0, BT, launch, row, checks, nk)
+    A = gated_scores(q, k, gi, u, 1.0, BT, launch, row)
     o = torch.empty(B, T, H, V, dtype=out_dtype, device=q.device)
     BV = min(_tile(V), launch.out_BV)
     st.chunk_fwd_o_kernel[(grid_size(V, BV), grid_size(T, BT), B * H)](
@@ -261,7 +262,7 @@ class KeySideChunkFunction(torch.autograd.Function):
     @custom_fwd
     def forward(ctx, q, k, v, g, u, scale, h0, output_final_state, chunk_size, launch, row, checks, names):
         q, k, v, g, u, h0 = as_contiguous(q, k, v, g, u, h0)
-        gi = chunk_cumsum(g, chunk_size, checks, names[3])
+        gi = chunk_cumsum(g, chunk_size, checks, names[3], also=k, also_name=names[1])
         o, ht, h, A = key_side_forward(q, k, v, gi, u, scale, h0, output_final_state, chunk_size, launch, q.dtype,
                                        row, checks, names[:3])
         if checks is not None:
