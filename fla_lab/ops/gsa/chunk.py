@@ -77,10 +77,10 @@ def slot_softmax_backward(x, dp, out=None):
 
 class ChunkGSAFunction(torch.autograd.Function):
     """Saves the inputs, the pre-softmax slot scores (fp32), the slot weights and pass 2's gated score matrix
-    `[B, T, H, BT]` fp32 (its exps are the most expensive kernel of the op: recomputing it cost 8% of forward+backward
-    on an H200); the cumulative decay, the states and pass 1's plain scores are recomputed in the backward (as
-    upstream's checkpoint_level=2 recomputes all of them), which keeps the peak memory of a training step below
-    upstream's."""
+    `[B, T, H, BT]` fp32 (the op's most expensive kernel; with dq, dk, dv stored in bf16 by their kernels, keeping it
+    took forward+backward from 7.02 to 6.28 ms on an H200, peak 1346 -> 1474 MiB); the cumulative decay, the states
+    and pass 1's plain scores are recomputed in the backward (upstream's checkpoint_level=2 recomputes all of them),
+    which keeps the peak memory of a training step below upstream's (1856 MiB)."""
 
     @staticmethod
     @custom_fwd
