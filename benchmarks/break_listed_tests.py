@@ -50,7 +50,7 @@ BREAKS = (
           "the channel decays are 1% off the layer's"),
     Break("exercise check on the shipped fix",
           "tests/test_exercises.py::test_check_passes_the_shipped_fix_and_not_the_historical_bug",
-          "fla_lab/ops/common/chunk_stages.py", "return gi + (i_start - 1) * HK + o_k  # 0c1c0b65",
+          "fla_lab/ops/common/chunk.py", "return gi + (i_start - 1) * HK + o_k  # 0c1c0b65",
           "return gi + i_start * HK + o_k  # 0c1c0b65", "the shipped reference row is #77's"),
     Break("chunk_rwkv7 writes every output", "tests/test_poisoned_outputs.py",
           "fla_lab/ops/rwkv7/chunk.py",

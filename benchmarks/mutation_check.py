@@ -50,8 +50,9 @@ class Mutation:
     what: str
 
 
-CS = "fla_lab/ops/common/chunk_stages.py"
-FR = "fla_lab/ops/common/fused_recurrent.py"
+CS = "fla_lab/ops/common/chunk.py"
+GLA = "fla_lab/ops/gla/chunk.py"
+FR = "fla_lab/ops/rwkv6/fused_recurrent.py"
 GSA = "fla_lab/ops/gsa/chunk.py"
 R7 = "fla_lab/ops/rwkv7/chunk.py"
 R7F = "fla_lab/ops/rwkv7/fused_recurrent.py"
@@ -95,7 +96,7 @@ MUTATIONS = [
              "    b_p = b_e / tl.maximum(tl.sum(b_e, axis=1), 1e-30)[:, None]  # padded rows",
              "    b_p = b_e / tl.maximum(tl.sum(b_e, axis=0), 1e-30)[None, :]  # padded rows",
              "slot softmax normalised over the wrong axis (rows of the block instead of the M slots)"),
-    Mutation("rwkv6_chunk_o_missing_scale", "chunk_rwkv6", "chunk_fwd_o_kernel", CS,
+    Mutation("rwkv6_chunk_o_missing_scale", "chunk_rwkv6", "chunk_fwd_o_kernel", GLA,
              "    tl.store(o + bos * V + o_t[:, None] * H * V + o_v[None, :], (scale * b_o).to(o.dtype.element_ty), "
              "mask=m_tv)\n",
              "    tl.store(o + bos * V + o_t[:, None] * H * V + o_v[None, :], b_o.to(o.dtype.element_ty), "

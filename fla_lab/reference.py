@@ -117,7 +117,7 @@ def recurrent_gsa(q, k, v, s, g=None, scale=None, initial_state=None, output_fin
 
 def chunk_local_cumsum(g, chunk_size=16, dtype=torch.float64):
     """The chunk-local inclusive cumulative log-decay `G` of `g [B, T, H, D]` along T, restarting at every multiple
-    of `chunk_size` (the `G` of the chunked references; the kernels' `gi`, `ops.common.chunk_pass.chunk_cumsum`).
+    of `chunk_size` (the `G` of the chunked references; the kernels' `gi`, `ops.common.chunk.chunk_cumsum`).
     Computed in `dtype`: float64, the spec; `torch.float32` gives the fp32 sums a kernel's `gi` holds."""
     g = g.to(dtype)
     return torch.cat([c.cumsum(1) for c in g.split(chunk_size, dim=1)], dim=1)

@@ -352,17 +352,19 @@ def test_index_names_every_entry_by_its_symptom_without_giving_the_cause_away(ca
 
 def test_a_bug_switch_and_a_slot_helper_together_are_refused():
     """Each slot-carrying op resolves (switch, learner's helper, shipped) in one place: `utils.slot_helper`."""
-    from fla_lab.ops.common import chunk_pass, chunk_stages, fused_recurrent
+    from fla_lab.ops.common import chunk as common_chunk
+    from fla_lab.ops.rwkv6 import fused_recurrent
     from fla_lab.ops.common.utils import slot_helper
     from fla_lab.ops.gsa.chunk import padded_rows_exponent
 
-    assert chunk_pass.reference_row() is chunk_stages.reference_row
-    assert chunk_pass.reference_row(True) is chunk_stages.reference_row_inclusive
-    assert chunk_pass.reference_row(False, chunk_stages.reference_row_inclusive) is chunk_stages.reference_row_inclusive
-    assert padded_rows_exponent("unmasked_padding") is chunk_stages.later_rows_exponent_unmasked
-    assert padded_rows_exponent() is chunk_stages.later_rows_exponent
-    for resolve in (lambda: chunk_pass.reference_row(True, chunk_stages.reference_row),
-                    lambda: padded_rows_exponent("unmasked_padding", chunk_stages.later_rows_exponent),
+    assert common_chunk.pick_reference_row() is common_chunk.reference_row
+    assert common_chunk.pick_reference_row(True) is common_chunk.reference_row_inclusive
+    inclusive = common_chunk.reference_row_inclusive
+    assert common_chunk.pick_reference_row(False, inclusive) is inclusive
+    assert padded_rows_exponent("unmasked_padding") is common_chunk.later_rows_exponent_unmasked
+    assert padded_rows_exponent() is common_chunk.later_rows_exponent
+    for resolve in (lambda: common_chunk.pick_reference_row(True, common_chunk.reference_row),
+                    lambda: padded_rows_exponent("unmasked_padding", common_chunk.later_rows_exponent),
                     lambda: slot_helper("fused_recurrent_rwkv6", "H0_MASK", True, fused_recurrent.h0_mask_transposed,
                                         fused_recurrent.h0_mask, fused_recurrent.h0_mask)):
         with pytest.raises(ValueError, match="the switch or a helper, not both"):

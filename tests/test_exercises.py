@@ -68,11 +68,12 @@ def test_a_plain_function_is_not_taken_for_a_triton_helper():
 def _shipped(exercise):
     from fla_lab.layers.rwkv7 import log_decay_from_lora
     from fla_lab.lessons import amp, masks, overflow
-    from fla_lab.ops.common import chunk_stages, fused_recurrent
+    from fla_lab.ops.common import chunk as common_chunk
+    from fla_lab.ops.rwkv6 import fused_recurrent
 
     return {  # exercise: (check, shipped fix, historical bug)
-        "03a reference row": (overflow.check_reference_row, chunk_stages.reference_row,
-                              chunk_stages.reference_row_inclusive),
+        "03a reference row": (overflow.check_reference_row, common_chunk.reference_row,
+                              common_chunk.reference_row_inclusive),
         "04 h0 mask": (masks.check_h0_mask, fused_recurrent.h0_mask, fused_recurrent.h0_mask_transposed),
         "05 log decay": (amp.check_log_decay, lambda w_raw: log_decay_from_lora(w_raw, None),
                          lambda w_raw: log_decay_from_lora(w_raw, "bf16_decay")),

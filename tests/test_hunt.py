@@ -189,7 +189,7 @@ def test_tracer_sees_nan_written_over_garbage_nan():
     """An output from torch.empty can hold more NaN bit patterns than the kernel then writes: the launch still
     counts as writing NaN where it put one over a finite value (the locator once missed #77 this way, now and then,
     depending on what the allocator handed back)."""
-    from fla_lab.ops.common import chunk_stages
+    from fla_lab.ops.common import chunk as common_chunk
     T, K = 32, 16
     g = -torch.rand(1, T, 1, K)
     g[0, 3, 0, 0] = float("nan")  # NaN in gi from row 3 to the chunk's end (row 15), channel 0
@@ -197,7 +197,7 @@ def test_tracer_sees_nan_written_over_garbage_nan():
     gi[0, 16:, 0, :] = float("nan")  # garbage: 256 NaN, more than the 13 the kernel writes
     g, gi = g.to(fla_lab.device()), gi.to(fla_lab.device())
     with hunt.trace_kernels() as tracer:
-        chunk_stages.chunk_cumsum_kernel[(1, 2, 1)](g, gi, None, None, T, H=1, K=K, BT=16, BK=16)
+        common_chunk.chunk_cumsum_kernel[(1, 2, 1)](g, gi, None, None, T, H=1, K=K, BT=16, BK=16)
     bad = tracer.first_bad()
     assert bad is not None and bad.kernel == "chunk_cumsum_kernel" and set(bad.written) == {"gi"}
     assert bad.written["gi"].first == {"t": 3, "b": 0, "h": 0, "d": 0} and bad.written["gi"].count == 13

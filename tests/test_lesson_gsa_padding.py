@@ -14,7 +14,7 @@ import triton.language as tl
 
 from fla_lab import bugs, check, harness, reference
 from fla_lab.lessons import gsa_padding as lesson
-from fla_lab.ops.common import chunk_stages as stages
+from fla_lab.ops.common import chunk as stages
 
 BUG = lesson.BUG
 EXP_MAX = math.log(torch.finfo(torch.float32).max)  # 88.72: exp() of anything larger is inf in fp32

@@ -159,7 +159,8 @@ def test_explorer_controls_drive_plot_setting(monkeypatch):
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from fla_lab.ops.common import chunk_stages  # noqa: E402
+from fla_lab.ops.common import chunk as common_chunk  # noqa: E402
+from fla_lab.ops.gla import chunk as gla_chunk  # noqa: E402
 
 
 @triton.jit
@@ -225,16 +226,16 @@ def test_the_shipped_default_and_the_switch_are_the_slot_helpers():
     for bit, whether the helper comes from the switch, the default or a caller."""
     x = overflow.inputs(100.0, T=128)
     default = overflow.run_with_grads(x, None)
-    passed = overflow.run_with_grads(x, None, row=chunk_stages.reference_row)
+    passed = overflow.run_with_grads(x, None, row=common_chunk.reference_row)
     learners = overflow.run_with_grads(x, None, row=exclusive_reference)
     assert all(torch.equal(default[n], passed[n]) and torch.equal(default[n], learners[n]) for n in default)
     bug = overflow.scores(x, BUG)
-    historical = overflow.scores(x, None, row=chunk_stages.reference_row_inclusive)
+    historical = overflow.scores(x, None, row=common_chunk.reference_row_inclusive)
     assert torch.equal(bug.isnan(), historical.isnan()) and torch.equal(bug.nan_to_num(), historical.nan_to_num())
 
 
 def test_kernel_lines_show_the_split_from_the_shipped_kernel():
-    text = overflow.kernel_lines(chunk_stages.gated_scores_kernel)
+    text = overflow.kernel_lines(gla_chunk.gated_scores_kernel)
     assert len(text.splitlines()) == 4 and text.splitlines()[0].startswith("b_gq = load_query_decay(")
     assert "b_gq - b_gn[None, :]" in text and "b_gn[:, None] - b_gkt" in text
     assert "(i_start - 1)" not in text  # the split, not the answer

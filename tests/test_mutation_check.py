@@ -25,7 +25,8 @@ def test_every_old_snippet_occurs_exactly_once_and_the_edit_changes_the_file():
 
 
 def test_the_mutated_kernel_is_defined_in_the_package_and_no_bug_switch_is_touched():
-    kernels = "".join(_head(p) for p in {m.path for m in mc.MUTATIONS} | {"fla_lab/ops/common/chunk_stages.py"})
+    shared = {"fla_lab/ops/common/chunk.py", "fla_lab/ops/gla/chunk.py"}
+    kernels = "".join(_head(p) for p in {m.path for m in mc.MUTATIONS} | shared)
     for m in mc.MUTATIONS:
         assert f"def {m.kernel}(" in kernels, m.id
         assert "bug" not in m.old.lower() and "CAPSTONE" not in m.old, m.id

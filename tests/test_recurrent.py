@@ -5,7 +5,7 @@ import torch
 import fla_lab
 from fla_lab import harness, reference
 from fla_lab.ops import fused_recurrent_gla, fused_recurrent_rwkv6
-from fla_lab.ops.common import fused_recurrent
+from fla_lab.ops.rwkv6 import fused_recurrent
 
 FP32, FP16, BF16 = torch.float32, torch.float16, torch.bfloat16
 

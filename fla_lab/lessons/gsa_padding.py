@@ -31,7 +31,7 @@ from fla_lab.lessons.overflow import decade, spans, summary  # noqa: F401  (deca
 BUG = "unmasked_padding"
 NODE = "ChunkGSAFunctionBackward"  # the autograd node of fla_lab's (and upstream's) ChunkGSAFunction
 KERNEL_GRADS = ("dq", "dk", "dv", "ds", "dg")  # what its backward returns first, in this order (index 3 is ds)
-BC = 16  # rows per sub-chunk (fla_lab.ops.common.chunk_stages)
+BC = 16  # rows per sub-chunk (fla_lab/ops/common/chunk.py)
 CHUNK = 64  # chunk_gsa's default chunk size
 FP32_EXP_MAX = viz.EXP_OVERFLOW[torch.float32]  # log(float32 max) = 88.72: exp() of more is inf
 HIDDEN, HEADS, SLOTS = 32, 2, 16  # the layer of this notebook: 2 heads of 16 key/value channels, 16 slots
@@ -626,7 +626,7 @@ def explorer():
 
 
 # ---------------------------------------------------------------------------------------------------- exercise
-# The learner writes the exponent helper of `cols_from_later_subchunks` (`chunk_stages.later_rows_exponent` ships);
+# The learner writes the exponent helper of `cols_from_later_subchunks` (`later_rows_exponent` ships, fla_lab/ops/common/chunk.py);
 # `chunk_gsa(..., later_rows_exponent=helper)` puts it into the EXPONENT slot of the real `slot_rows_kernel`.
 
 EXERCISE = "the exponent of the later rows in chunk_gsa's slot-gradient kernel"
@@ -688,7 +688,7 @@ def diagnose(helper) -> dict:
     """What the helper got wrong on the probe tile: `raised` (the error's first line, or None), `overflow_rows` (rows
     past T whose exp() is inf or NaN), `wrong_real` (real cells whose exponent is not gq - gn), `like_stub` (the
     same values as the unmasked line), `example` (one wrong real cell: row, slot, got, expected)."""
-    from fla_lab.ops.common import chunk_stages
+    from fla_lab.ops.common import chunk
 
     try:
         got = probe_exponent(helper)
@@ -702,7 +702,7 @@ def diagnose(helper) -> dict:
     if wrong.any():
         r, m = (int(i) for i in wrong.nonzero()[0])
         example = (PROBE_ROWS + r, m, float(got[r, m]), float(tile["expected"][r, m]))
-    stub = probe_exponent(chunk_stages.later_rows_exponent_unmasked)
+    stub = probe_exponent(chunk.later_rows_exponent_unmasked)
     return {"raised": None, "overflow_rows": overflow_rows, "wrong_real": int(wrong.sum()),
             "real": int(tile["real"].sum()), "like_stub": bool(torch.equal(got, stub)), "example": example}
 
@@ -778,10 +778,10 @@ def show_slot() -> None:
     """The loop of `cols_from_later_subchunks` over later sub-chunks, where the EXPONENT helper is called."""
     import inspect
 
-    from fla_lab.ops.common import chunk_stages
+    from fla_lab.ops.common import chunk
 
-    source = inspect.getsource(chunk_stages.cols_from_later_subchunks.fn).splitlines()
-    print("fla_lab/ops/common/chunk_stages.py, cols_from_later_subchunks (the loop over later sub-chunks):")
+    source = inspect.getsource(chunk.cols_from_later_subchunks.fn).splitlines()
+    print("fla_lab/ops/common/chunk.py, cols_from_later_subchunks (the loop over later sub-chunks):")
     start = next(i for i, line in enumerate(source) if "for i_j in range" in line)
     stop = next(i for i in range(start, len(source)) if "EXPONENT(" in source[i])
     print("\n".join(source[start:stop + 1]))

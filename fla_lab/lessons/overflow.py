@@ -18,7 +18,7 @@ from fla_lab import check, exercises, harness, reference, runtime, viz, widgets
 
 BUG = "exclusive_reference"
 NAMES = ("r", "k", "v", "w")
-BC = 16  # rows per sub-chunk, as in fla_lab.ops.common.chunk_stages
+BC = 16  # rows per sub-chunk, as in fla_lab/ops/common/chunk.py
 FP32_EXP_MAX = viz.EXP_OVERFLOW[torch.float32]  # log(float32 max) = 88.72: exp() of more is inf
 GRADS = ("r", "k", "v", "w", "u", "initial_state")
 # Measured on an NVIDIA H200 (torch 2.11, triton 3.6): the decay knob m at which the buggy forward first turns
@@ -49,11 +49,9 @@ def chunk_rwkv6_with_row(r, k, v, w, u, row, scale=None, initial_state=None, out
                          chunk_size=64):
     """The shipped `chunk_rwkv6`, forward and backward, with `row` (a `@triton.jit` helper
     `(gi, i_start, o_k, HK)` -> pointers of gn) in the REFERENCE_ROW slot of its score and dq kernels."""
-    from fla_lab.ops.common.chunk_pass import key_side_chunk
+    from fla_lab.ops import chunk_rwkv6
 
-    scale = r.shape[-1] ** -0.5 if scale is None else scale
-    return key_side_chunk("chunk_rwkv6", r, k, v, w, u, scale, initial_state, output_final_state, chunk_size, None,
-                          False, row=row)
+    return chunk_rwkv6(r, k, v, w, u, scale, initial_state, output_final_state, chunk_size, reference_row=row)
 
 
 def sub_chunk_starts(T: int, chunk_size: int) -> list[int]:
@@ -108,8 +106,8 @@ def bad_rows(x: torch.Tensor) -> list[int]:
 
 def scores(x: dict[str, torch.Tensor], bug: str | None, chunk_size: int = 64, row=None) -> torch.Tensor:
     """The intra-chunk scores A [T, chunk_size] (head 0) of the kernel's own score stage
-    (`fla_lab.ops.common.chunk_pass.key_side_scores`), with the bug switch or `row` in its REFERENCE_ROW slot."""
-    from fla_lab.ops.common.chunk_pass import key_side_scores
+    (`fla_lab.ops.gla.chunk.key_side_scores`), with the bug switch or `row` in its REFERENCE_ROW slot."""
+    from fla_lab.ops.gla.chunk import key_side_scores
 
     r, k, w, u = harness.on_device((x["r"], x["k"], x["w"], x["u"]))
     return key_side_scores(r, k, w, u, chunk_size, bug_exclusive_reference=bug == BUG, row=row)[0, :, 0].cpu()
@@ -328,7 +326,7 @@ def gla_check(decay: float = 1e4, chunk_size: int = 64, T: int = 64, K: int = 16
 # ---------------------------------------------------------------------------------------------------- exercise
 # The learner writes the reference-row helper and it runs in the shipped kernels: `chunk_rwkv6_with_row` passes it
 # into the REFERENCE_ROW slot of `gated_scores_kernel` (forward scores) and `chunk_bwd_dqk_kernel` (dq), where
-# `chunk_stages.reference_row` sits by default. The check compares output, final state and every gradient with the
+# `reference_row` (fla_lab/ops/common/chunk.py) sits by default. The check compares output, final state and every gradient with the
 # float64 recurrence; when it fails, a probe with a constant decay reads off which row the helper points at.
 
 EXERCISE = "the reference row gn of chunk_rwkv6"
@@ -341,7 +339,7 @@ SPLIT_LINES = ("b_gq = load_query_decay(", "b_gn = load_reference_decay(", "b_qg
 
 def kernel_lines(fn, needles=SPLIT_LINES) -> str:
     """The lines of a shipped kernel's source that contain one of `needles`, dedented, up to the first line with the
-    last needle: the exponent split of `chunk_stages.gated_scores_kernel`, read from the code that runs."""
+    last needle: the exponent split of `gated_scores_kernel` (fla_lab/ops/gla/chunk.py), read from the code that runs."""
     import inspect
 
     source = inspect.getsource(getattr(fn, "fn", fn)).splitlines()

@@ -45,7 +45,7 @@ def plot_decay_weights(T: int = 10, log_decay: float = -0.4, bonus: float = 0.5)
     return fig
 
 
-SUBCHUNK = 16  # rows per sub-chunk in the gated chunk kernels (GLA, RWKV6, GSA): `BC` in ops/common/chunk_stages.py
+SUBCHUNK = 16  # rows per sub-chunk in the gated chunk kernels (GLA, RWKV6, GSA): `BC` in ops/common/chunk.py
 
 
 def cumulative_log_decay(magnitude: float, chunk_size: int) -> torch.Tensor:

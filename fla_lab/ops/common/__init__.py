@@ -1,3 +1,3 @@
 """What every kernel family shares: `utils` (kernel registry, dtype policy, tiles), `launch` (validated launch
-settings), `chunk_stages` (the stages of a gated chunk pass, gate on either side), `chunk_pass` (their launchers),
-`fused_recurrent` (the step-by-step GLA/RWKV6 kernels)."""
+settings), `chunk` (the stages both sides of a gated chunk pass run, and their launchers), `value_flags` (the input
+value checks)."""

@@ -1,39 +1,8 @@
-"""GLA (gated linear attention): `S_t = diag(exp g_t) S_{t-1} + k_t v_t^T`, `o_t = scale * S_t^T q_t`.
+"""GLA (gated linear attention): `chunk_gla` (see `chunk.py`) and `fused_recurrent_gla` (see `fused_recurrent.py`).
 
 Reference: `fla_lab.reference.recurrent_gla`. Same signatures as flash-linear-attention 0.6.0.
 """
-from __future__ import annotations
+from fla_lab.ops.gla.chunk import chunk_gla
+from fla_lab.ops.gla.fused_recurrent import fused_recurrent_gla
 
-from fla_lab.ops import contract
-from fla_lab.ops.common.chunk_pass import key_side_chunk
-from fla_lab.ops.common.fused_recurrent import fused_recurrent
-
-
-def fused_recurrent_gla(q, k, v, gk, gv=None, scale=None, initial_state=None, output_final_state=False,
-                        **kwargs):
-    """One step at a time, the state in registers. `gk` is the `[B, T, H, K]` natural-log decay (<= 0).
-
-    Returns `(o [B, T, H, V], final_state [B, H, K, V] in fp32 or None)`. Value-side gates (`gv`) are not
-    implemented in fla_lab.
-    """
-    if gv is not None:
-        raise NotImplementedError("fused_recurrent_gla: fla_lab implements key-side gates (gk) only; gv must be None")
-    contract.check_gated_inputs("fused_recurrent_gla", q, k, v, gk, names=("q", "k", "v", "gk"),
-                                initial_state=initial_state, kwargs=kwargs)
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    return fused_recurrent(q, k, v, gk, None, scale, initial_state, output_final_state, None, False)
-
-
-def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False, chunk_size=64, launch=None,
-              **kwargs):
-    """Chunked GLA (see `fla_lab.ops.common.chunk_stages`): states between chunks, dense scores inside, in Triton.
-
-    `g` is the `[B, T, H, K]` natural-log decay (<= 0); `chunk_size` a power of two >= 16; `launch` a
-    `fla_lab.ops.ChunkLaunch` (tile widths and warps, validated).
-    Returns `(o [B, T, H, V], final_state [B, H, K, V] in fp32 or None)`.
-    """
-    checks = contract.check_gated_inputs("chunk_gla", q, k, v, g, initial_state=initial_state, kwargs=kwargs,
-                                         in_kernel=True)
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    return key_side_chunk("chunk_gla", q, k, v, g, None, scale, initial_state, output_final_state, chunk_size, launch,
-                          False, checks=checks)
+__all__ = ["chunk_gla", "fused_recurrent_gla"]

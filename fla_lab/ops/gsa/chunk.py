@@ -5,11 +5,12 @@
     pass 2, slots -> values: Hv_t = diag(exp g_t) Hv_{t-1} + s_t v_t^T     [M, V], gate on the slot (key) side
                              o_t  = Hv_t^T p_t
 
-Pass 1 is `chunk_pass.value_side_*`, pass 2 the GLA pass `chunk_pass.key_side_*` with the slots as keys; both
-share one cumulative decay. Reference: `fla_lab.reference.recurrent_gsa`. flash-linear-attention 0.6.0's
+Pass 1 is the value-side pass in this file (`slot_pass_fwd`, `slot_pass_bwd`, with `slot_rows_kernel`), pass 2 the
+GLA pass (`fla_lab/ops/gla/chunk.py`) with the slots as keys; both share one cumulative decay and the stages in
+`fla_lab/ops/common/chunk.py`. Reference: `fla_lab.reference.recurrent_gsa`. flash-linear-attention 0.6.0's
 `chunk_gsa` signature, plus `bug=`; `bug="unmasked_padding"` turns on upstream #77's padded rows in pass 1's dv
-kernel: it passes `chunk_stages.later_rows_exponent_unmasked` into the EXPONENT slot of `slot_rows_kernel`
-(`cols_from_later_subchunks`), where `later_rows_exponent` ships (fixed upstream in 737550ff).
+kernel: it passes `later_rows_exponent_unmasked` (`fla_lab/ops/common/chunk.py`) into the EXPONENT slot of
+`slot_rows_kernel` (`cols_from_later_subchunks`), where `later_rows_exponent` ships (fixed upstream in 737550ff).
 """
 from __future__ import annotations
 
@@ -18,13 +19,131 @@ import triton.language as tl
 
 from fla_lab.bugs import check_bug
 from fla_lab.ops import contract
-from fla_lab.ops.common import chunk_pass as cp
-from fla_lab.ops.common import chunk_stages as st
+from fla_lab.ops.common.chunk import (BC, channel_block, cols_from_later_subchunks, chunk_cumsum, decay_grad,
+                                      diagonal_tile, dot_of, empty_f32, forward_states, later_rows_exponent,
+                                      later_rows_exponent_unmasked, plain_rows, plain_scores,
+                                      rows_from_earlier_subchunks, state_adjoints, subchunk, tile_width)
 from fla_lab.ops.common.launch import check_chunk_size, resolve
-from fla_lab.ops.common.utils import (as_contiguous, cast_grad, custom_bwd, custom_fwd, grid_size, kernel, next_pow2,
-                                      slot_helper)
+from fla_lab.ops.common.utils import (as_contiguous, batch_head, cast_grad, custom_bwd, custom_fwd, grid_size, kernel,
+                                      mma_split, next_pow2, slot_helper)
+from fla_lab.ops.gla.chunk import chunk_gla_bwd, chunk_gla_fwd, gated_scores
 
 ROWS = 16  # rows of [B * T * H, M] per softmax program
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Pass 1: the value-side pass (keys -> slots)
+
+
+@kernel
+def slot_rows_kernel(x, y, gi, h, A, out, scale, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
+                     BACKWARD: tl.constexpr, ACC: tl.constexpr, EXPONENT: tl.constexpr = later_rows_exponent):
+    """Value side, one sub-chunk and value block per program; the decay stays on the value channel.
+
+    - forward, the pass output (x = q, y = v, h = h_n):
+      `out_t = scale * ((x_t @ h) * exp(gi_t) + sum_{s <= t} A[t, s] y_s exp(gi_t - gi_s))`;
+    - BACKWARD, dv (x = k, y = do, h = dh_{n+1}; upstream's intra dv kernel, where the padded-row bug lived):
+      `out_s = scale * sum_{t >= s} A[t, s] y_t exp(gi_t - gi_s) + (x_s @ h) * exp(gi_last - gi_s)`.
+    ACC adds the result to what `out` holds (GSA's slots get gradients from both passes). EXPONENT: the helper
+    `cols_from_later_subchunks` calls for the later rows' exponent (`later_rows_exponent` ships).
+    """
+    i_v, i_tc, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_bh, i_b, i_h = batch_head(i_bh, H)
+    NC: tl.constexpr = BT // BC
+    i_t, i_i, t_first, i_start, o_c, o_i, m_i = subchunk(i_tc, T, BT, BC)
+    if i_start >= T:
+        return
+    o_v, m_v, m_iv, p_iv = channel_block(i_v, o_i, m_i, H, V, BV)
+    bos = i_b * T * H + i_h
+    x, y, gi, A = x + bos * K, y + bos * V, gi + bos * V, A + bos * BT
+    h += ((i_b * NT + i_t) * H + i_h) * K * V
+    b_g = tl.load(gi + p_iv, mask=m_iv, other=0)
+    b_xh = tl.zeros([BC, BV], dtype=tl.float32)  # the state path (split: both results feed the decay gradient)
+    for i_k in range(0, tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        b_x = tl.load(x + o_i[:, None] * H * K + o_k[None, :], mask=m_i[:, None] & m_k[None, :], other=0)
+        b_h = tl.load(h + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0)
+        b_xh += mma_split(b_x.to(tl.float32), b_h, DOT)
+    if BACKWARD:
+        b_glast = tl.load(gi + (tl.minimum(t_first + BT, T) - 1) * H * V + o_v, mask=m_v, other=0)
+        b_out = b_xh * tl.exp(tl.where(m_iv, b_glast[None, :] - b_g, 0))
+        b_in = cols_from_later_subchunks(A, y, gi, b_g, i_start, t_first, i_i, T, o_c, o_v, m_v, m_i, H * V,
+                                         H * BT, BC, BV, NC, DOT, False, EXPONENT)
+        b_yi = tl.load(y + p_iv, mask=m_iv, other=0).to(tl.float32)
+        b_Aii = tl.load(A + o_i[:, None] * H * BT + (i_i * BC + o_c)[None, :], mask=m_i[:, None], other=0)
+        b_w = diagonal_tile(b_g, b_g, b_g, o_c, m_i, False)
+        b_in += tl.sum(b_w * b_Aii[:, :, None] * b_yi[:, None, :], axis=0)
+        b_out += scale * b_in
+    else:
+        b_out = b_xh * tl.exp(b_g)  # g <= 0, and 0 on rows past T
+        b_out += rows_from_earlier_subchunks(A, y, gi, b_g, i_start, t_first, i_i, o_c, o_v, m_v, m_i, H * V,
+                                             H * BT, BC, BV, DOT, False)
+        for j in range(0, BC):  # the diagonal block, one key row at a time (a [BC, BC, BV] tile reduced over its
+            m_j = m_v & (i_start + j + 0 * o_v < T)  # middle axis took 2.3x as long on an H200)
+            b_yj = tl.load(y + (i_start + j) * H * V + o_v, mask=m_j, other=0).to(tl.float32)
+            b_gj = tl.load(gi + (i_start + j) * H * V + o_v, mask=m_j, other=0)
+            b_aj = tl.load(A + o_i * H * BT + i_i * BC + j, mask=m_i, other=0)  # column j of the block
+            causal = ((o_c >= j) & m_i)[:, None]
+            b_e = tl.exp(tl.where(causal, b_g - b_gj[None, :], 0))
+            b_out += tl.where(causal, b_aj[:, None] * b_yj[None, :] * b_e, 0)
+        b_out *= scale
+    if ACC:
+        b_out += tl.load(out + bos * V + p_iv, mask=m_iv, other=0).to(tl.float32)
+    tl.store(out + bos * V + p_iv, b_out.to(out.dtype.element_ty), mask=m_iv)
+
+
+def slot_pass_fwd(q, k, v, gi, scale, h0, output_final_state, BT, launch):
+    """Pass 1 (keys -> slots, the decay on the slot channel). Returns o (fp32: it feeds a softmax and the decay
+    gradient), ht, h, A."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    h, ht = forward_states(k, v, gi, h0, output_final_state, BT, launch, gate_v=True)
+    A = plain_scores(q, k, 1.0, BT, launch)
+    o = empty_f32(q, B, T, H, V)
+    BV = min(tile_width(V), launch.slots_BV)
+    slot_rows_kernel[(grid_size(V, BV), grid_size(T, BT) * (BT // BC), B * H)](
+        q, v, gi, h, A, o, scale, T, grid_size(T, BT), H=H, K=K, V=V, BT=BT, BC=BC, BK=tile_width(K), BV=BV,
+        DOT=dot_of(launch, q), BACKWARD=False, ACC=False, num_warps=launch.slots_warps)
+    return o, ht, h, A
+
+
+def slot_pass_bwd(q, k, v, gi, scale, h0, ht, h, A, o, do, dht, BT, launch,
+                  exponent=later_rows_exponent, dv_add=None, dg_add=None, qk_dtype=torch.float32):
+    """Returns dq, dk (in qk_dtype, written so by their kernel), dv, dg (fp32) and dh0; `o` is the pass's fp32
+    output, `do` its cotangent. `h=None`, `A=None`: recompute them here. `exponent`: the dv kernel's EXPONENT helper
+    (`later_rows_exponent` ships). `dv_add`, `dg_add` (GSA's other pass) are added in place."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    NT = grid_size(T, BT)
+    if h is None:
+        h, _ = forward_states(k, v, gi, h0, False, BT, launch, gate_v=True)
+    if A is None:
+        A = plain_scores(q, k, 1.0, BT, launch)
+    dh, dh0, bnd = state_adjoints(q, do, gi, h, ht, dht, h0 is not None, scale, BT, launch, gate_v=True)
+    dA = gated_scores(do, v, gi, None, scale, BT, launch)
+    dv = dv_add if dv_add is not None else empty_f32(q, B, T, H, V)
+    BV = min(tile_width(V), launch.slots_BV)
+    slot_rows_kernel[(grid_size(V, BV), NT * (BT // BC), B * H)](
+        k, do, gi, dh, A, dv, scale, T, NT, H=H, K=K, V=V, BT=BT, BC=BC, BK=tile_width(K), BV=BV, DOT=dot_of(launch, q),
+        BACKWARD=True, ACC=dv_add is not None, EXPONENT=exponent,
+        num_warps=launch.slots_warps)
+    del A
+    dq = plain_rows(dA, k, do, gi, h, 1.0, scale, BT, launch, transpose_A=False, to_end=False, transpose_h=True,
+                    dtype=qk_dtype)
+    del h
+    dk = plain_rows(dA, q, v, gi, dh, 1.0, 1.0, BT, launch, transpose_A=True, to_end=True, transpose_h=True,
+                    dtype=qk_dtype)
+    del dA, dh
+    dg, _, _, _ = decay_grad(o, do, v, dv, bnd, BT, launch, torch.float32, add=dg_add)  # dv, dg: fp32 sums
+    return dq, dk, dv, dg, dh0
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The slot softmax between the passes
+
+
 
 
 @kernel
@@ -86,11 +205,11 @@ class ChunkGSAFunction(torch.autograd.Function):
     @custom_fwd
     def forward(ctx, q, k, v, s, g, scale, hk0, hv0, output_final_state, chunk_size, launch, exponent):
         q, k, v, s, g, hk0, hv0 = as_contiguous(q, k, v, s, g, hk0, hv0)
-        gi = cp.chunk_cumsum(g, chunk_size)
-        scores, hkt, _, _ = cp.value_side_forward(q, k, s, gi, scale, hk0, output_final_state, chunk_size, launch)
+        gi = chunk_cumsum(g, chunk_size)
+        scores, hkt, _, _ = slot_pass_fwd(q, k, s, gi, scale, hk0, output_final_state, chunk_size, launch)
         p = slot_softmax(scores, s.dtype)  # pass 2 reads the slot weights in the input dtype, like its keys
-        o, hvt, _, A = cp.key_side_forward(p, s, v, gi, None, 1.0, hv0, output_final_state, chunk_size, launch,
-                                           v.dtype)
+        o, hvt, _, A = chunk_gla_fwd(p, s, v, gi, None, 1.0, hv0, output_final_state, chunk_size, launch,
+                                        v.dtype)
         ctx.save_for_backward(q, k, v, s, g, hk0, hv0, hkt, hvt, scores, p, A)
         ctx.scale, ctx.chunk_size, ctx.launch, ctx.exponent = scale, chunk_size, launch, exponent
         return o, hkt, hvt
@@ -101,19 +220,23 @@ class ChunkGSAFunction(torch.autograd.Function):
         q, k, v, s, g, hk0, hv0, hkt, hvt, scores, p, A = ctx.saved_tensors
         do, dhkt, dhvt = as_contiguous(do, dhkt, dhvt)
         BT, launch = ctx.chunk_size, ctx.launch
-        gi = cp.chunk_cumsum(g, BT)
+        gi = chunk_cumsum(g, BT)
         # pass 2's dg leaves out its slot term: s * (ds of both passes) enters once, in pass 1's dg
         # dv in v's dtype from its kernel; dp, ds, dg stay fp32 for the softmax backward and pass 1's sums
-        dp, ds, dv, dg, _, dhv0 = cp.key_side_backward(p, s, v, gi, None, 1.0, hv0, hvt, None, A, do, dhvt, BT,
-                                                       launch, torch.float32, key_term_in_dg=False,
+        dp, ds, dv, dg, _, dhv0 = chunk_gla_bwd(p, s, v, gi, None, 1.0, hv0, hvt, None, A, do, dhvt, BT,
+                                                   launch, torch.float32, key_term_in_dg=False,
                                                        grad_dtype=v.dtype)
         dhv0 = cast_grad(dhv0, hv0)  # drop the fp32 copy before the second pass
         dscores = slot_softmax_backward(scores, dp, out=dp)
-        dq, dk, ds, dg, dhk0 = cp.value_side_backward(q, k, s, gi, ctx.scale, hk0, hkt, None, None, scores, dscores,
+        dq, dk, ds, dg, dhk0 = slot_pass_bwd(q, k, s, gi, ctx.scale, hk0, hkt, None, None, scores, dscores,
                                                       dhkt, BT, launch, ctx.exponent, dv_add=ds, dg_add=dg,
                                                       qk_dtype=q.dtype if q.dtype == k.dtype else torch.float32)
         return (cast_grad(dq, q), cast_grad(dk, k), dv, cast_grad(ds, s), cast_grad(dg, g), None, cast_grad(dhk0, hk0),
                 dhv0, None, None, None, None)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The op
 
 
 def additive_gates(s):
@@ -126,9 +249,9 @@ def additive_gates(s):
 
 def padded_rows_exponent(bug=None, helper=None):
     """The EXPONENT helper of pass 1's dv kernel (`utils.slot_helper`): the historical one under
-    `bug="unmasked_padding"`, else `helper` or the shipped `chunk_stages.later_rows_exponent`."""
-    return slot_helper("chunk_gsa", "EXPONENT", bug == "unmasked_padding", st.later_rows_exponent_unmasked,
-                       st.later_rows_exponent, helper)
+    `bug="unmasked_padding"`, else `helper` or the shipped `later_rows_exponent`."""
+    return slot_helper("chunk_gsa", "EXPONENT", bug == "unmasked_padding", later_rows_exponent_unmasked,
+                       later_rows_exponent, helper)
 
 
 def chunk_gsa(q, k, v, s, g=None, scale=None, initial_state=None, output_final_state=False, chunk_size=64,
@@ -140,7 +263,7 @@ def chunk_gsa(q, k, v, s, g=None, scale=None, initial_state=None, output_final_s
     `(o [B, T, H, V], (HkT, HvT) in fp32 or None)`. `chunk_size` a power of two >= 16; `launch` a
     `fla_lab.ops.ChunkLaunch`. `bug="unmasked_padding"`: upstream #77's NaN gradients of s and g when the last
     chunk is partial and the slot decay is strong. `later_rows_exponent`: a `@triton.jit` helper for the EXPONENT
-    slot of pass 1's dv kernel instead of `chunk_stages.later_rows_exponent` (notebook 03b's exercise).
+    slot of pass 1's dv kernel instead of `later_rows_exponent` (notebook 03b's exercise).
     """
     check_bug(bug, "chunk_gsa")
     contract.check_gsa_inputs("chunk_gsa", q, k, v, s, g, initial_state=initial_state, kwargs=kwargs)

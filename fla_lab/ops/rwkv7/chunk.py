@@ -39,8 +39,7 @@ import triton.language as tl
 
 from fla_lab.bugs import check_bug
 from fla_lab.ops import contract
-from fla_lab.ops.common.chunk_pass import chunk_cumsum
-from fla_lab.ops.common.chunk_stages import boundary_share, boundary_term, load_query_decay
+from fla_lab.ops.common.chunk import boundary_share, boundary_term, chunk_cumsum, load_query_decay
 from fla_lab.ops.common.launch import check_chunk_size
 from fla_lab.ops.common.utils import (as_contiguous, batch_head, cast_grad, custom_bwd, custom_fwd, dot_dtype,
                                       grid_size, kernel, mma, mma_split, next_pow2, state_tile)

@@ -1,4 +1,6 @@
-"""Fused recurrent kernels shared by GLA and RWKV6: one time step per loop iteration, the state in registers.
+"""Fused recurrent RWKV6 (and GLA, which shares these kernels): one time step per loop iteration, the state in
+registers. Read top to bottom: the forward kernel, the backward kernels (upstream #18's initial-state mask is the dq
+kernel's H0_MASK slot), their launchers, the autograd function, the op `fused_recurrent_rwkv6`.
 
 GLA and RWKV6 differ in one constexpr, `RWKV6`: RWKV6 reads the state *before* this step's decay and adds the
 bonus `diag(u) k_t v_t^T` for the current token; GLA reads the state after the update.
@@ -15,6 +17,7 @@ from __future__ import annotations
 import torch
 import triton.language as tl
 
+from fla_lab.bugs import check_bug
 from fla_lab.ops import contract
 from fla_lab.ops.common.utils import (as_contiguous, batch_head, cast_grad, custom_bwd, custom_fwd, grid_size,
                                       kernel, next_pow2, reverse_cumsum, slot_helper, state_tile)
@@ -286,3 +289,19 @@ def fused_recurrent(q, k, v, g, u, scale, initial_state, output_final_state, dq_
     o, ht = FusedRecurrentFunction.apply(q, k, v, g, u, scale, initial_state, output_final_state, dq_tiles,
                                          h0_mask_fn)
     return o, (ht if output_final_state else None)
+
+
+def fused_recurrent_rwkv6(r, k, v, w, u, scale=None, initial_state=None, output_final_state=False, bug=None,
+                          dq_tiles=None, **kwargs):
+    """Fused recurrent RWKV6, forward and backward in Triton.
+
+    `w` is the `[B, T, H, K]` natural-log decay (<= 0), `u` the `[H, K]` bonus. `dq_tiles=(BK, BV)` sets the tile
+    of the dq backward kernel (default upstream's (16, 64)); notebook 04 sweeps it.
+    `bug="transposed_h0_mask"` turns on upstream #18's initial-state mask in that kernel.
+    """
+    check_bug(bug, "fused_recurrent_rwkv6")
+    contract.check_gated_inputs("fused_recurrent_rwkv6", r, k, v, w, names=("r", "k", "v", "w"), u=u,
+                                initial_state=initial_state, kwargs=kwargs)
+    scale = r.shape[-1] ** -0.5 if scale is None else scale
+    return fused_recurrent(r, k, v, w, u, scale, initial_state, output_final_state, dq_tiles,
+                           bug == "transposed_h0_mask")

@@ -1,4 +1,8 @@
-"""The stages of a gated chunk pass, with the gate on either side of the state (FLA's chunk algorithm).
+"""The stages every gated chunk pass shares, with the gate on either side of the state (FLA's chunk algorithm).
+
+Where each family's pass lives: the key side (GLA, RWKV6, GSA's second pass) in `fla_lab/ops/gla/chunk.py`, the
+value side (GSA's first pass) in `fla_lab/ops/gsa/chunk.py`; this file holds what both sides run, kernels first,
+then their launchers.
 
 A pass keeps a state `h [K, V]` per chunk and dense scores inside it. Its gate `g` (a natural-log decay <= 0) sits
 on one side of the state:
@@ -14,7 +18,7 @@ scores are plain (`A = q k^T`) and the factor stays on the output channel:
 
 | stage | key side | value side |
 |---|---|---|
-| cumulative decay | `chunk_cumsum_kernel` | same |
+| cumulative decay (here) | `chunk_cumsum_kernel` | same |
 | state entering each chunk | `chunk_fwd_h_kernel(GATE_V=False)` | `GATE_V=True` |
 | intra-chunk scores | `gated_scores_kernel` (A) | `plain_scores_kernel` (A) |
 | output | `chunk_fwd_o_kernel` | `slot_rows_kernel` |
@@ -55,13 +59,20 @@ constexpr is the input's bit in the call's flag, -1 for no check.
 """
 from __future__ import annotations
 
+import torch
 import triton.language as tl
 
-from fla_lab.ops.common.utils import batch_head, kernel, mma, mma_split, state_tile
+from fla_lab.ops import contract
+from fla_lab.ops.common.launch import ChunkLaunch
+from fla_lab.ops.common.utils import (batch_head, dot_dtype, grid_size, kernel, mma, mma_split, next_pow2, slot_helper,
+                                      state_tile)
 from fla_lab.ops.common.value_flags import nonfinite_probe, or_nonfinite_bit, or_positive_decay_bit
 
+BC = 16  # rows per sub-chunk: the smallest tile a GPU `tl.dot` takes
+
+
 # ----------------------------------------------------------------------------------------------------------
-# Small shared pieces
+# Pieces both sides use inside their kernels
 
 
 # RWKV6's reference row, for the REFERENCE_ROW slot of the kernels that split a sub-chunk pair's decay around it: a
@@ -202,7 +213,7 @@ def cols_from_later_subchunks(S, W, gi, b_gk, i_start, t_first, i_i, T, o_c, o_d
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Forward
+# Kernels both sides run: cumulative decay, states, plain scores, state adjoints, plain rows, decay gradient
 
 
 @kernel
@@ -263,61 +274,6 @@ def chunk_fwd_h_kernel(k, v, gi, h, h0, ht, T, NT, H: tl.constexpr, K: tl.conste
 
 
 @kernel
-def gated_scores_kernel(q, k, gi, u, A, scale, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
-                        BC: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr, RWKV6: tl.constexpr,
-                        REFERENCE_ROW: tl.constexpr = reference_row):
-    """`A[t, s] = scale * sum_i q_t[i] k_s[i] exp(gq_t[i] - gi_s[i])` (s <= t) for one query sub-chunk: a row block
-    `A[rows, 0:BT]`, zeros right of it. The key side's scores; the value side's dA (q = do, k = v).
-
-    RWKV6's bonus sits on the diagonal, `A[t, t] = q_t . (u * k_t)`, so `A @ v` and `A^T @ do` include it.
-    """
-    i_tc, i_bh = tl.program_id(0), tl.program_id(1)
-    i_bh, i_b, i_h = batch_head(i_bh, H)
-    NC: tl.constexpr = BT // BC
-    i_t, i_i, t_first, i_start, o_c, o_i, m_i = subchunk(i_tc, T, BT, BC)
-    if i_start >= T:
-        return
-    HK: tl.constexpr = H * K
-    bos = i_b * T * H + i_h
-    q, k, gi = q + bos * K, k + bos * K, gi + bos * K
-    p_A = A + bos * BT + o_i[:, None] * H * BT + o_c[None, :]
-    for i_j in range(0, i_i):  # earlier key sub-chunks: one dot each around the reference row
-        o_j = t_first + i_j * BC + o_c  # all rows < i_start < T
-        b_A = tl.zeros([BC, BC], dtype=tl.float32)
-        for i_k in range(0, tl.cdiv(K, BK)):
-            o_k = i_k * BK + tl.arange(0, BK)
-            m_k = o_k < K
-            m_ik = m_i[:, None] & m_k[None, :]
-            b_q = tl.load(q + o_i[:, None] * HK + o_k[None, :], mask=m_ik, other=0).to(tl.float32)
-            b_gq = load_query_decay(gi, o_i[:, None], o_k[None, :], m_ik, t_first, HK, RWKV6)
-            b_gn = load_reference_decay(gi, i_start, o_k, m_k, HK, RWKV6, REFERENCE_ROW)
-            b_kt = tl.load(k + o_j[None, :] * HK + o_k[:, None], mask=m_k[:, None], other=0).to(tl.float32)
-            b_gkt = tl.load(gi + o_j[None, :] * HK + o_k[:, None], mask=m_k[:, None], other=0)
-            b_qg = b_q * tl.exp(tl.where(m_ik, b_gq - b_gn[None, :], 0))
-            b_A += mma(b_qg, b_kt * tl.exp(b_gn[:, None] - b_gkt), DOT)
-        tl.store(p_A + i_j * BC, scale * b_A, mask=m_i[:, None])
-    # the diagonal block, one key row at a time (measured faster here than one [BC, BC, BK] tile)
-    b_A = tl.zeros([BC, BC], dtype=tl.float32)
-    for i_k in range(0, tl.cdiv(K, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
-        m_k = o_k < K
-        m_ik = m_i[:, None] & m_k[None, :]
-        b_q = tl.load(q + o_i[:, None] * HK + o_k[None, :], mask=m_ik, other=0).to(tl.float32)
-        b_gq = load_query_decay(gi, o_i[:, None], o_k[None, :], m_ik, t_first, HK, RWKV6)
-        b_u = load_bonus(u, i_h, o_k, m_k, K, BK, RWKV6)[None, :]
-        for j in range(0, BC):
-            m_j = m_k & (i_start + j + 0 * o_k < T)  # a vector test: triton 3.9 rejects vector & scalar masks
-            b_kj = tl.load(k + (i_start + j) * HK + o_k, mask=m_j, other=0).to(tl.float32)
-            b_gj = tl.load(gi + (i_start + j) * HK + o_k, mask=m_j, other=0)
-            causal = ((o_c >= j) & m_i)[:, None]
-            b_w = diagonal_weight(b_gq, b_gj[None, :], b_u, causal & (o_c == j)[:, None], causal, RWKV6)
-            b_A += tl.where(o_c[None, :] == j, tl.sum(b_q * b_kj[None, :] * b_w, axis=1)[:, None], 0)
-    tl.store(p_A + i_i * BC, scale * b_A, mask=m_i[:, None])
-    for i_j in range(i_i + 1, NC):
-        tl.store(p_A + i_j * BC, tl.zeros([BC, BC], dtype=tl.float32), mask=m_i[:, None])
-
-
-@kernel
 def plain_scores_kernel(x, y, A, scale, T, H: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
                         DOT: tl.constexpr):
     """`A = scale * x @ y^T` on the causal part of each chunk, diagonal included: the value side's scores
@@ -339,110 +295,6 @@ def plain_scores_kernel(x, y, A, scale, T, H: tl.constexpr, D: tl.constexpr, BT:
     causal = o_c[:, None] >= o_c[None, :]
     p_A = A + bos * BT + o_t[:, None] * H * BT + o_c[None, :]
     tl.store(p_A, tl.where(causal, scale * b_A, 0), mask=m_t[:, None])
-
-
-@kernel
-def chunk_fwd_o_kernel(q, v, gi, h, A, o, flags, scale, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
-                       RWKV6: tl.constexpr, Q_SLOT: tl.constexpr = -1, V_SLOT: tl.constexpr = -1):
-    """Key side: o = scale * ((q * exp(gq)) @ h_n + A @ v), one [BT, BV] tile per program (A holds RWKV6's bonus);
-    the value checks of v and (first value tile) of q."""
-    i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_bh, i_b, i_h = batch_head(i_bh, H)
-    HK: tl.constexpr = H * K
-    t_first = i_t * BT
-    o_c = tl.arange(0, BT)
-    o_t = t_first + o_c
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_t, m_v = o_t < T, o_v < V
-    m_tv = m_t[:, None] & m_v[None, :]
-    bos = i_b * T * H + i_h
-    q, gi = q + bos * K, gi + bos * K
-    h += ((i_b * NT + i_t) * H + i_h) * K * V
-    b_o = tl.zeros([BT, BV], dtype=tl.float32)
-    b_probe = tl.zeros([BT, BK], dtype=tl.float32)
-    for i_k in range(0, tl.cdiv(K, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
-        m_k = o_k < K
-        m_tk = m_t[:, None] & m_k[None, :]
-        b_q = tl.load(q + o_t[:, None] * HK + o_k[None, :], mask=m_tk, other=0).to(tl.float32)
-        if Q_SLOT >= 0:
-            b_probe += nonfinite_probe(b_q)
-        b_gq = load_query_decay(gi, o_t[:, None], o_k[None, :], m_tk, t_first, HK, RWKV6)
-        b_h = tl.load(h + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0)
-        b_o += mma(b_q * tl.exp(b_gq), b_h, DOT)  # gq <= 0 (and 0 on masked rows)
-    b_A = tl.load(A + bos * BT + o_t[:, None] * H * BT + o_c[None, :], mask=m_t[:, None], other=0)
-    b_v = tl.load(v + bos * V + o_t[:, None] * H * V + o_v[None, :], mask=m_tv, other=0).to(tl.float32)
-    if Q_SLOT >= 0:
-        if i_v == 0:
-            or_nonfinite_bit(flags, tl.sum(b_probe), Q_SLOT)
-    if V_SLOT >= 0:
-        or_nonfinite_bit(flags, tl.sum(nonfinite_probe(b_v)), V_SLOT)
-    b_o += mma(b_A, b_v, DOT)
-    tl.store(o + bos * V + o_t[:, None] * H * V + o_v[None, :], (scale * b_o).to(o.dtype.element_ty), mask=m_tv)
-
-
-@kernel
-def slot_rows_kernel(x, y, gi, h, A, out, scale, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
-                     BACKWARD: tl.constexpr, ACC: tl.constexpr, EXPONENT: tl.constexpr = later_rows_exponent):
-    """Value side, one sub-chunk and value block per program; the decay stays on the value channel.
-
-    - forward, the pass output (x = q, y = v, h = h_n):
-      `out_t = scale * ((x_t @ h) * exp(gi_t) + sum_{s <= t} A[t, s] y_s exp(gi_t - gi_s))`;
-    - BACKWARD, dv (x = k, y = do, h = dh_{n+1}; upstream's intra dv kernel, where the padded-row bug lived):
-      `out_s = scale * sum_{t >= s} A[t, s] y_t exp(gi_t - gi_s) + (x_s @ h) * exp(gi_last - gi_s)`.
-    ACC adds the result to what `out` holds (GSA's slots get gradients from both passes). EXPONENT: the helper
-    `cols_from_later_subchunks` calls for the later rows' exponent (`later_rows_exponent` ships).
-    """
-    i_v, i_tc, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_bh, i_b, i_h = batch_head(i_bh, H)
-    NC: tl.constexpr = BT // BC
-    i_t, i_i, t_first, i_start, o_c, o_i, m_i = subchunk(i_tc, T, BT, BC)
-    if i_start >= T:
-        return
-    o_v, m_v, m_iv, p_iv = channel_block(i_v, o_i, m_i, H, V, BV)
-    bos = i_b * T * H + i_h
-    x, y, gi, A = x + bos * K, y + bos * V, gi + bos * V, A + bos * BT
-    h += ((i_b * NT + i_t) * H + i_h) * K * V
-    b_g = tl.load(gi + p_iv, mask=m_iv, other=0)
-    b_xh = tl.zeros([BC, BV], dtype=tl.float32)  # the state path (split: both results feed the decay gradient)
-    for i_k in range(0, tl.cdiv(K, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
-        m_k = o_k < K
-        b_x = tl.load(x + o_i[:, None] * H * K + o_k[None, :], mask=m_i[:, None] & m_k[None, :], other=0)
-        b_h = tl.load(h + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0)
-        b_xh += mma_split(b_x.to(tl.float32), b_h, DOT)
-    if BACKWARD:
-        b_glast = tl.load(gi + (tl.minimum(t_first + BT, T) - 1) * H * V + o_v, mask=m_v, other=0)
-        b_out = b_xh * tl.exp(tl.where(m_iv, b_glast[None, :] - b_g, 0))
-        b_in = cols_from_later_subchunks(A, y, gi, b_g, i_start, t_first, i_i, T, o_c, o_v, m_v, m_i, H * V,
-                                         H * BT, BC, BV, NC, DOT, False, EXPONENT)
-        b_yi = tl.load(y + p_iv, mask=m_iv, other=0).to(tl.float32)
-        b_Aii = tl.load(A + o_i[:, None] * H * BT + (i_i * BC + o_c)[None, :], mask=m_i[:, None], other=0)
-        b_w = diagonal_tile(b_g, b_g, b_g, o_c, m_i, False)
-        b_in += tl.sum(b_w * b_Aii[:, :, None] * b_yi[:, None, :], axis=0)
-        b_out += scale * b_in
-    else:
-        b_out = b_xh * tl.exp(b_g)  # g <= 0, and 0 on rows past T
-        b_out += rows_from_earlier_subchunks(A, y, gi, b_g, i_start, t_first, i_i, o_c, o_v, m_v, m_i, H * V,
-                                             H * BT, BC, BV, DOT, False)
-        for j in range(0, BC):  # the diagonal block, one key row at a time (a [BC, BC, BV] tile reduced over its
-            m_j = m_v & (i_start + j + 0 * o_v < T)  # middle axis took 2.3x as long on an H200)
-            b_yj = tl.load(y + (i_start + j) * H * V + o_v, mask=m_j, other=0).to(tl.float32)
-            b_gj = tl.load(gi + (i_start + j) * H * V + o_v, mask=m_j, other=0)
-            b_aj = tl.load(A + o_i * H * BT + i_i * BC + j, mask=m_i, other=0)  # column j of the block
-            causal = ((o_c >= j) & m_i)[:, None]
-            b_e = tl.exp(tl.where(causal, b_g - b_gj[None, :], 0))
-            b_out += tl.where(causal, b_aj[:, None] * b_yj[None, :] * b_e, 0)
-        b_out *= scale
-    if ACC:
-        b_out += tl.load(out + bos * V + p_iv, mask=m_iv, other=0).to(tl.float32)
-    tl.store(out + bos * V + p_iv, b_out.to(out.dtype.element_ty), mask=m_iv)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Backward
 
 
 @kernel
@@ -563,64 +415,6 @@ def plain_rows_kernel(A, x, y, gi, h, out, alpha, beta, T, NT, H: tl.constexpr, 
 
 
 @kernel
-def chunk_bwd_dqk_kernel(q, k, v, gi, u, h, dh, dA, do, dq, dk, scale, T, NT, H: tl.constexpr, K: tl.constexpr,
-                         V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
-                         BV: tl.constexpr, DOT: tl.constexpr, RWKV6: tl.constexpr,
-                         REFERENCE_ROW: tl.constexpr = reference_row):
-    """Key side: dq and dk of one sub-chunk, intra-chunk terms from dA (RWKV6's bonus from its diagonal),
-    inter-chunk terms from h and dh."""
-    i_k, i_tc, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_bh, i_b, i_h = batch_head(i_bh, H)
-    NC: tl.constexpr = BT // BC
-    HK: tl.constexpr = H * K
-    i_t, i_i, t_first, i_start, o_c, o_i, m_i = subchunk(i_tc, T, BT, BC)
-    if i_start >= T:
-        return
-    o_k, m_k, m_ik, p_ik = channel_block(i_k, o_i, m_i, H, K, BK)
-    bos = i_b * T * H + i_h
-    q, k, gi, dA = q + bos * K, k + bos * K, gi + bos * K, dA + bos * BT
-    b_gq = load_query_decay(gi, o_i[:, None], o_k[None, :], m_ik, t_first, HK, RWKV6)
-    b_gk = tl.load(gi + p_ik, mask=m_ik, other=0)
-    b_u = load_bonus(u, i_h, o_k, m_k, K, BK, RWKV6)[None, :]
-    # dq_t = sum_s dA[t, s] k_s exp(gq_t - gi_s), dk_s = sum_t dA[t, s] q_t exp(gq_t - gi_s): other sub-chunks
-    b_dq = rows_from_earlier_subchunks(dA, k, gi, b_gq, i_start, t_first, i_i, o_c, o_k, m_k, m_i, HK, H * BT, BC,
-                                       BK, DOT, RWKV6, REFERENCE_ROW)
-    b_dk = cols_from_later_subchunks(dA, q, gi, b_gk, i_start, t_first, i_i, T, o_c, o_k, m_k, m_i, HK, H * BT,
-                                     BC, BK, NC, DOT, RWKV6, later_rows_exponent)
-    # the diagonal block: all (t, s) pairs at once, one [BC, BC, BK] weight tile serves dq and dk
-    b_qi = tl.load(q + p_ik, mask=m_ik, other=0).to(tl.float32)
-    b_ki = tl.load(k + p_ik, mask=m_ik, other=0).to(tl.float32)
-    b_dAii = tl.load(dA + o_i[:, None] * H * BT + (i_i * BC + o_c)[None, :], mask=m_i[:, None], other=0)
-    b_w = diagonal_tile(b_gq, b_gk, b_u, o_c, m_i, RWKV6) * b_dAii[:, :, None]
-    b_dq += tl.sum(b_w * b_ki[None, :, :], axis=1)
-    b_dk += tl.sum(b_w * b_qi[:, None, :], axis=0)
-
-    # inter-chunk: dq += scale * (do @ h_n^T) * exp(gq), dk += (v @ dh_{n+1}^T) * exp(g_last - gi), with the
-    # states split in two (see mma_split)
-    p_h = ((i_b * NT + i_t) * H + i_h) * K * V
-    b_dqh = tl.zeros([BC, BK], dtype=tl.float32)
-    b_dkh = tl.zeros([BC, BK], dtype=tl.float32)
-    for i_v in range(0, tl.cdiv(V, BV)):
-        o_v = i_v * BV + tl.arange(0, BV)
-        m_v = o_v < V
-        m_iv = m_i[:, None] & m_v[None, :]
-        p_iv = bos * V + o_i[:, None] * H * V + o_v[None, :]
-        p_vk = p_h + o_k[None, :] * V + o_v[:, None]
-        m_vk = m_v[:, None] & m_k[None, :]
-        b_do = tl.load(do + p_iv, mask=m_iv, other=0).to(tl.float32)
-        b_v = tl.load(v + p_iv, mask=m_iv, other=0).to(tl.float32)
-        b_dqh += mma_split(b_do, tl.load(h + p_vk, mask=m_vk, other=0), DOT)
-        b_dkh += mma_split(b_v, tl.load(dh + p_vk, mask=m_vk, other=0), DOT)
-    t_last = tl.minimum(t_first + BT, T) - 1
-    b_glast = tl.load(gi + t_last * HK + o_k, mask=m_k, other=0)
-    b_dq += scale * b_dqh * tl.exp(b_gq)
-    b_dk += b_dkh * tl.exp(tl.where(m_ik, b_glast[None, :] - b_gk, 0))
-    p_out = bos * K + p_ik
-    tl.store(dq + p_out, b_dq, mask=m_ik)
-    tl.store(dk + p_out, b_dk, mask=m_ik)
-
-
-@kernel
 def chunk_bwd_dg_kernel(q, k, dq, dk, u, dA, bnd, dg_add, dg, du, dq_cast, dk_cast, T, NT, H: tl.constexpr,
                         K: tl.constexpr, NP: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, RWKV6: tl.constexpr,
                         ADD: tl.constexpr, WRITERS: tl.constexpr, CAST: tl.constexpr = False):
@@ -672,3 +466,119 @@ def chunk_bwd_dg_kernel(q, k, dq, dk, u, dA, bnd, dg_add, dg, du, dq_cast, dk_ca
     if ADD:
         b_dg += tl.load(dg_add + p, mask=m, other=0).to(tl.float32)
     tl.store(dg + p, b_dg.to(dg.dtype.element_ty), mask=m)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Their launchers (fp32 intermediates; tiles and warps from a validated `ChunkLaunch`)
+
+
+def empty_f32(x, *shape):
+    return torch.empty(*shape, dtype=torch.float32, device=x.device)
+
+
+def tile_width(D: int) -> int:
+    return max(16, min(next_pow2(D), 64))
+
+
+def dot_of(launch: ChunkLaunch, x: torch.Tensor):
+    return dot_dtype(launch.dot_dtype or x.dtype)
+
+
+def check_slot(checks: contract.KernelChecks | None, name: str) -> int:
+    return -1 if checks is None else checks.slot(name)
+
+
+def check_flags(checks: contract.KernelChecks | None):
+    return None if checks is None else checks.flags
+
+
+def chunk_cumsum(g: torch.Tensor, BT: int, checks=None, name="g", also=None, also_name="k") -> torch.Tensor:
+    """Chunk-local inclusive cumulative log-decay, fp32, same shape as g. `checks` (`contract.KernelChecks`):
+    g's value check, under the argument name `name`, in the same pass, and that of `also` (a tensor shaped like g,
+    argument name `also_name`) when given."""
+    B, T, H, D = g.shape
+    gi = empty_f32(g, B, T, H, D)
+    BD = tile_width(D)
+    chunk_cumsum_kernel[(grid_size(D, BD), grid_size(T, BT), B * H)](
+        g, gi, also, check_flags(checks), T, H=H, K=D, BT=BT, BK=BD, G_SLOT=check_slot(checks, name),
+        X_SLOT=-1 if also is None else check_slot(checks, also_name))
+    return gi
+
+
+def forward_states(k, v, gi, h0, output_final_state, BT, launch, gate_v):
+    B, T, H, K = k.shape
+    V = v.shape[-1]
+    BK, BV, NT = tile_width(K), min(tile_width(V), launch.state_BV), grid_size(T, BT)
+    h = empty_f32(k, B, NT, H, K, V)
+    ht = empty_f32(k, B, H, K, V) if output_final_state else None
+    chunk_fwd_h_kernel[(grid_size(K, BK), grid_size(V, BV), B * H)](
+        k, v, gi, h, h0, ht, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, DOT=dot_of(launch, k), GATE_V=gate_v,
+        USE_H0=h0 is not None, STORE_HT=output_final_state, num_warps=launch.state_warps,
+        num_stages=launch.state_stages)
+    return h, ht
+
+
+def state_adjoints(q, do, gi, h, ht, dht, need_dh0, scale, BT, launch, gate_v, rwkv6=False):
+    """dh (the adjoint of the state after each chunk), dh0, and each chunk's boundary term of dg, `bnd
+    [B, NT, H, NP, D]` (D the gated channels, NP partials over the other axis); `h`, `ht`: the forward's states."""
+    B, T, H, K = q.shape
+    V = do.shape[-1]
+    BK, BV, NT = tile_width(K), min(tile_width(V), launch.state_BV), grid_size(T, BT)
+    dh = empty_f32(q, B, NT, H, K, V)
+    dh0 = empty_f32(q, B, H, K, V) if need_dh0 else None
+    if dht is not None and ht is None:
+        raise RuntimeError("state_adjoints: a final-state cotangent needs the final state (its share of dg)")
+    bnd = empty_f32(q, B, NT, H, grid_size(K, BK), V) if gate_v else empty_f32(q, B, NT, H, grid_size(V, BV), K)
+    chunk_bwd_dh_kernel[(grid_size(K, BK), grid_size(V, BV), B * H)](
+        q, do, gi, h, ht, dh, dht, dh0, bnd, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, DOT=dot_of(launch, q),
+        GATE_V=gate_v, RWKV6=rwkv6, USE_DHT=dht is not None, STORE_DH0=need_dh0, num_warps=launch.state_warps,
+        num_stages=launch.state_stages)
+    return dh, dh0, bnd
+
+
+def plain_scores(x, y, scale, BT, launch):
+    B, T, H, D = x.shape
+    A = empty_f32(x, B, T, H, BT)
+    plain_scores_kernel[(grid_size(T, BT), B * H)](x, y, A, scale, T, H=H, D=D, BT=BT, BD=tile_width(D),
+                                                      DOT=dot_of(launch, x))
+    return A
+
+
+def plain_rows(A, x, y, gi, h, alpha, beta, BT, launch, *, transpose_A, to_end, transpose_h, dtype=torch.float32):
+    """`alpha * op(A) @ x + beta * (y * exp(G)) @ op(h)` (see `plain_rows_kernel`), `[B, T, H, DX]` in `dtype`."""
+    B, T, H, DX = x.shape
+    DY = y.shape[-1]
+    out = torch.empty(B, T, H, DX, dtype=dtype, device=x.device)
+    BX = tile_width(DX)
+    plain_rows_kernel[(grid_size(DX, BX), grid_size(T, BT), B * H)](
+        A, x, y, gi, h, out, alpha, beta, T, grid_size(T, BT), H=H, DX=DX, DY=DY, BT=BT, BX=BX, BY=tile_width(DY),
+        DOT=dot_of(launch, x), A_T=transpose_A, TO_END=to_end, H_T=transpose_h)
+    return out
+
+
+def decay_grad(readers, d_readers, writers, d_writers, bnd, BT, launch, dtype, u=None, dA=None, add=None,
+               cast_dtype=torch.float32):
+    """dg (and RWKV6's du) from the closed form in `chunk_bwd_dg_kernel`, plus `add` (another pass's dg);
+    `bnd`: the boundary terms from `state_adjoints`; `d_writers=None` leaves the writer term out.
+    Returns `(dg, du, d_readers, d_writers)`, the last two in `cast_dtype`: a 16-bit one is written by the same
+    kernel, which reads the fp32 gradients anyway (no separate cast pass)."""
+    B, T, H, D = readers.shape
+    NT = grid_size(T, BT)
+    # in place over `add` when it can hold the result: each element is read and written by the same program
+    dg = add if add is not None and add.dtype == dtype else torch.empty(B, T, H, D, dtype=dtype, device=readers.device)
+    du = empty_f32(readers, B, NT, H, D) if u is not None else None  # one part per chunk, summed below
+    cast = cast_dtype != d_readers.dtype
+    dr_cast = torch.empty_like(d_readers, dtype=cast_dtype) if cast else d_readers
+    dw_cast = torch.empty_like(d_writers, dtype=cast_dtype) if cast and d_writers is not None else d_writers
+    chunk_bwd_dg_kernel[(grid_size(D, launch.dg_BK), NT, B * H)](
+        readers, writers, d_readers, d_writers, u, dA, bnd, add, dg, du, dr_cast, dw_cast, T, NT, H=H, K=D,
+        NP=bnd.shape[3], BT=BT, BK=launch.dg_BK, RWKV6=u is not None, ADD=add is not None,
+        WRITERS=d_writers is not None, CAST=cast)
+    return dg, (du.sum((0, 1)) if u is not None else None), dr_cast, dw_cast
+
+
+def pick_reference_row(bug_exclusive_reference=False, helper=None, op="chunk_rwkv6"):
+    """The helper for the REFERENCE_ROW slot of the RWKV6 kernels (`utils.slot_helper`): the historical row under
+    the bug switch, else `helper` (a `@triton.jit` function, e.g. notebook 03a's) or the shipped `reference_row`."""
+    return slot_helper(op, "REFERENCE_ROW", bool(bug_exclusive_reference), reference_row_inclusive,
+                       reference_row, helper)

@@ -1,0 +1,23 @@
+"""Fused recurrent GLA: the RWKV6 kernels of `fla_lab/ops/rwkv6/fused_recurrent.py` with `RWKV6=False` (no bonus,
+the output reads the state after the step's update).
+`S_t = diag(exp g_t) S_{t-1} + k_t v_t^T`, `o_t = scale * S_t^T q_t`.
+"""
+from __future__ import annotations
+
+from fla_lab.ops import contract
+from fla_lab.ops.rwkv6.fused_recurrent import fused_recurrent
+
+
+def fused_recurrent_gla(q, k, v, gk, gv=None, scale=None, initial_state=None, output_final_state=False,
+                        **kwargs):
+    """One step at a time, the state in registers. `gk` is the `[B, T, H, K]` natural-log decay (<= 0).
+
+    Returns `(o [B, T, H, V], final_state [B, H, K, V] in fp32 or None)`. Value-side gates (`gv`) are not
+    implemented in fla_lab.
+    """
+    if gv is not None:
+        raise NotImplementedError("fused_recurrent_gla: fla_lab implements key-side gates (gk) only; gv must be None")
+    contract.check_gated_inputs("fused_recurrent_gla", q, k, v, gk, names=("q", "k", "v", "gk"),
+                                initial_state=initial_state, kwargs=kwargs)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    return fused_recurrent(q, k, v, gk, None, scale, initial_state, output_final_state, None, False)
