@@ -30,7 +30,7 @@ class ChunkLaunch:
       power of two);
     - `dot_dtype`: None uses the input dtype on a GPU (tensor cores), torch.float32 forces IEEE fp32 dots.
     """
-    scores_BK: int = 32
+    scores_BK: int = 64  # the pair-grid score kernel, measured at 64 and 2 warps (gla/chunk.py)
     scores_warps: int = 2
     dqk_BK: int = 64
     dqk_warps: int = 2

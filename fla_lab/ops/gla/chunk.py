@@ -31,30 +31,97 @@ from fla_lab.ops.common.utils import (as_contiguous, batch_head, cast_grad, cust
 from fla_lab.ops.common.value_flags import nonfinite_probe, or_nonfinite_bit
 
 
+def score_pairs(BT: int) -> int:
+    """Programs of `gated_scores_kernel` per chunk: the (i, j <= i) pairs of its BT / BC sub-chunks."""
+    return (BT // BC) * (BT // BC + 1) // 2
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Kernels
+
+
+@kernel
+def lower_pair(c, NC: tl.constexpr):
+    """The c-th pair (i, j <= i) of an NC x NC lower triangle, row by row: (0, 0), (1, 0), (1, 1), (2, 0), ..."""
+    i = (c * 0).to(tl.int32)
+    for n in tl.static_range(1, NC):
+        i += (c >= n * (n + 1) // 2).to(tl.int32)
+    return i, c - i * (i + 1) // 2
+
+
+@kernel
+def folded_diagonal_block(q, k, gi, u, A, scale, T, i_h, i_start, t_first, col0, o_c, o_i, m_i, H: tl.constexpr,
+                          K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
+                          RWKV6: tl.constexpr):
+    """The [BC, BC] diagonal block of the query sub-chunk starting at i_start (columns col0..), one exp per strictly
+    causal pair: a pair (t, s < t) is `sum_i q_t[i] k_s[i] exp(gq_t[i] - gi_s[i])`, the pair (t, t) carries no
+    decay (GLA: exp(0) = 1; RWKV6: its bonus u instead), pairs s > t are 0.
+
+    Folded: step p puts key row p (query rows p+1..BC-1) and key row BC-1-p (query rows BC-p..BC-1) in one [BC, BK]
+    tile, BC/2 steps for the BC (BC - 1)/2 causal pairs. With the pair grid of `gated_scores_kernel`, against one
+    program per sub-chunk and one key row per step, on an H200 (B=8, T=4096, H=16, K=64, bf16 q and k): GLA's scores
+    0.574 -> 0.377 ms, RWKV6's 0.614 -> 0.383 ms (benchmarks/results/logs_20261127/scores_variants_h200.log)."""
+    HK: tl.constexpr = H * K
+    p_row = A + o_i * H * BT + col0
+    b_d = tl.zeros([BC], dtype=tl.float32)  # the pairs (t, t)
+    for i_k in range(0, tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        m_ik = m_i[:, None] & m_k[None, :]
+        b_qk = tl.load(q + o_i[:, None] * HK + o_k[None, :], mask=m_ik, other=0).to(tl.float32)
+        b_qk *= tl.load(k + o_i[:, None] * HK + o_k[None, :], mask=m_ik, other=0).to(tl.float32)
+        if RWKV6:
+            b_qk *= load_bonus(u, i_h, o_k, m_k, K, BK, RWKV6)[None, :]
+        b_d += tl.sum(b_qk, axis=1)
+    tl.store(p_row + o_c, scale * b_d, mask=m_i)
+    tl.store(p_row[:, None] + o_c[None, :], tl.zeros([BC, BC], dtype=tl.float32),
+             mask=m_i[:, None] & (o_c[:, None] < o_c[None, :]))  # s > t
+    for p in range(0, BC // 2):  # s < t, two key rows per step
+        first = o_c < BC - 1 - p
+        s = tl.where(first, p, BC - 1 - p)
+        t = tl.where(first, p + 1 + o_c, o_c + 1)
+        r_t, r_s = i_start + t, i_start + s
+        valid = (t < BC) & (r_t < T)  # then r_s < r_t < T; slot BC - 1 of the tile is empty
+        b_a = tl.zeros([BC], dtype=tl.float32)
+        for i_k in range(0, tl.cdiv(K, BK)):
+            o_k = i_k * BK + tl.arange(0, BK)
+            m = valid[:, None] & (o_k < K)[None, :]
+            b_q = tl.load(q + r_t[:, None] * HK + o_k[None, :], mask=m, other=0).to(tl.float32)
+            b_gq = load_query_decay(gi, r_t[:, None], o_k[None, :], m, t_first, HK, RWKV6)
+            b_k = tl.load(k + r_s[:, None] * HK + o_k[None, :], mask=m, other=0).to(tl.float32)
+            b_gk = tl.load(gi + r_s[:, None] * HK + o_k[None, :], mask=m, other=0)
+            b_a += tl.sum(b_q * b_k * tl.exp(tl.where(m, b_gq - b_gk, 0)), axis=1)  # masked before exp
+        tl.store(A + r_t * H * BT + col0 + s, scale * b_a, mask=valid)
 
 
 @kernel
 def gated_scores_kernel(q, k, gi, u, A, scale, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
                         BC: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr, RWKV6: tl.constexpr,
                         REFERENCE_ROW: tl.constexpr = reference_row):
-    """`A[t, s] = scale * sum_i q_t[i] k_s[i] exp(gq_t[i] - gi_s[i])` (s <= t) for one query sub-chunk: a row block
-    `A[rows, 0:BT]`, zeros right of it. The key side's scores; the value side's dA (q = do, k = v).
+    """`A[t, s] = scale * sum_i q_t[i] k_s[i] exp(gq_t[i] - gi_s[i])` (s <= t): the key side's scores, the value
+    side's dA (q = do, k = v). One program per (query sub-chunk i, key sub-chunk j <= i) pair of a chunk,
+    NC (NC + 1) / 2 of them: an earlier key sub-chunk is one dot around the reference row, the diagonal pair is
+    `folded_diagonal_block` and also zeroes the blocks right of it.
 
     RWKV6's bonus sits on the diagonal, `A[t, t] = q_t . (u * k_t)`, so `A @ v` and `A^T @ do` include it.
     """
-    i_tc, i_bh = tl.program_id(0), tl.program_id(1)
+    i_p, i_bh = tl.program_id(0), tl.program_id(1)
     i_bh, i_b, i_h = batch_head(i_bh, H)
     NC: tl.constexpr = BT // BC
-    i_t, i_i, t_first, i_start, o_c, o_i, m_i = subchunk(i_tc, T, BT, BC)
+    NP: tl.constexpr = NC * (NC + 1) // 2
+    i_i, i_j = lower_pair(i_p % NP, NC)
+    t_first = (i_p // NP) * BT
+    i_start = t_first + i_i * BC
     if i_start >= T:
         return
+    o_c = tl.arange(0, BC)
+    o_i = i_start + o_c
+    m_i = o_i < T
     HK: tl.constexpr = H * K
     bos = i_b * T * H + i_h
-    q, k, gi = q + bos * K, k + bos * K, gi + bos * K
-    p_A = A + bos * BT + o_i[:, None] * H * BT + o_c[None, :]
-    for i_j in range(0, i_i):  # earlier key sub-chunks: one dot each around the reference row
+    q, k, gi, A = q + bos * K, k + bos * K, gi + bos * K, A + bos * BT
+    p_A = A + o_i[:, None] * H * BT + o_c[None, :]
+    if i_j < i_i:  # an earlier key sub-chunk: one dot, the decay split around the reference row gn
         o_j = t_first + i_j * BC + o_c  # all rows < i_start < T
         b_A = tl.zeros([BC, BC], dtype=tl.float32)
         for i_k in range(0, tl.cdiv(K, BK)):
@@ -69,25 +136,11 @@ def gated_scores_kernel(q, k, gi, u, A, scale, T, H: tl.constexpr, K: tl.constex
             b_qg = b_q * tl.exp(tl.where(m_ik, b_gq - b_gn[None, :], 0))
             b_A += mma(b_qg, b_kt * tl.exp(b_gn[:, None] - b_gkt), DOT)
         tl.store(p_A + i_j * BC, scale * b_A, mask=m_i[:, None])
-    # the diagonal block, one key row at a time (measured faster here than one [BC, BC, BK] tile)
-    b_A = tl.zeros([BC, BC], dtype=tl.float32)
-    for i_k in range(0, tl.cdiv(K, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
-        m_k = o_k < K
-        m_ik = m_i[:, None] & m_k[None, :]
-        b_q = tl.load(q + o_i[:, None] * HK + o_k[None, :], mask=m_ik, other=0).to(tl.float32)
-        b_gq = load_query_decay(gi, o_i[:, None], o_k[None, :], m_ik, t_first, HK, RWKV6)
-        b_u = load_bonus(u, i_h, o_k, m_k, K, BK, RWKV6)[None, :]
-        for j in range(0, BC):
-            m_j = m_k & (i_start + j + 0 * o_k < T)  # a vector test: triton 3.9 rejects vector & scalar masks
-            b_kj = tl.load(k + (i_start + j) * HK + o_k, mask=m_j, other=0).to(tl.float32)
-            b_gj = tl.load(gi + (i_start + j) * HK + o_k, mask=m_j, other=0)
-            causal = ((o_c >= j) & m_i)[:, None]
-            b_w = diagonal_weight(b_gq, b_gj[None, :], b_u, causal & (o_c == j)[:, None], causal, RWKV6)
-            b_A += tl.where(o_c[None, :] == j, tl.sum(b_q * b_kj[None, :] * b_w, axis=1)[:, None], 0)
-    tl.store(p_A + i_i * BC, scale * b_A, mask=m_i[:, None])
-    for i_j in range(i_i + 1, NC):
-        tl.store(p_A + i_j * BC, tl.zeros([BC, BC], dtype=tl.float32), mask=m_i[:, None])
+    else:
+        folded_diagonal_block(q, k, gi, u, A, scale, T, i_h, i_start, t_first, i_i * BC, o_c, o_i, m_i, H, K, BT,
+                              BC, BK, RWKV6)
+        for i_z in range(i_i + 1, NC):
+            tl.store(p_A + i_z * BC, tl.zeros([BC, BC], dtype=tl.float32), mask=m_i[:, None])
 
 
 @kernel
@@ -204,7 +257,7 @@ def chunk_gla_fwd(q, k, v, gi, u, scale, h0, output_final_state, BT, launch, out
     NT, nq, nv = grid_size(T, BT), names[0], names[2]
     h, ht = forward_states(k, v, gi, h0, output_final_state, BT, launch, gate_v=False)
     A = empty_f32(q, B, T, H, BT)
-    gated_scores_kernel[(NT * (BT // BC), B * H)](
+    gated_scores_kernel[(NT * score_pairs(BT), B * H)](
         q, k, gi, u, A, 1.0, T, H=H, K=K, BT=BT, BC=BC, BK=min(tile_width(K), launch.scores_BK),
         DOT=dot_of(launch, q), RWKV6=u is not None, REFERENCE_ROW=row, num_warps=launch.scores_warps)
     o = torch.empty(B, T, H, V, dtype=out_dtype, device=q.device)
@@ -252,7 +305,7 @@ def gated_scores(q, k, gi, u, scale, BT, launch, row=reference_row):
     """`gated_scores_kernel` alone: GSA's score gradient (q = do, k = v) and `key_side_scores`."""
     B, T, H, K = q.shape
     A = empty_f32(q, B, T, H, BT)
-    gated_scores_kernel[(grid_size(T, BT) * (BT // BC), B * H)](
+    gated_scores_kernel[(grid_size(T, BT) * score_pairs(BT), B * H)](
         q, k, gi, u, A, scale, T, H=H, K=K, BT=BT, BC=BC, BK=min(tile_width(K), launch.scores_BK),
         DOT=dot_of(launch, q), RWKV6=u is not None, REFERENCE_ROW=row, num_warps=launch.scores_warps)
     return A
