@@ -50,15 +50,16 @@ def test_rwkv6_reference_row_kernel_is_two_calls_from_chunk_rwkv6():
 
 
 def test_gsa_padded_rows_kernel_is_two_calls_from_chunk_gsa():
+    """chunk_gsa -> ChunkGSAFunction (backward: slot_pass_bwd) -> slot_rows_kernel."""
+    assert "apply" in _calls(gsa_chunk.chunk_gsa)
     assert "slot_pass_bwd" in _calls(gsa_chunk.ChunkGSAFunction.backward)
     assert "slot_rows_kernel" in _calls(gsa_chunk.slot_pass_bwd)
     assert "EXPONENT" in inspect.signature(gsa_chunk.slot_rows_kernel.fn).parameters
 
 
 def test_h0_mask_kernel_is_two_calls_from_fused_recurrent_rwkv6():
-    """fused_recurrent_rwkv6 -> fused_recurrent -> FusedRecurrentFunction (backward: _backward) -> the dq kernel."""
-    assert "fused_recurrent" in _calls(rwkv6_fused.fused_recurrent_rwkv6)
-    assert "apply" in _calls(rwkv6_fused.fused_recurrent)
+    """fused_recurrent_rwkv6 -> FusedRecurrentFunction (backward: _backward) -> the dq kernel."""
+    assert "apply" in _calls(rwkv6_fused.fused_recurrent_rwkv6)
     assert "_backward" in _calls(rwkv6_fused.FusedRecurrentFunction.backward)
     assert "fused_recurrent_bwd_dq_kernel" in _calls(rwkv6_fused._backward)
     assert "H0_MASK" in inspect.signature(rwkv6_fused.fused_recurrent_bwd_dq_kernel.fn).parameters

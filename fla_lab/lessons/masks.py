@@ -28,7 +28,7 @@ import triton.language as tl
 from fla_lab import check, exercises, harness, reference, runtime, viz, widgets
 from fla_lab.exercises import Verdict
 from fla_lab.ops import fused_recurrent_rwkv6
-from fla_lab.ops.rwkv6.fused_recurrent import fused_recurrent, fused_recurrent_bwd_dq_kernel
+from fla_lab.ops.rwkv6.fused_recurrent import fused_recurrent_bwd_dq_kernel
 from fla_lab.ops.common.utils import state_tile
 
 BUG = "transposed_h0_mask"
@@ -257,8 +257,8 @@ def explain_error(message: str) -> str:
 def slot_op(h0_mask, tiles: tuple[int, int]):
     """`fused_recurrent_rwkv6` (the function it runs, the same kernels) with `h0_mask` in the dq kernel's slot."""
     def op(r, k, v, w, u, initial_state=None, output_final_state=False):
-        return fused_recurrent(r, k, v, w, u, r.shape[-1] ** -0.5, initial_state, output_final_state, tiles, False,
-                               h0_mask)
+        return fused_recurrent_rwkv6(r, k, v, w, u, None, initial_state, output_final_state, dq_tiles=tiles,
+                                     h0_mask_fn=h0_mask)
     return op
 
 

@@ -1,13 +1,13 @@
 """The stages every gated chunk pass shares, with the gate on either side of the state (FLA's chunk algorithm).
 
-Where each family's pass lives: the key side (GLA, RWKV6, GSA's second pass) in `fla_lab/ops/gla/chunk.py`, the
-value side (GSA's first pass) in `fla_lab/ops/gsa/chunk.py`; this file holds what both sides run, kernels first,
-then their launchers.
+Where each side lives: the key side (GLA, RWKV6, GSA pass 2) in `fla_lab/ops/gla/chunk.py`, the value side (GSA
+pass 1, `slot_pass_*`) in `fla_lab/ops/gsa/chunk.py`; this file holds what both run (and RWKV-7 borrows), kernels
+first, then their launchers.
 
 A pass keeps a state `h [K, V]` per chunk and dense scores inside it. Its gate `g` (a natural-log decay <= 0) sits
 on one side of the state:
-- key side (GLA, RWKV6, GSA's value pass): `h_t = diag(exp g_t) h_{t-1} + k_t v_t^T`, `g` is `[B, T, H, K]`;
-- value side (GSA's slot pass): `h_t = h_{t-1} diag(exp g_t) + k_t v_t^T`, `g` is `[B, T, H, V]`;
+- key side (GLA, RWKV6, GSA pass 2, slots -> values): `h_t = diag(exp g_t) h_{t-1} + k_t v_t^T`, `g` is `[B, T, H, K]`;
+- value side (GSA pass 1, keys -> slots): `h_t = h_{t-1} diag(exp g_t) + k_t v_t^T`, `g` is `[B, T, H, V]`;
 and `o_t = scale * h_t^T q_t` (RWKV6 reads h_{t-1} plus a bonus, see below).
 
 With `gi` the chunk-local inclusive cumulative log-decay (fp32) every pair (t, s <= t) in a chunk carries
@@ -16,15 +16,15 @@ With `gi` the chunk-local inclusive cumulative log-decay (fp32) every pair (t, s
 scores are plain (`A = q k^T`) and the factor stays on the output channel:
 `o_t[m] = sum_s A[t, s] v_s[m] exp(gi_t[m] - gi_s[m])`. The two sides are the same few stages:
 
-| stage | key side | value side |
+| stage (kernels of this file; gla/, gsa/: of ops/gla/chunk.py, ops/gsa/chunk.py) | key side | value side |
 |---|---|---|
-| cumulative decay (here) | `chunk_cumsum_kernel` | same |
+| cumulative decay | `chunk_cumsum_kernel` | same |
 | state entering each chunk | `chunk_fwd_h_kernel(GATE_V=False)` | `GATE_V=True` |
-| intra-chunk scores | `gated_scores_kernel` (A) | `plain_scores_kernel` (A) |
-| output | `chunk_fwd_o_kernel` | `slot_rows_kernel` |
+| intra-chunk scores | gla/`gated_scores_kernel` (A) | `plain_scores_kernel` (A) |
+| output | gla/`chunk_fwd_o_kernel` | gsa/`slot_rows_kernel` |
 | state adjoint | `chunk_bwd_dh_kernel(GATE_V=False)` | `GATE_V=True` |
-| score gradient | `plain_scores_kernel` (dA) | `gated_scores_kernel` (dA) |
-| gradients through the scores and the state | `chunk_bwd_dqk_kernel` (dq, dk), `plain_rows_kernel` (dv) | `plain_rows_kernel` (dq, dk), `slot_rows_kernel(BACKWARD)` (dv) |
+| score gradient | `plain_scores_kernel` (dA) | gla/`gated_scores_kernel` (dA) |
+| gradients through the scores and the state | gla/`chunk_bwd_dqk_kernel` (dq, dk), `plain_rows_kernel` (dv) | `plain_rows_kernel` (dq, dk), gsa/`slot_rows_kernel(BACKWARD)` (dv) |
 | decay gradient | `chunk_bwd_dg_kernel` on (q, dq, k, dk), `bnd` from `chunk_bwd_dh_kernel` | on (o, do, v, dv) |
 
 The gated contraction `sum_s S[t, s] Y_s exp(gi_t - gi_s)` (dq on the key side, the output on the value side) and
@@ -38,11 +38,11 @@ sub-chunk j is one `tl.dot` after factorising the decay around a reference row `
   `ge[t] = gi[t-1]`, a bit-exact shift), so it needs `gn = gi[first row of i - 1]` (upstream 0c1c0b65, the fix of
   #77); `bug="exclusive_reference"` restores the inclusive row, whose query factor `exp(|g[start]|)` overflows from a
   per-step log-decay of about -89 while the key factor underflows: inf * 0 = NaN. The kernels take the row as a
-  `tl.constexpr` helper, REFERENCE_ROW (default `reference_row`; the switch passes `reference_row_inclusive`).
+  `tl.constexpr` helper, REFERENCE_ROW, of `gated_scores_kernel` and `chunk_bwd_dqk_kernel` (ops/gla/chunk.py).
 - Transposed, from later sub-chunks j: `gn = gi[last valid row of i]`; rows of j past the end of the sequence load
   as 0 and must be masked in the exponent, or `exp(0 - gn)` overflows and meets a zero-padded input: NaN
   (upstream #77 for GSA, fixed in 737550ff). `cols_from_later_subchunks` takes that exponent as a `tl.constexpr`
-  helper, EXPONENT (default `later_rows_exponent`; `bug="unmasked_padding"` passes `later_rows_exponent_unmasked`).
+  helper, EXPONENT: the callers pass it (`slot_rows_kernel`, ops/gsa/chunk.py, `later_rows_exponent` by default).
 Diagonal blocks are evaluated pair by pair with the exponent masked *before* exp.
 
 RWKV6's bonus sits on A's diagonal (`A[t, t] = q_t . (u * k_t)`), so `A @ v`, `A^T @ do` and dA's diagonal carry it.
@@ -75,8 +75,8 @@ BC = 16  # rows per sub-chunk: the smallest tile a GPU `tl.dot` takes
 # Pieces both sides use inside their kernels
 
 
-# RWKV6's reference row, for the REFERENCE_ROW slot of the kernels that split a sub-chunk pair's decay around it: a
-# helper (gi, i_start, o_k, HK) -> the pointers of gn's row (row t of gi at gi + t * HK). `bug="exclusive_reference"`
+# RWKV6's reference row, the REFERENCE_ROW slot of `gated_scores_kernel` and `chunk_bwd_dqk_kernel` (ops/gla/chunk.py):
+# a helper (gi, i_start, o_k, HK) -> the pointers of gn's row (row t of gi at gi + t * HK). `bug="exclusive_reference"`
 # takes the first helper, the default is the second (kept one blank line apart so `python -m fla_lab bugs` prints both).
 @kernel
 def reference_row_inclusive(gi, i_start, o_k, HK):
@@ -176,7 +176,7 @@ def rows_from_earlier_subchunks(S, Y, gi, b_gq, i_start, t_first, i_i, o_c, o_d,
     return b_acc
 
 
-# The exponent of the later rows' factor exp(gq_t - gn) in `cols_from_later_subchunks`, for its EXPONENT slot: a
+# The exponent of the later rows' factor exp(gq_t - gn) in `cols_from_later_subchunks` (GSA: `slot_rows_kernel`): a
 # helper (b_gq [BC, BD]: gq of the later rows t as loaded, 0 on rows past T; b_gn [1, BD]: the reference; o_j [BC]:
 # the rows t; m_d [BD]: the channels that exist; T) -> [BC, BD]. `bug="unmasked_padding"` takes the first helper,
 # the default is the second (one blank line apart so `python -m fla_lab bugs` prints both).

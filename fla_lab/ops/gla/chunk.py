@@ -2,9 +2,10 @@
 function, the op). `S_t = diag(exp g_t) S_{t-1} + k_t v_t^T`, `o_t = scale * S_t^T q_t`.
 
 The same pass runs RWKV6 (`fla_lab/ops/rwkv6/chunk.py`: `RWKV6=True`, the bonus `u` and exclusive queries) and
-GSA's second pass (`fla_lab/ops/gsa/chunk.py`: the slots as keys). The stages both sides of a chunk pass share
-(cumulative decay, states, state adjoints, decay gradient) and the algorithm's notes are in
-`fla_lab/ops/common/chunk.py`; this file holds the three kernels only the key side runs:
+GSA pass 2 (`fla_lab/ops/gsa/chunk.py`: the slots as keys). The stages both sides of a chunk pass share (cumulative
+decay, states, plain scores, state adjoints, plain rows such as dv, decay gradient) and the algorithm's notes are in
+`fla_lab/ops/common/chunk.py`; this file holds the key side's own three kernels (`gated_scores_kernel` also gives
+GSA pass 1's score gradient dA):
 
 | kernel | computes |
 |---|---|
@@ -21,7 +22,7 @@ import triton.language as tl
 
 from fla_lab.ops import contract
 from fla_lab.ops.common.chunk import (BC, channel_block, check_flags, check_slot, chunk_cumsum,
-                                      cols_from_later_subchunks, decay_grad, diagonal_tile, diagonal_weight, dot_of,
+                                      cols_from_later_subchunks, decay_grad, diagonal_tile, dot_of,
                                       empty_f32, forward_states, later_rows_exponent, load_bonus, load_query_decay,
                                       load_reference_decay, pick_reference_row, plain_rows, plain_scores, reference_row,
                                       rows_from_earlier_subchunks, state_adjoints, subchunk, tile_width)

@@ -5,7 +5,7 @@ the output reads the state after the step's update).
 from __future__ import annotations
 
 from fla_lab.ops import contract
-from fla_lab.ops.rwkv6.fused_recurrent import fused_recurrent
+from fla_lab.ops.rwkv6.fused_recurrent import DEFAULT_DQ_TILES, FusedRecurrentFunction, h0_mask
 
 
 def fused_recurrent_gla(q, k, v, gk, gv=None, scale=None, initial_state=None, output_final_state=False,
@@ -19,5 +19,8 @@ def fused_recurrent_gla(q, k, v, gk, gv=None, scale=None, initial_state=None, ou
         raise NotImplementedError("fused_recurrent_gla: fla_lab implements key-side gates (gk) only; gv must be None")
     contract.check_gated_inputs("fused_recurrent_gla", q, k, v, gk, names=("q", "k", "v", "gk"),
                                 initial_state=initial_state, kwargs=kwargs)
+    contract.check_kernel_device("fused_recurrent_gla", dict(q=q, k=k, v=v, gk=gk, initial_state=initial_state))
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    return fused_recurrent(q, k, v, gk, None, scale, initial_state, output_final_state, None, False)
+    o, ht = FusedRecurrentFunction.apply(q, k, v, gk, None, scale, initial_state, output_final_state,
+                                         DEFAULT_DQ_TILES, h0_mask)
+    return o, (ht if output_final_state else None)

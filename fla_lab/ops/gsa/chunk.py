@@ -144,8 +144,6 @@ def slot_pass_bwd(q, k, v, gi, scale, h0, ht, h, A, o, do, dht, BT, launch,
 # The slot softmax between the passes
 
 
-
-
 @kernel
 def slot_softmax_fwd_kernel(x, p, N, M: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr):
     """p = softmax(x) over the M slots of each row, computed in fp32, stored in p's dtype."""
@@ -194,6 +192,11 @@ def slot_softmax_backward(x, dp, out=None):
     return dx
 
 
+
+# ----------------------------------------------------------------------------------------------------------
+# The op
+
+
 class ChunkGSAFunction(torch.autograd.Function):
     """Saves the inputs, the pre-softmax slot scores (fp32), the slot weights and pass 2's gated score matrix
     `[B, T, H, BT]` fp32 (the op's most expensive kernel; with dq, dk, dv stored in bf16 by their kernels, keeping it
@@ -209,7 +212,7 @@ class ChunkGSAFunction(torch.autograd.Function):
         scores, hkt, _, _ = slot_pass_fwd(q, k, s, gi, scale, hk0, output_final_state, chunk_size, launch)
         p = slot_softmax(scores, s.dtype)  # pass 2 reads the slot weights in the input dtype, like its keys
         o, hvt, _, A = chunk_gla_fwd(p, s, v, gi, None, 1.0, hv0, output_final_state, chunk_size, launch,
-                                        v.dtype)
+                                     v.dtype)
         ctx.save_for_backward(q, k, v, s, g, hk0, hv0, hkt, hvt, scores, p, A)
         ctx.scale, ctx.chunk_size, ctx.launch, ctx.exponent = scale, chunk_size, launch, exponent
         return o, hkt, hvt
@@ -224,19 +227,14 @@ class ChunkGSAFunction(torch.autograd.Function):
         # pass 2's dg leaves out its slot term: s * (ds of both passes) enters once, in pass 1's dg
         # dv in v's dtype from its kernel; dp, ds, dg stay fp32 for the softmax backward and pass 1's sums
         dp, ds, dv, dg, _, dhv0 = chunk_gla_bwd(p, s, v, gi, None, 1.0, hv0, hvt, None, A, do, dhvt, BT,
-                                                   launch, torch.float32, key_term_in_dg=False,
-                                                       grad_dtype=v.dtype)
+                                                launch, torch.float32, key_term_in_dg=False, grad_dtype=v.dtype)
         dhv0 = cast_grad(dhv0, hv0)  # drop the fp32 copy before the second pass
         dscores = slot_softmax_backward(scores, dp, out=dp)
         dq, dk, ds, dg, dhk0 = slot_pass_bwd(q, k, s, gi, ctx.scale, hk0, hkt, None, None, scores, dscores,
-                                                      dhkt, BT, launch, ctx.exponent, dv_add=ds, dg_add=dg,
-                                                      qk_dtype=q.dtype if q.dtype == k.dtype else torch.float32)
+                                             dhkt, BT, launch, ctx.exponent, dv_add=ds, dg_add=dg,
+                                             qk_dtype=q.dtype if q.dtype == k.dtype else torch.float32)
         return (cast_grad(dq, q), cast_grad(dk, k), dv, cast_grad(ds, s), cast_grad(dg, g), None, cast_grad(dhk0, hk0),
                 dhv0, None, None, None, None)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# The op
 
 
 def additive_gates(s):

@@ -1,6 +1,6 @@
 """Fused recurrent RWKV6 (and GLA, which shares these kernels): one time step per loop iteration, the state in
-registers. Read top to bottom: the forward kernel, the backward kernels (upstream #18's initial-state mask is the dq
-kernel's H0_MASK slot), their launchers, the autograd function, the op `fused_recurrent_rwkv6`.
+registers. Top to bottom: the forward kernel, the backward kernels (#18's initial-state mask is the dq kernel's
+H0_MASK slot), their launchers (`decay_and_bonus_grads`: the backward's torch fallback), the autograd function, the op.
 
 GLA and RWKV6 differ in one constexpr, `RWKV6`: RWKV6 reads the state *before* this step's decay and adds the
 bonus `diag(u) k_t v_t^T` for the current token; GLA reads the state after the update.
@@ -277,31 +277,24 @@ class FusedRecurrentFunction(torch.autograd.Function):
 DEFAULT_DQ_TILES = (16, 64)  # (BK, BV) of the dq kernel: upstream's non-square tiles, where #18 showed
 
 
-def fused_recurrent(q, k, v, g, u, scale, initial_state, output_final_state, dq_tiles, bug_transposed_h0_mask,
-                    h0_mask_fn=None):
-    """`h0_mask_fn`: a `@triton.jit` helper for the dq kernel's H0_MASK slot (notebook 04's exercise); by default
-    `h0_mask`, or `h0_mask_transposed` with `bug_transposed_h0_mask`."""
-    contract.check_kernel_device("fused_recurrent_rwkv6" if u is not None else "fused_recurrent_gla",
-                                 dict(q=q, k=k, v=v, g=g, u=u, initial_state=initial_state))
-    dq_tiles = tuple(dq_tiles) if dq_tiles is not None else DEFAULT_DQ_TILES
-    h0_mask_fn = slot_helper("fused_recurrent_rwkv6", "H0_MASK", bool(bug_transposed_h0_mask), h0_mask_transposed,
-                             h0_mask, h0_mask_fn)
-    o, ht = FusedRecurrentFunction.apply(q, k, v, g, u, scale, initial_state, output_final_state, dq_tiles,
-                                         h0_mask_fn)
-    return o, (ht if output_final_state else None)
-
-
 def fused_recurrent_rwkv6(r, k, v, w, u, scale=None, initial_state=None, output_final_state=False, bug=None,
-                          dq_tiles=None, **kwargs):
+                          dq_tiles=None, h0_mask_fn=None, **kwargs):
     """Fused recurrent RWKV6, forward and backward in Triton.
 
     `w` is the `[B, T, H, K]` natural-log decay (<= 0), `u` the `[H, K]` bonus. `dq_tiles=(BK, BV)` sets the tile
     of the dq backward kernel (default upstream's (16, 64)); notebook 04 sweeps it.
-    `bug="transposed_h0_mask"` turns on upstream #18's initial-state mask in that kernel.
+    `bug="transposed_h0_mask"` turns on upstream #18's initial-state mask in that kernel (its H0_MASK slot takes
+    `h0_mask_transposed` instead of `h0_mask`); `h0_mask_fn`: a `@triton.jit` helper for that slot instead of the
+    shipped one (notebook 04's exercise).
     """
     check_bug(bug, "fused_recurrent_rwkv6")
     contract.check_gated_inputs("fused_recurrent_rwkv6", r, k, v, w, names=("r", "k", "v", "w"), u=u,
                                 initial_state=initial_state, kwargs=kwargs)
+    contract.check_kernel_device("fused_recurrent_rwkv6", dict(r=r, k=k, v=v, w=w, u=u, initial_state=initial_state))
     scale = r.shape[-1] ** -0.5 if scale is None else scale
-    return fused_recurrent(r, k, v, w, u, scale, initial_state, output_final_state, dq_tiles,
-                           bug == "transposed_h0_mask")
+    dq_tiles = tuple(dq_tiles) if dq_tiles is not None else DEFAULT_DQ_TILES
+    h0_mask_fn = slot_helper("fused_recurrent_rwkv6", "H0_MASK", bug == "transposed_h0_mask", h0_mask_transposed,
+                             h0_mask, h0_mask_fn)
+    o, ht = FusedRecurrentFunction.apply(r, k, v, w, u, scale, initial_state, output_final_state, dq_tiles,
+                                         h0_mask_fn)
+    return o, (ht if output_final_state else None)
