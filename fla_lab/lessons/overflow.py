@@ -37,21 +37,13 @@ def inputs(decay: float, T: int = 64, K: int = 16, V: int = 16, seed: int = 0) -
 
 def chunk_op(bug: str | None, chunk_size: int = 64, row=None):
     """`chunk_rwkv6` with the bug switch and chunk size bound, in `harness.compare`'s call form; `row`: a
-    `@triton.jit` helper in the kernels' REFERENCE_ROW slot (`chunk_rwkv6_with_row`)."""
+    `@triton.jit` helper `(gi, i_start, o_k, HK)` -> pointers of gn for the REFERENCE_ROW slot of its score and dq
+    kernels (`chunk_rwkv6(..., reference_row=row)`), in place of the bug switch."""
     from fla_lab.ops import chunk_rwkv6
 
     if row is not None:
-        return functools.partial(chunk_rwkv6_with_row, row=row, chunk_size=chunk_size)
+        return functools.partial(chunk_rwkv6, chunk_size=chunk_size, reference_row=row)
     return functools.partial(chunk_rwkv6, chunk_size=chunk_size, bug=bug)
-
-
-def chunk_rwkv6_with_row(r, k, v, w, u, row, scale=None, initial_state=None, output_final_state=False,
-                         chunk_size=64):
-    """The shipped `chunk_rwkv6`, forward and backward, with `row` (a `@triton.jit` helper
-    `(gi, i_start, o_k, HK)` -> pointers of gn) in the REFERENCE_ROW slot of its score and dq kernels."""
-    from fla_lab.ops import chunk_rwkv6
-
-    return chunk_rwkv6(r, k, v, w, u, scale, initial_state, output_final_state, chunk_size, reference_row=row)
 
 
 def sub_chunk_starts(T: int, chunk_size: int) -> list[int]:
@@ -324,9 +316,9 @@ def gla_check(decay: float = 1e4, chunk_size: int = 64, T: int = 64, K: int = 16
 
 
 # ---------------------------------------------------------------------------------------------------- exercise
-# The learner writes the reference-row helper and it runs in the shipped kernels: `chunk_rwkv6_with_row` passes it
-# into the REFERENCE_ROW slot of `gated_scores_kernel` (forward scores) and `chunk_bwd_dqk_kernel` (dq), where
-# `reference_row` (fla_lab/ops/common/chunk.py) sits by default. The check compares output, final state and every gradient with the
+# The learner writes the reference-row helper and it runs in the shipped kernels: `chunk_rwkv6(..., reference_row=)`
+# passes it into the REFERENCE_ROW slot of `gated_scores_kernel` (forward scores) and `chunk_bwd_dqk_kernel` (dq),
+# where `reference_row` (fla_lab/ops/common/chunk.py) sits by default. The check compares output, final state and every gradient with the
 # float64 recurrence; when it fails, a probe with a constant decay reads off which row the helper points at.
 
 EXERCISE = "the reference row gn of chunk_rwkv6"
