@@ -38,7 +38,7 @@ CATALOGUE: tuple[Bug, ...] = (
         trigger="any forward pass: x_x, k_k, k_a, r_k come from torch.empty and Module.apply never visits them",
         symptom="all-NaN (or garbage) layer output, depending on what the uninitialised memory holds",
         notebook="01_all_nan_output", anchor=("layers/rwkv7.py", 'bug == "uninitialized_params"'),
-        located=("chunk_rwkv7", "dplr_intra_kernel", "nonfinite_input")),
+        located=("chunk_rwkv7", "dplr_scores_kernel", "nonfinite_input")),
     Bug(name="sigmoid_decay", title="gradients grow uncontrollably (RWKV6 layer)",
         op="RWKV6Attention", component="RWKV6Attention.forward (decay parametrisation)",
         issue=11, fix="none needed in the kernel: pass log-space decays (logsigmoid / -exp)",

@@ -305,7 +305,7 @@ def _silent_hints(module: str, where: str, on: bool) -> tuple[str, ...]:
                                     "kernels are in that op's module (fla_lab.ops.<family>.chunk)",
                                line="module = 'blocks.2.attn' (its chunk_rwkv7 call); then find the kernel")
     if where not in answer.where:
-        forward = where in ("dplr_intra_kernel", "dplr_fwd_o_kernel")
+        forward = where in ("dplr_scores_kernel", "dplr_intra_kernel", "dplr_fwd_o_kernel")
         return exercises.hints(
             where="the atlas: at T = 16 (one chunk) the output is right; from T = 32 it is not" if forward else
                   "the output o is already wrong, so a forward kernel is at fault, and only with more than one chunk",

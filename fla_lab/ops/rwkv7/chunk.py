@@ -15,6 +15,13 @@ with `A_xy[t, s] = sum_i x_t[i] y_s[i] exp(Gx_t[i] - G_s[i])` (Gx = G for r, Ge 
 `U = W S_0 + U0` with `W = T Ã` and `U0 = T A_ak V` computed for every chunk in parallel, and one sequential pass
 over chunks carries S (`dplr_fwd_h_kernel`).
 
+Forward kernels: `dplr_scores_kernel` (the four A's; one weight `exp(G_t - G_s)` per pair and channel serves all
+four, since a_{t+1} reads at `Ge_{t+1} = G_t`: A_ab[t + 1, s] and A_rb[t, s] share it; folded, two key rows per
+step), `dplr_intra_kernel` (T, W, U0), `dplr_fwd_h_kernel`, `dplr_fwd_o_kernel`. H200, B=8 T=4096 H=16 K=V=64
+bf16: the per-chunk forward stages 1.54 ms (one kernel, two exps per pair, 16 steps, IEEE fp32 products) ->
+0.44 + 0.59 ms; the whole forward 2.29 -> 1.91 ms. The state pass is 0.44 ms of it: 64-row chunks (four times
+fewer sequential steps, branch `experiment/rwkv7-64row`) were exact but made the forward 4.0 ms.
+
 Exactness. Every exponent is a difference `G_later - G_earlier <= 0`, evaluated pair by pair with the exponent
 masked *before* exp (rows past T included: the lesson of #77), or a cumulative decay from the chunk start or to the
 chunk end. Nothing is split as `exp(G_t) * exp(-G_s)`, so there is no bound on the decay to promise and no fast path
@@ -37,6 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fla_lab import runtime
 from fla_lab.bugs import check_bug
 from fla_lab.ops import contract
 from fla_lab.ops.common.chunk import boundary_share, boundary_term, chunk_cumsum, load_query_decay
@@ -48,7 +56,11 @@ from fla_lab.ops.rwkv7.fused_recurrent import check_key_width
 CHUNK = 16  # rows per chunk: the whole chunk is one pairwise tile and one 16x16 triangular solve
 MAX_BV = 64  # value columns per program
 STATE_BV = 32  # value columns per program of the two sequential passes: more programs for the one serial loop
-WARPS = {"intra": 4, "fwd_h": 4, "fwd_o": 1, "bwd_dh": 4, "bwd": 4}  # per kernel: benchmarks/tune_chunk_rwkv7.py, H200
+# The chunk's fp32 products (the solve with (I - A_ab)^-1): "tf32x3", three TF32 products on the tensor cores,
+# keeps about fp32's accuracy; IEEE fp32 runs on the CUDA cores (and under the interpreter, which has no TF32).
+SOLVE_PRECISION = tl.constexpr("ieee" if runtime.interpreting() else "tf32x3")
+# num_warps per kernel (benchmarks/tune_chunk_rwkv7.py, H200; "scores" not tuned yet)
+WARPS = {"scores": 4, "intra": 4, "fwd_h": 4, "fwd_o": 1, "bwd_dh": 4, "bwd": 4}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -109,6 +121,12 @@ def row(x, o_c, j):
 
 
 @kernel
+def fdot(x, y):
+    """`x @ y` of fp32 tiles at `SOLVE_PRECISION`."""
+    return tl.dot(x, y, input_precision=SOLVE_PRECISION)
+
+
+@kernel
 def state_or_zeros(x, i_bh, p_kv, m_kv, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    USE: tl.constexpr):
     """This program's `[BK, BV]` tile of a `[B, H, K, V]` state (h0, dht) in fp32, or zeros without one."""
@@ -136,14 +154,70 @@ def unit_lower_inverse(b_A, o_c, BT: tl.constexpr):
 
 
 @kernel
-def dplr_intra_kernel(r, k, v, a, b, gi, do, Arb, Ark, Aak, W, U0, Wb, dX0, scale, T, H: tl.constexpr,
-                      K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                      BACKWARD: tl.constexpr):
-    """One chunk: the four pairwise score matrices, `T = (I - A_ab)^-1`, `W = T Ã`, `U0 = T A_ak V`.
+def pair_scores(r, k, a, b, gi, Arb, Ark, Aab, Aak, t, s, rows_t, rows_s, valid, T, HK, HBT, BT: tl.constexpr,
+                o_k, m_k, DIAGONAL: tl.constexpr):
+    """The four scores of a tile of pairs (query row t >= key row s, chunk-local, one pair per tile row), from one
+    weight `exp(G_t - G_s)` per channel (1 on the diagonal, no exp): A_rb[t, s] and A_rk[t, s] read r at G_t, and
+    A_ab[t + 1, s] and A_ak[t + 1, s] read a_{t+1} at its exclusive `Ge_{t+1} = G_t`, the same weight."""
+    m = valid[:, None] & m_k[None, :]
+    b_b = tl.load(b + rows_s[:, None] * HK + o_k[None, :], mask=m, other=0).to(tl.float32)
+    b_k = tl.load(k + rows_s[:, None] * HK + o_k[None, :], mask=m, other=0).to(tl.float32)
+    b_r = tl.load(r + rows_t[:, None] * HK + o_k[None, :], mask=m, other=0).to(tl.float32)
+    next_row = valid & (t + 1 < BT) & (rows_t + 1 < T)  # a_{t+1} in the chunk and before T
+    m_a = next_row[:, None] & m_k[None, :]
+    b_a = tl.load(a + (rows_t + 1)[:, None] * HK + o_k[None, :], mask=m_a, other=0).to(tl.float32)
+    if not DIAGONAL:
+        b_w = tl.exp(tl.where(m, tl.load(gi + rows_t[:, None] * HK + o_k[None, :], mask=m, other=0)
+                              - tl.load(gi + rows_s[:, None] * HK + o_k[None, :], mask=m, other=0), 0))
+        b_b *= b_w  # masked before exp: a masked pair (a row past T loads G = 0) never overflows
+        b_k *= b_w
+    p_ts = rows_t * HBT + s  # element (t, s) of `[T, H, BT]` scores; (t + 1, s) is HBT further
+    tl.store(Arb + p_ts, tl.sum(b_r * b_b, axis=1), mask=valid)
+    tl.store(Ark + p_ts, tl.sum(b_r * b_k, axis=1), mask=valid)
+    tl.store(Aab + p_ts + HBT, tl.sum(b_a * b_b, axis=1), mask=next_row)
+    tl.store(Aak + p_ts + HBT, tl.sum(b_a * b_k, axis=1), mask=next_row)
 
-    Forward: stores A_rb, A_rk (for the output), W, U0. BACKWARD also stores A_ak, `Wb = T^T B̄` and
-    `dX0 = T^T A_rb^T do'` (the pieces of the reverse pass). All products here are small; they run in fp32.
+
+@kernel
+def dplr_scores_kernel(r, k, a, b, gi, Arb, Ark, Aab, Aak, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+                       BK: tl.constexpr):
+    """One chunk's four pairwise score matrices, `[BT, BT]` each (zeros right of the diagonal; A_ab and A_ak also on
+    it), one exp per strictly causal pair.
+
+    Folded: step p puts key row p (query rows p+1..BT-1) and key row BT-1-p (query rows BT-p..BT-1) in one
+    `[BT, BK]` tile, BT/2 steps for the BT (BT - 1)/2 causal pairs; the diagonal pairs (t, t) need no exp.
     """
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_bh, i_b, i_h = batch_head(i_bh, H)
+    HK: tl.constexpr = H * K
+    t_first, o_c, o_t, m_t, t_last = chunk_rows(i_t, T, BT)
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    bos = i_b * T * H + i_h
+    r, k, a, b, gi = r + bos * K, k + bos * K, a + bos * K, b + bos * K, gi + bos * K
+    Arb, Ark, Aab, Aak = Arb + bos * BT, Ark + bos * BT, Aab + bos * BT, Aak + bos * BT
+    p_tt = o_t[:, None] * H * BT + o_c[None, :]
+    zeros = tl.zeros([BT, BT], dtype=tl.float32)
+    tl.store(Arb + p_tt, zeros, mask=m_t[:, None] & (o_c[:, None] < o_c[None, :]))
+    tl.store(Ark + p_tt, zeros, mask=m_t[:, None] & (o_c[:, None] < o_c[None, :]))
+    tl.store(Aab + p_tt, zeros, mask=m_t[:, None] & (o_c[:, None] <= o_c[None, :]))
+    tl.store(Aak + p_tt, zeros, mask=m_t[:, None] & (o_c[:, None] <= o_c[None, :]))
+    pair_scores(r, k, a, b, gi, Arb, Ark, Aab, Aak, o_c, o_c, o_t, o_t, m_t, T, HK, H * BT, BT, o_k, m_k, True)
+    for p in range(0, BT // 2):  # s < t, two key rows per step
+        first = o_c < BT - 1 - p
+        s = tl.where(first, p, BT - 1 - p)
+        t = tl.where(first, p + 1 + o_c, o_c + 1)
+        valid = (t < BT) & (t_first + t < T)  # then s < t lies before T too; slot BT - 1 of the tile is empty
+        pair_scores(r, k, a, b, gi, Arb, Ark, Aab, Aak, t, s, t_first + t, t_first + s, valid, T, HK, H * BT, BT,
+                    o_k, m_k, False)
+
+
+@kernel
+def dplr_intra_kernel(a, b, v, gi, do, Arb, Aab, Aak, W, U0, Wb, dX0, scale, T, H: tl.constexpr, K: tl.constexpr,
+                      V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                      BACKWARD: tl.constexpr):
+    """One chunk: `T = (I - A_ab)^-1`, `W = T Ã`, `U0 = T A_ak V`; BACKWARD also `Wb = T^T B̄` and
+    `dX0 = T^T A_rb^T do'` (the pieces of the reverse pass). In fp32 (the products at `SOLVE_PRECISION`)."""
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_bh, i_b, i_h = batch_head(i_bh, H)
     HK: tl.constexpr = H * K
@@ -152,45 +226,25 @@ def dplr_intra_kernel(r, k, v, a, b, gi, do, Arb, Ark, Aak, W, U0, Wb, dX0, scal
     m_k = o_k < K
     m_tk = m_t[:, None] & m_k[None, :]
     bos = i_b * T * H + i_h
-    r, k, a, b, gi = r + bos * K, k + bos * K, a + bos * K, b + bos * K, gi + bos * K
-    b_r, b_a = load_rows(r, o_t, o_k, m_tk, HK), load_rows(a, o_t, o_k, m_tk, HK)
-    b_g, b_ge, b_gend, b_glast = chunk_decays(gi, o_t, o_k, m_tk, t_first, t_last, m_k, HK)
-    A_rb = tl.zeros([BT, BT], dtype=tl.float32)
-    A_rk = tl.zeros([BT, BT], dtype=tl.float32)
-    A_ab = tl.zeros([BT, BT], dtype=tl.float32)
-    A_ak = tl.zeros([BT, BT], dtype=tl.float32)
-    for j in range(0, BT):  # column j: every row t against key row s = t_first + j
-        m_j = m_k & (t_first + j + 0 * o_k < T)
-        b_bj = tl.load(b + (t_first + j) * HK + o_k, mask=m_j, other=0).to(tl.float32)
-        b_kj = tl.load(k + (t_first + j) * HK + o_k, mask=m_j, other=0).to(tl.float32)
-        b_gj = tl.load(gi + (t_first + j) * HK + o_k, mask=m_j, other=0)
-        w_inc, w_exc = pair_weights(b_g, b_ge, b_gj, o_c, j, m_t)
-        at_j = o_c[None, :] == j
-        A_rb = tl.where(at_j, tl.sum(b_r * w_inc * b_bj[None, :], axis=1)[:, None], A_rb)
-        A_rk = tl.where(at_j, tl.sum(b_r * w_inc * b_kj[None, :], axis=1)[:, None], A_rk)
-        A_ab = tl.where(at_j, tl.sum(b_a * w_exc * b_bj[None, :], axis=1)[:, None], A_ab)
-        A_ak = tl.where(at_j, tl.sum(b_a * w_exc * b_kj[None, :], axis=1)[:, None], A_ak)
-    b_T = unit_lower_inverse(A_ab, o_c, BT)
     p_tt = bos * BT + o_t[:, None] * H * BT + o_c[None, :]
     p_tk = bos * K + o_t[:, None] * HK + o_k[None, :]
-    tl.store(Ark + p_tt, A_rk, mask=m_t[:, None])
-    tl.store(W + p_tk, mma(b_T, b_a * tl.exp(b_ge), tl.float32), mask=m_tk)  # W = T Ã
+    b_T = unit_lower_inverse(tl.load(Aab + p_tt, mask=m_t[:, None], other=0), o_c, BT)
+    b_ge = load_query_decay(gi + bos * K, o_t[:, None], o_k[None, :], m_tk, t_first, HK, True)
+    tl.store(W + p_tk, fdot(b_T, load_rows(a + bos * K, o_t, o_k, m_tk, HK) * tl.exp(b_ge)), mask=m_tk)  # T Ã
     if BACKWARD:
-        tl.store(Aak + p_tt, A_ak, mask=m_t[:, None])
-        b_bbar = load_rows(b, o_t, o_k, m_tk, HK) * tl.exp(b_gend)
-        tl.store(Wb + p_tk, mma(tl.trans(b_T), b_bbar, tl.float32), mask=m_tk)  # Wb = T^T B̄
-        b_P = tl.trans(mma(A_rb, b_T, tl.float32))  # (A_rb T)^T = T^T A_rb^T
-    else:
-        tl.store(Arb + p_tt, A_rb, mask=m_t[:, None])
-    b_TA = mma(b_T, A_ak, tl.float32)
+        b_g, _, b_gend, _ = chunk_decays(gi + bos * K, o_t, o_k, m_tk, t_first, t_last, m_k, HK)
+        b_bbar = load_rows(b + bos * K, o_t, o_k, m_tk, HK) * tl.exp(b_gend)
+        tl.store(Wb + p_tk, fdot(tl.trans(b_T), b_bbar), mask=m_tk)  # Wb = T^T B̄
+        b_P = tl.trans(fdot(tl.load(Arb + p_tt, mask=m_t[:, None], other=0), b_T))  # (A_rb T)^T = T^T A_rb^T
+    b_TA = fdot(b_T, tl.load(Aak + p_tt, mask=m_t[:, None], other=0))
     for i_v in range(0, tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_tv = m_t[:, None] & (o_v < V)[None, :]
         p_tv = bos * V + o_t[:, None] * H * V + o_v[None, :]
-        tl.store(U0 + p_tv, mma(b_TA, tl.load(v + p_tv, mask=m_tv, other=0).to(tl.float32), tl.float32), mask=m_tv)
+        tl.store(U0 + p_tv, fdot(b_TA, tl.load(v + p_tv, mask=m_tv, other=0).to(tl.float32)), mask=m_tv)
         if BACKWARD:
             b_do = tl.load(do + p_tv, mask=m_tv, other=0).to(tl.float32)
-            tl.store(dX0 + p_tv, scale * mma(b_P, b_do, tl.float32), mask=m_tv)
+            tl.store(dX0 + p_tv, scale * fdot(b_P, b_do), mask=m_tv)
 
 
 @kernel
@@ -411,15 +465,24 @@ def _f32(x, *shape):
     return torch.empty(*shape, dtype=torch.float32, device=x.device)
 
 
-def _intra(r, k, v, a, b, gi, do, scale, backward):
-    B, T, H, K, V, NT, BK, BV = _shapes(r, v)
+def _scores(r, k, a, b, gi):
+    """The chunk's four pairwise score matrices `A_rb, A_rk, A_ab, A_ak`, `[B, T, H, CHUNK]` fp32."""
+    B, T, H, K, V, NT, BK, _ = _shapes(r, r)
+    Arb, Ark, Aab, Aak = (_f32(r, B, T, H, CHUNK) for _ in range(4))
+    dplr_scores_kernel[(NT, B * H)](r, k, a, b, gi, Arb, Ark, Aab, Aak, T, H=H, K=K, BT=CHUNK, BK=BK,
+                                    num_warps=WARPS["scores"])
+    return Arb, Ark, Aab, Aak
+
+
+def _intra(a, b, v, gi, do, Arb, Aab, Aak, scale, backward):
+    """W and U0 (the forward's `u = W S_0 + U0`); backward also Wb and dX0 (`dX = dX0 + Wb dS_C`)."""
+    B, T, H, K, V, NT, BK, BV = _shapes(a, v)
     rows = (B, T, H)
-    Arb = None if backward else _f32(r, *rows, CHUNK)
-    Ark, W, U0 = _f32(r, *rows, CHUNK), _f32(r, *rows, K), _f32(r, *rows, V)
-    Aak, Wb, dX0 = (_f32(r, *rows, CHUNK), _f32(r, *rows, K), _f32(r, *rows, V)) if backward else (None,) * 3
-    dplr_intra_kernel[(NT, B * H)](r, k, v, a, b, gi, do, Arb, Ark, Aak, W, U0, Wb, dX0, scale, T, H=H, K=K, V=V,
-                                   BT=CHUNK, BK=BK, BV=BV, BACKWARD=backward, num_warps=WARPS["intra"])
-    return Arb, Ark, Aak, W, U0, Wb, dX0
+    W, U0 = _f32(a, *rows, K), _f32(a, *rows, V)
+    Wb, dX0 = (_f32(a, *rows, K), _f32(a, *rows, V)) if backward else (None, None)
+    dplr_intra_kernel[(NT, B * H)](a, b, v, gi, do, Arb, Aab, Aak, W, U0, Wb, dX0, scale, T, H=H, K=K, V=V, BT=CHUNK,
+                                   BK=BK, BV=BV, BACKWARD=backward, num_warps=WARPS["intra"])
+    return W, U0, Wb, dX0
 
 
 def _state_block(V: int) -> int:
@@ -442,7 +505,9 @@ def _forward(r, w, k, v, a, b, scale, h0, output_final_state, keep=False, bug=No
     B, T, H, K, V, NT, BK, BV = _shapes(r, v)
     dot = dot_dtype(r.dtype)
     gi = chunk_cumsum(w, CHUNK)
-    Arb, Ark, _, W, U0, _, _ = _intra(r, k, v, a, b, gi, None, scale, backward=False)
+    Arb, Ark, Aab, Aak = _scores(r, k, a, b, gi)
+    W, U0, _, _ = _intra(a, b, v, gi, None, Arb, Aab, Aak, scale, backward=False)
+    del Aab, Aak
     h, u, ht = _states(k, v, b, gi, W, U0, h0, output_final_state, dot, bug)
     kept = {"G": gi, "A_rb": Arb, "A_rk": Ark, "W": W, "U0": U0, "u": u, "h": h} if keep else {}
     del W, U0
@@ -457,7 +522,9 @@ def _backward(r, w, k, v, a, b, scale, h0, ht, do, dht, bug=None):
     B, T, H, K, V, NT, BK, BV = _shapes(r, v)
     dot = dot_dtype(r.dtype)
     gi = chunk_cumsum(w, CHUNK)
-    _, Ark, Aak, W, U0, Wb, dX0 = _intra(r, k, v, a, b, gi, do, scale, backward=True)
+    Arb, Ark, Aab, Aak = _scores(r, k, a, b, gi)
+    W, U0, Wb, dX0 = _intra(a, b, v, gi, do, Arb, Aab, Aak, scale, backward=True)
+    del Arb, Aab
     h, u, _ = _states(k, v, b, gi, W, U0, h0, False, dot, bug)
     del W, U0
     dh, dX = _f32(r, B, NT, H, K, V), _f32(r, B, T, H, V)
