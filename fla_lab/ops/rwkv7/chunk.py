@@ -15,13 +15,6 @@ with `A_xy[t, s] = sum_i x_t[i] y_s[i] exp(Gx_t[i] - G_s[i])` (Gx = G for r, Ge 
 `U = W S_0 + U0` with `W = T Ã` and `U0 = T A_ak V` computed for every chunk in parallel, and one sequential pass
 over chunks carries S (`dplr_fwd_h_kernel`).
 
-Forward kernels: `dplr_scores_kernel` (the four A's; one weight `exp(G_t - G_s)` per pair and channel serves all
-four, since a_{t+1} reads at `Ge_{t+1} = G_t`: A_ab[t + 1, s] and A_rb[t, s] share it; folded, two key rows per
-step), `dplr_intra_kernel` (T, W, U0), `dplr_fwd_h_kernel`, `dplr_fwd_o_kernel`. H200, B=8 T=4096 H=16 K=V=64
-bf16: the per-chunk forward stages 1.54 ms (one kernel, two exps per pair, 16 steps, IEEE fp32 products) ->
-0.44 + 0.59 ms; the whole forward 2.29 -> 1.91 ms. The state pass is 0.44 ms of it: 64-row chunks (four times
-fewer sequential steps, branch `experiment/rwkv7-64row`) were exact but made the forward 4.0 ms.
-
 Exactness. Every exponent is a difference `G_later - G_earlier <= 0`, evaluated pair by pair with the exponent
 masked *before* exp (rows past T included: the lesson of #77), or a cumulative decay from the chunk start or to the
 chunk end. Nothing is split as `exp(G_t) * exp(-G_s)`, so there is no bound on the decay to promise and no fast path
@@ -37,6 +30,13 @@ dr, da, db, dk, dv. The decay gradient has a closed form (as for GLA): the loss 
 `dw_t = revcumsum(r dr + a da - b db - k dk)_t - a_t da_t + rowsum(S_T * dS_T)`, evaluated per chunk: the sum
 over the chunk's later rows plus `rowsum(S_{n+1} * dS_{n+1})`, the state after chunk n times its adjoint (the
 whole future's share).
+
+Speed. The forward's kernels: `dplr_scores_kernel` (the four A's; one weight `exp(G_t - G_s)` per pair and channel
+serves all four, since a_{t+1} reads at `Ge_{t+1} = G_t`: A_ab[t + 1, s] and A_rb[t, s] share it; folded, two key
+rows per step), `dplr_intra_kernel` (T, W, U0), `dplr_fwd_h_kernel`, `dplr_fwd_o_kernel`. H200, B=8 T=4096 H=16
+K=V=64 bf16: the per-chunk forward stages 1.54 ms (one kernel, two exps per pair, 16 steps, IEEE fp32 products) ->
+0.44 + 0.59 ms; the whole forward 2.29 -> 1.91 ms. The state pass is 0.44 ms of it: 64-row chunks (four times
+fewer sequential steps, branch `experiment/rwkv7-64row`) were exact but made the forward 4.0 ms.
 """
 from __future__ import annotations
 
