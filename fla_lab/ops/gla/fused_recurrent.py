@@ -6,15 +6,19 @@ from __future__ import annotations
 
 from fla_lab.ops import contract
 from fla_lab.ops.rwkv6.fused_recurrent import DEFAULT_DQ_TILES, FusedRecurrentFunction, h0_mask
+from fla_lab.ops.common.varlen import per_sequence
 
 
-def fused_recurrent_gla(q, k, v, gk, gv=None, scale=None, initial_state=None, output_final_state=False,
+def fused_recurrent_gla(q, k, v, gk, gv=None, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
                         **kwargs):
     """One step at a time, the state in registers. `gk` is the `[B, T, H, K]` natural-log decay (<= 0).
 
     Returns `(o [B, T, H, V], final_state [B, H, K, V] in fp32 or None)`. Value-side gates (`gv`) are not
     implemented in fla_lab.
     """
+    if cu_seqlens is not None:  # packed sequences (FLA's varlen): one call per sequence
+        return per_sequence("fused_recurrent_gla", fused_recurrent_gla, dict(q=q, k=k, v=v, gk=gk, gv=gv), cu_seqlens,
+                            initial_state, output_final_state, scale=scale, **kwargs)
     if gv is not None:
         raise NotImplementedError("fused_recurrent_gla: fla_lab implements key-side gates (gk) only; gv must be None")
     contract.check_gated_inputs("fused_recurrent_gla", q, k, v, gk, names=("q", "k", "v", "gk"),

@@ -27,6 +27,7 @@ from fla_lab.ops.common.launch import check_chunk_size, resolve
 from fla_lab.ops.common.utils import (as_contiguous, batch_head, cast_grad, custom_bwd, custom_fwd, grid_size, kernel,
                                       mma_split, next_pow2, slot_helper)
 from fla_lab.ops.gla.chunk import chunk_gla_bwd, chunk_gla_fwd, gated_scores
+from fla_lab.ops.common.varlen import per_sequence
 
 ROWS = 16  # rows of [B * T * H, M] per softmax program
 
@@ -252,8 +253,8 @@ def padded_rows_exponent(bug=None, helper=None):
                        later_rows_exponent, helper)
 
 
-def chunk_gsa(q, k, v, s, g=None, scale=None, initial_state=None, output_final_state=False, chunk_size=64,
-              bug=None, launch=None, later_rows_exponent=None, **kwargs):
+def chunk_gsa(q, k, v, s, g=None, scale=None, initial_state=None, output_final_state=False, chunk_size=64, bug=None,
+              launch=None, later_rows_exponent=None, cu_seqlens=None, **kwargs):
     """Chunked Gated Slot Attention, forward and backward in Triton.
 
     q, k `[B, T, H, K]`, v `[B, T, H, V]`, s (slot writes) and g (natural-log forget gate <= 0) `[B, T, H, M]`;
@@ -263,6 +264,10 @@ def chunk_gsa(q, k, v, s, g=None, scale=None, initial_state=None, output_final_s
     chunk is partial and the slot decay is strong. `later_rows_exponent`: a `@triton.jit` helper for the EXPONENT
     slot of pass 1's dv kernel instead of `later_rows_exponent` (notebook 03b's exercise).
     """
+    if cu_seqlens is not None:  # packed sequences (FLA's varlen): one call per sequence
+        return per_sequence("chunk_gsa", chunk_gsa, dict(q=q, k=k, v=v, s=s, g=g), cu_seqlens, initial_state,
+                            output_final_state, scale=scale, chunk_size=chunk_size, bug=bug, launch=launch,
+                            later_rows_exponent=later_rows_exponent, **kwargs)
     check_bug(bug, "chunk_gsa")
     contract.check_gsa_inputs("chunk_gsa", q, k, v, s, g, initial_state=initial_state, kwargs=kwargs)
     if g is None:

@@ -14,10 +14,11 @@ from fla_lab.ops import contract
 from fla_lab.ops.common.chunk import pick_reference_row
 from fla_lab.ops.common.launch import check_chunk_size, resolve
 from fla_lab.ops.gla.chunk import ChunkGLAFunction
+from fla_lab.ops.common.varlen import per_sequence
 
 
 def chunk_rwkv6(r, k, v, w, u, scale=None, initial_state=None, output_final_state=False, chunk_size=64, bug=None,
-                launch=None, reference_row=None, **kwargs):
+                launch=None, reference_row=None, cu_seqlens=None, **kwargs):
     """Chunked RWKV6, forward and backward in Triton.
 
     `w` is the `[B, T, H, K]` natural-log decay (<= 0), `u` the `[H, K]` bonus; `chunk_size` a power of two
@@ -26,6 +27,10 @@ def chunk_rwkv6(r, k, v, w, u, scale=None, initial_state=None, output_final_stat
     `reference_row`: a `@triton.jit` helper for the kernels' REFERENCE_ROW slot instead of the shipped one
     (notebook 03a's exercise).
     """
+    if cu_seqlens is not None:  # packed sequences (FLA's varlen): one call per sequence
+        return per_sequence("chunk_rwkv6", chunk_rwkv6, dict(r=r, k=k, v=v, w=w), cu_seqlens, initial_state,
+                            output_final_state, u=u, scale=scale, chunk_size=chunk_size, bug=bug, launch=launch,
+                            reference_row=reference_row, **kwargs)
     check_bug(bug, "chunk_rwkv6")
     names = ("r", "k", "v", "w")
     checks = contract.check_gated_inputs("chunk_rwkv6", r, k, v, w, names=names, u=u, initial_state=initial_state,

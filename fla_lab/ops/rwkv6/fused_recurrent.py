@@ -21,6 +21,7 @@ from fla_lab.bugs import check_bug
 from fla_lab.ops import contract
 from fla_lab.ops.common.utils import (as_contiguous, batch_head, cast_grad, custom_bwd, custom_fwd, grid_size,
                                       kernel, next_pow2, reverse_cumsum, slot_helper, state_tile)
+from fla_lab.ops.common.varlen import per_sequence
 
 MAX_K = 256  # the forward keeps a whole key dimension per program
 FWD_BV = 16  # value columns per forward program: more programs (H200, B=8, T=4096, H=16, K=V=64, bf16: forward
@@ -278,7 +279,7 @@ DEFAULT_DQ_TILES = (16, 64)  # (BK, BV) of the dq kernel: upstream's non-square 
 
 
 def fused_recurrent_rwkv6(r, k, v, w, u, scale=None, initial_state=None, output_final_state=False, bug=None,
-                          dq_tiles=None, h0_mask_fn=None, **kwargs):
+                          dq_tiles=None, h0_mask_fn=None, cu_seqlens=None, **kwargs):
     """Fused recurrent RWKV6, forward and backward in Triton.
 
     `w` is the `[B, T, H, K]` natural-log decay (<= 0), `u` the `[H, K]` bonus. `dq_tiles=(BK, BV)` sets the tile
@@ -287,6 +288,10 @@ def fused_recurrent_rwkv6(r, k, v, w, u, scale=None, initial_state=None, output_
     `h0_mask_transposed` instead of `h0_mask`); `h0_mask_fn`: a `@triton.jit` helper for that slot instead of the
     shipped one (notebook 04's exercise).
     """
+    if cu_seqlens is not None:  # packed sequences (FLA's varlen): one call per sequence
+        return per_sequence("fused_recurrent_rwkv6", fused_recurrent_rwkv6, dict(r=r, k=k, v=v, w=w), cu_seqlens,
+                            initial_state, output_final_state, u=u, scale=scale, bug=bug, dq_tiles=dq_tiles,
+                            h0_mask_fn=h0_mask_fn, **kwargs)
     check_bug(bug, "fused_recurrent_rwkv6")
     contract.check_gated_inputs("fused_recurrent_rwkv6", r, k, v, w, names=("r", "k", "v", "w"), u=u,
                                 initial_state=initial_state, kwargs=kwargs)

@@ -52,6 +52,7 @@ from fla_lab.ops.common.launch import check_chunk_size
 from fla_lab.ops.common.utils import (as_contiguous, batch_head, cast_grad, custom_bwd, custom_fwd, dot_dtype,
                                       grid_size, kernel, mma, mma_split, next_pow2, state_tile)
 from fla_lab.ops.rwkv7.fused_recurrent import check_key_width
+from fla_lab.ops.common.varlen import per_sequence
 
 CHUNK = 16  # rows per chunk: the whole chunk is one pairwise tile and one 16x16 triangular solve
 MAX_BV = 64  # value columns per program
@@ -583,8 +584,8 @@ def chunk_rwkv7_intermediates(r, w, k, v, a, b, scale=1.0, initial_state=None, b
     return {**kept, "o": o}
 
 
-def chunk_rwkv7(r, w, k, v, a, b, scale=1.0, initial_state=None, output_final_state=False, chunk_size=None,
-                bug=None, **kwargs):
+def chunk_rwkv7(r, w, k, v, a, b, scale=1.0, initial_state=None, output_final_state=False, chunk_size=None, bug=None,
+                cu_seqlens=None, **kwargs):
     """Chunked RWKV-7 (DPLR), forward and backward in Triton, exact at any decay (see the module docstring).
 
     Same inputs as `fused_recurrent_rwkv7`: `[B, T, H, K]` r, w (natural-log decay <= 0, may be fp32 while the
@@ -593,6 +594,9 @@ def chunk_rwkv7(r, w, k, v, a, b, scale=1.0, initial_state=None, output_final_st
     `chunk_rwkv7` has the same signature and `scale=1.0` default; its `safe_gate`/`lower_bound` fast path has no
     counterpart here (nothing to promise about the decay).
     """
+    if cu_seqlens is not None:  # packed sequences (FLA's varlen): one call per sequence
+        return per_sequence("chunk_rwkv7", chunk_rwkv7, dict(r=r, w=w, k=k, v=v, a=a, b=b), cu_seqlens, initial_state,
+                            output_final_state, scale=scale, chunk_size=chunk_size, bug=bug, **kwargs)
     op = "chunk_rwkv7"
     check_bug(bug, op)
     contract.check_rwkv7_inputs(op, r, w, k, v, a, b, initial_state, kwargs)

@@ -23,6 +23,7 @@ import triton.language as tl
 from fla_lab.ops import contract
 from fla_lab.ops.common.utils import (as_contiguous, batch_head, cast_grad, custom_bwd, custom_fwd, grid_size,
                                       kernel, next_pow2, state_tile)
+from fla_lab.ops.common.varlen import per_sequence
 
 MAX_K = 128  # a program keeps the whole key dimension of its state tile in registers
 CHECKPOINT_EVERY = 16  # steps per segment; the official RWKV-7 kernels' CHUNK_LEN
@@ -187,7 +188,8 @@ def check_key_width(op: str, K: int) -> None:
                          f"in registers. Split the heads so that K <= {MAX_K}.")
 
 
-def fused_recurrent_rwkv7(r, w, k, v, a, b, scale=1.0, initial_state=None, output_final_state=False, **kwargs):
+def fused_recurrent_rwkv7(r, w, k, v, a, b, scale=1.0, initial_state=None, output_final_state=False, cu_seqlens=None,
+                          **kwargs):
     """Fused recurrent RWKV-7, forward and backward in Triton.
 
     `w` is the `[B, T, H, K]` natural-log decay (<= 0; RWKV-7 keeps it in (-e^-0.5, 0)); `a, b` the removal
@@ -202,6 +204,9 @@ def fused_recurrent_rwkv7(r, w, k, v, a, b, scale=1.0, initial_state=None, outpu
     - upstream's fused recurrent RWKV7 is inference only (its backward raises `NotImplementedError`);
       this one has a backward, with one state checkpoint every `CHECKPOINT_EVERY` = 16 steps.
     """
+    if cu_seqlens is not None:  # packed sequences (FLA's varlen): one call per sequence
+        return per_sequence("fused_recurrent_rwkv7", fused_recurrent_rwkv7, dict(r=r, w=w, k=k, v=v, a=a, b=b),
+                            cu_seqlens, initial_state, output_final_state, scale=scale, **kwargs)
     op = "fused_recurrent_rwkv7"
     contract.check_rwkv7_inputs(op, r, w, k, v, a, b, initial_state, kwargs)
     check_key_width(op, r.shape[-1])

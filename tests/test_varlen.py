@@ -1,0 +1,104 @@
+"""Packed variable-length batches (`cu_seqlens`, flash-linear-attention's varlen convention) for every op: each
+sequence against the float64 reference run on that sequence alone, forward, final states and every gradient; and
+the offsets the contract refuses."""
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from fla_lab import harness, registry, runtime
+from fla_lab.ops import contract
+
+# A sequence shorter than a chunk, one an exact multiple of the chunk (64), one with a partial last chunk.
+LENGTHS = {"chunk": (5, 64, 19), "fused_recurrent": (5, 16, 19)}
+
+
+def _lengths(name: str) -> tuple[int, ...]:
+    return LENGTHS["chunk" if name.startswith("chunk") else "fused_recurrent"]
+
+
+def _packed_inputs(spec, lengths, seed=0):
+    """B = 1, T = sum(lengths), and one initial state per sequence (a pair for GSA)."""
+    shape = dict(H=2, K=16, V=32, M=16)
+    x = spec.inputs(registry.Shape(1, sum(lengths), **shape), decay=1.0, initial_state=False, seed=seed)
+    h0 = spec.inputs(registry.Shape(len(lengths), 1, **shape), initial_state=True, seed=seed + 1)["initial_state"]
+    return {**x, "initial_state": h0}
+
+
+def _offsets(lengths) -> list[int]:
+    return [0, *torch.tensor(lengths).cumsum(0).tolist()]
+
+
+def _reference_per_sequence(reference, offsets):
+    """The float64 reference on each sequence alone, outputs joined along T and final states along N."""
+    def run(initial_state=None, output_final_state=False, **x):
+        rows = {n: t for n, t in x.items() if torch.is_tensor(t) and t.dim() == 4}
+        outs, finals = [], []
+        for i, (bos, eos) in enumerate(zip(offsets[:-1], offsets[1:])):
+            h0 = (tuple(s[i:i + 1] for s in initial_state) if isinstance(initial_state, (tuple, list))
+                  else initial_state[i:i + 1])
+            o, ht = reference(**{n: t[:, bos:eos] for n, t in rows.items()},
+                              **{n: t for n, t in x.items() if n not in rows}, initial_state=h0,
+                              output_final_state=True)
+            outs.append(o)
+            finals.append(ht)
+        ht = (tuple(torch.cat(p, 0) for p in zip(*finals)) if isinstance(finals[0], (tuple, list))
+              else torch.cat(finals, 0))
+        return torch.cat(outs, 1), ht
+    return run
+
+
+@pytest.mark.parametrize("name", registry.names())
+def test_packed_sequences_match_the_reference_per_sequence(name):
+    spec = registry.get(name)
+    lengths = _lengths(name)
+    offsets = _offsets(lengths)
+    cu = torch.tensor(offsets, dtype=torch.int32, device=runtime.device())
+    result = harness.compare(functools.partial(spec.fn, cu_seqlens=cu),
+                             _reference_per_sequence(spec.reference, offsets), _packed_inputs(spec, lengths))
+    assert result.ok, f"{result.failures()} | {result}"
+
+
+@pytest.mark.parametrize("name", ["chunk_gla", "chunk_rwkv7"])
+def test_equal_lengths_give_the_batched_call(name):
+    """Packing B sequences of one length is the batched call, bit for bit (the same kernels on the same rows)."""
+    spec = registry.get(name)
+    x = {n: t.to(runtime.device()) for n, t in spec.inputs(registry.Shape(2, 21, 1, 16, 16)).items()}
+    o, ht = spec.fn(**x, output_final_state=True)
+    packed = {n: (t.reshape(1, 42, *t.shape[2:]) if n != "initial_state" else t) for n, t in x.items()}
+    cu = torch.tensor([0, 21, 42], device=runtime.device())
+    o_p, ht_p = spec.fn(**packed, output_final_state=True, cu_seqlens=cu)
+    assert torch.equal(o_p, o.reshape(1, 42, *o.shape[2:])) and torch.equal(ht_p, ht)
+
+
+@pytest.mark.parametrize("offsets, message", [
+    ([1, 5, 9], "start at 0 and end at T = 9"),
+    ([0, 5, 8], "start at 0 and end at T = 9"),
+    ([0, 6, 4, 9], "strictly increasing: sequence 1 runs from 6 to 4 .offsets out of order"),
+    ([0, 4, 4, 9], "sequence 1 runs from 4 to 4 .empty"),
+    ([9], "N \\+ 1 offsets"),
+])
+def test_malformed_offsets_are_refused(offsets, message):
+    x = registry.get("chunk_gla").inputs(registry.Shape(1, 9, 1, 16, 16), initial_state=False)
+    with pytest.raises(ValueError, match=message):
+        registry.get("chunk_gla").fn(**x, cu_seqlens=torch.tensor(offsets))
+
+
+def test_offsets_need_b_1_integer_tensor_and_one_state_per_sequence():
+    spec = registry.get("chunk_rwkv6")
+    x = spec.inputs(registry.Shape(2, 9, 1, 16, 16), initial_state=False)
+    with pytest.raises(ValueError, match="B must be 1, got B = 2"):
+        spec.fn(**x, cu_seqlens=torch.tensor([0, 4, 9]))
+    x = spec.inputs(registry.Shape(1, 9, 1, 16, 16), initial_state=True)  # one state for two sequences
+    with pytest.raises(ValueError, match="one state per sequence, \\[N = 2"):
+        spec.fn(**x, cu_seqlens=torch.tensor([0, 4, 9]))
+    with pytest.raises(TypeError, match="1-D integer torch.Tensor"):
+        spec.fn(**x, cu_seqlens=[0, 9])
+    with pytest.raises(ValueError, match="integer tensor"):
+        spec.fn(**x, cu_seqlens=torch.tensor([0.0, 9.0]))
+
+
+def test_the_contract_check_returns_the_sequences():
+    assert contract.check_cu_seqlens("op", torch.tensor([0, 3, 10]), 1, 10) == [(0, 3), (3, 10)]
