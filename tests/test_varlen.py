@@ -102,3 +102,34 @@ def test_offsets_need_b_1_integer_tensor_and_one_state_per_sequence():
 
 def test_the_contract_check_returns_the_sequences():
     assert contract.check_cu_seqlens("op", torch.tensor([0, 3, 10]), 1, 10) == [(0, 3), (3, 10)]
+
+
+@pytest.mark.parametrize("name", ["chunk_gla", "fused_recurrent_gla"])
+def test_v_first_states_are_the_key_major_ones_transposed(name):
+    """`state_v_first=True` (FLA's `[N, H, V, K]` states, in and out, gradients included) against the default
+    layout on the same inputs."""
+    spec = registry.get(name)
+    x = {n: t.to(runtime.device()) for n, t in spec.inputs(registry.Shape(2, 21, 1, 16, 32)).items()}
+    h0 = x.pop("initial_state")
+    runs = []
+    for v_first, state in ((False, h0), (True, h0.transpose(-1, -2).contiguous())):
+        leaves = {n: t.clone().requires_grad_() for n, t in x.items()}
+        state = state.clone().requires_grad_()
+        o, ht = spec.fn(**leaves, initial_state=state, output_final_state=True, state_v_first=v_first)
+        (o.square().sum() + ht.sin().sum()).backward()
+        runs.append((o, ht, state.grad))
+    (o, ht, dh0), (o_v, ht_v, dh0_v) = runs
+    assert ht_v.shape == (2, 1, 32, 16)
+    assert torch.equal(o_v, o) and torch.equal(ht_v, ht.transpose(-1, -2)) and torch.equal(dh0_v, dh0.transpose(-1, -2))
+
+
+def test_the_host_copy_of_the_offsets_is_read_instead():
+    spec = registry.get("chunk_gla")
+    x = spec.inputs(registry.Shape(1, 30, 1, 16, 16), initial_state=False)
+    x = {n: t.to(runtime.device()) for n, t in x.items()}
+    cu = torch.tensor([0, 7, 30], device=runtime.device())
+    o, _ = spec.fn(**x, cu_seqlens=cu)
+    o_cpu, _ = spec.fn(**x, cu_seqlens=cu, cu_seqlens_cpu=cu.cpu())
+    assert torch.equal(o, o_cpu)
+    with pytest.raises(ValueError, match="host copy"):
+        spec.fn(**x, cu_seqlens_cpu=cu.cpu())

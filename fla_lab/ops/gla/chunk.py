@@ -30,7 +30,7 @@ from fla_lab.ops.common.launch import check_chunk_size, resolve
 from fla_lab.ops.common.utils import (as_contiguous, batch_head, cast_grad, custom_bwd, custom_fwd, grid_size, kernel,
                                       mma, mma_split)
 from fla_lab.ops.common.value_flags import nonfinite_probe, or_nonfinite_bit
-from fla_lab.ops.common.varlen import per_sequence
+from fla_lab.ops.common.conventions import key_major, per_sequence, v_first
 
 
 def score_pairs(BT: int) -> int:
@@ -357,16 +357,24 @@ class ChunkGLAFunction(torch.autograd.Function):
 
 
 def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False, chunk_size=64, launch=None,
-              cu_seqlens=None, **kwargs):
+              cu_seqlens=None, state_v_first=False, cu_seqlens_cpu=None, **kwargs):
     """Chunked GLA, forward and backward in Triton: states between chunks, dense scores inside.
 
     `g` is the `[B, T, H, K]` natural-log decay (<= 0); `chunk_size` a power of two >= 16; `launch` a
     `fla_lab.ops.ChunkLaunch` (tile widths and warps, validated).
-    Returns `(o [B, T, H, V], final_state [B, H, K, V] in fp32 or None)`.
+    Returns `(o [B, T, H, V], final_state [B, H, K, V] in fp32 or None)`. `cu_seqlens` (and its host copy
+    `cu_seqlens_cpu`), `state_v_first`: FLA's packed batches and V-first states (`fla_lab.ops.common.conventions`).
     """
+    if cu_seqlens_cpu is not None and cu_seqlens is None:
+        raise ValueError("chunk_gla: `cu_seqlens_cpu` is the host copy of `cu_seqlens`; pass both or neither")
+    if state_v_first:  # FLA's [N, H, V, K] states in and out; the kernels keep them key-major
+        o, ht = chunk_gla(q, k, v, g, scale, key_major(initial_state), output_final_state, chunk_size, launch,
+                          cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, **kwargs)
+        return o, v_first(ht)
     if cu_seqlens is not None:  # packed sequences (FLA's varlen): one call per sequence
         return per_sequence("chunk_gla", chunk_gla, dict(q=q, k=k, v=v, g=g), cu_seqlens, initial_state,
-                            output_final_state, scale=scale, chunk_size=chunk_size, launch=launch, **kwargs)
+                            output_final_state, cu_seqlens_cpu, scale=scale, chunk_size=chunk_size, launch=launch,
+                            **kwargs)
     checks = contract.check_gated_inputs("chunk_gla", q, k, v, g, initial_state=initial_state, kwargs=kwargs,
                                          in_kernel=True)
     contract.check_kernel_device("chunk_gla", dict(q=q, k=k, v=v, g=g, initial_state=initial_state))

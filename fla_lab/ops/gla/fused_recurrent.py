@@ -6,16 +6,21 @@ from __future__ import annotations
 
 from fla_lab.ops import contract
 from fla_lab.ops.rwkv6.fused_recurrent import DEFAULT_DQ_TILES, FusedRecurrentFunction, h0_mask
-from fla_lab.ops.common.varlen import per_sequence
+from fla_lab.ops.common.conventions import key_major, per_sequence, v_first
 
 
-def fused_recurrent_gla(q, k, v, gk, gv=None, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
-                        **kwargs):
+def fused_recurrent_gla(q, k, v, gk, gv=None, scale=None, initial_state=None, output_final_state=False,
+                        state_v_first=False, cu_seqlens=None, **kwargs):
     """One step at a time, the state in registers. `gk` is the `[B, T, H, K]` natural-log decay (<= 0).
 
     Returns `(o [B, T, H, V], final_state [B, H, K, V] in fp32 or None)`. Value-side gates (`gv`) are not
-    implemented in fla_lab.
+    implemented in fla_lab. `cu_seqlens`, `state_v_first`: FLA's packed batches and V-first states
+    (`fla_lab.ops.common.conventions`).
     """
+    if state_v_first:  # FLA's [N, H, V, K] states in and out; the kernels keep them key-major
+        o, ht = fused_recurrent_gla(q, k, v, gk, gv, scale, key_major(initial_state), output_final_state,
+                                    cu_seqlens=cu_seqlens, **kwargs)
+        return o, v_first(ht)
     if cu_seqlens is not None:  # packed sequences (FLA's varlen): one call per sequence
         return per_sequence("fused_recurrent_gla", fused_recurrent_gla, dict(q=q, k=k, v=v, gk=gk, gv=gv), cu_seqlens,
                             initial_state, output_final_state, scale=scale, **kwargs)

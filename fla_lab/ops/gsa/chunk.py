@@ -27,7 +27,7 @@ from fla_lab.ops.common.launch import check_chunk_size, resolve
 from fla_lab.ops.common.utils import (as_contiguous, batch_head, cast_grad, custom_bwd, custom_fwd, grid_size, kernel,
                                       mma_split, next_pow2, slot_helper)
 from fla_lab.ops.gla.chunk import chunk_gla_bwd, chunk_gla_fwd, gated_scores
-from fla_lab.ops.common.varlen import per_sequence
+from fla_lab.ops.common.conventions import per_sequence
 
 ROWS = 16  # rows of [B * T * H, M] per softmax program
 

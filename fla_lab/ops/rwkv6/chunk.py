@@ -14,7 +14,7 @@ from fla_lab.ops import contract
 from fla_lab.ops.common.chunk import pick_reference_row
 from fla_lab.ops.common.launch import check_chunk_size, resolve
 from fla_lab.ops.gla.chunk import ChunkGLAFunction
-from fla_lab.ops.common.varlen import per_sequence
+from fla_lab.ops.common.conventions import per_sequence
 
 
 def chunk_rwkv6(r, k, v, w, u, scale=None, initial_state=None, output_final_state=False, chunk_size=64, bug=None,

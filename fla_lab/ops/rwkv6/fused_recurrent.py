@@ -21,7 +21,7 @@ from fla_lab.bugs import check_bug
 from fla_lab.ops import contract
 from fla_lab.ops.common.utils import (as_contiguous, batch_head, cast_grad, custom_bwd, custom_fwd, grid_size,
                                       kernel, next_pow2, reverse_cumsum, slot_helper, state_tile)
-from fla_lab.ops.common.varlen import per_sequence
+from fla_lab.ops.common.conventions import per_sequence
 
 MAX_K = 256  # the forward keeps a whole key dimension per program
 FWD_BV = 16  # value columns per forward program: more programs (H200, B=8, T=4096, H=16, K=V=64, bf16: forward

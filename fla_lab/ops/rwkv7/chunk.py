@@ -52,7 +52,7 @@ from fla_lab.ops.common.launch import check_chunk_size
 from fla_lab.ops.common.utils import (as_contiguous, batch_head, cast_grad, custom_bwd, custom_fwd, dot_dtype,
                                       grid_size, kernel, mma, mma_split, next_pow2, state_tile)
 from fla_lab.ops.rwkv7.fused_recurrent import check_key_width
-from fla_lab.ops.common.varlen import per_sequence
+from fla_lab.ops.common.conventions import per_sequence
 
 CHUNK = 16  # rows per chunk: the whole chunk is one pairwise tile and one 16x16 triangular solve
 MAX_BV = 64  # value columns per program

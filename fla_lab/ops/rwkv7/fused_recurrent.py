@@ -23,7 +23,7 @@ import triton.language as tl
 from fla_lab.ops import contract
 from fla_lab.ops.common.utils import (as_contiguous, batch_head, cast_grad, custom_bwd, custom_fwd, grid_size,
                                       kernel, next_pow2, state_tile)
-from fla_lab.ops.common.varlen import per_sequence
+from fla_lab.ops.common.conventions import per_sequence
 
 MAX_K = 128  # a program keeps the whole key dimension of its state tile in registers
 CHECKPOINT_EVERY = 16  # steps per segment; the official RWKV-7 kernels' CHUNK_LEN
