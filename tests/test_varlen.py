@@ -10,6 +10,7 @@ import torch
 
 from fla_lab import harness, registry, runtime
 from fla_lab.ops import contract
+from fla_lab.ops.common.conventions import per_sequence
 
 # A sequence shorter than a chunk, one an exact multiple of the chunk (64), one with a partial last chunk.
 LENGTHS = {"chunk": (5, 64, 19), "fused_recurrent": (5, 16, 19)}
@@ -31,22 +32,13 @@ def _offsets(lengths) -> list[int]:
     return [0, *torch.tensor(lengths).cumsum(0).tolist()]
 
 
-def _reference_per_sequence(reference, offsets):
-    """The float64 reference on each sequence alone, outputs joined along T and final states along N."""
+def _reference_per_sequence(reference, cu_seqlens):
+    """The float64 reference on each sequence alone (the ops' own splitting, `per_sequence`: its bounds and joins are
+    pinned by the contract test and by `test_equal_lengths_give_the_batched_call`)."""
     def run(initial_state=None, output_final_state=False, **x):
         rows = {n: t for n, t in x.items() if torch.is_tensor(t) and t.dim() == 4}
-        outs, finals = [], []
-        for i, (bos, eos) in enumerate(zip(offsets[:-1], offsets[1:])):
-            h0 = (tuple(s[i:i + 1] for s in initial_state) if isinstance(initial_state, (tuple, list))
-                  else initial_state[i:i + 1])
-            o, ht = reference(**{n: t[:, bos:eos] for n, t in rows.items()},
-                              **{n: t for n, t in x.items() if n not in rows}, initial_state=h0,
-                              output_final_state=True)
-            outs.append(o)
-            finals.append(ht)
-        ht = (tuple(torch.cat(p, 0) for p in zip(*finals)) if isinstance(finals[0], (tuple, list))
-              else torch.cat(finals, 0))
-        return torch.cat(outs, 1), ht
+        rest = {n: t for n, t in x.items() if n not in rows}
+        return per_sequence("reference", reference, rows, cu_seqlens, initial_state, True, **rest)
     return run
 
 
@@ -57,7 +49,7 @@ def test_packed_sequences_match_the_reference_per_sequence(name):
     offsets = _offsets(lengths)
     cu = torch.tensor(offsets, dtype=torch.int32, device=runtime.device())
     result = harness.compare(functools.partial(spec.fn, cu_seqlens=cu),
-                             _reference_per_sequence(spec.reference, offsets), _packed_inputs(spec, lengths))
+                             _reference_per_sequence(spec.reference, cu.cpu()), _packed_inputs(spec, lengths))
     assert result.ok, f"{result.failures()} | {result}"
 
 
@@ -120,7 +112,8 @@ def test_v_first_states_are_the_key_major_ones_transposed(name):
         runs.append((o, ht, state.grad))
     (o, ht, dh0), (o_v, ht_v, dh0_v) = runs
     assert ht_v.shape == (2, 1, 32, 16)
-    assert torch.equal(o_v, o) and torch.equal(ht_v, ht.transpose(-1, -2)) and torch.equal(dh0_v, dh0.transpose(-1, -2))
+    assert torch.equal(o_v, o) and torch.equal(ht_v, ht.transpose(-1, -2))
+    assert torch.equal(dh0_v, dh0.transpose(-1, -2))
 
 
 def test_the_host_copy_of_the_offsets_is_read_instead():

@@ -120,4 +120,3 @@ def check_cu_seqlens(op: str, cu_seqlens, B: int, T: int, initial_state=None) ->
                              f"sequence, [N = {N}, ...]; got "
                              f"{_describe(h0) if isinstance(h0, torch.Tensor) else type(h0).__name__}")
     return list(zip(offsets[:-1], offsets[1:]))
-
