@@ -33,10 +33,14 @@ whole future's share).
 
 Speed. The forward's kernels: `dplr_scores_kernel` (the four A's; one weight `exp(G_t - G_s)` per pair and channel
 serves all four, since a_{t+1} reads at `Ge_{t+1} = G_t`: A_ab[t + 1, s] and A_rb[t, s] share it; folded, two key
-rows per step), `dplr_intra_kernel` (T, W, U0), `dplr_fwd_h_kernel`, `dplr_fwd_o_kernel`. H200, B=8 T=4096 H=16
-K=V=64 bf16: the per-chunk forward stages 1.54 ms (one kernel, two exps per pair, 16 steps, IEEE fp32 products) ->
-0.44 + 0.59 ms; the whole forward 2.29 -> 1.91 ms. The state pass is 0.44 ms of it: 64-row chunks (four times
-fewer sequential steps, branch `experiment/rwkv7-64row`) were exact but made the forward 4.0 ms.
+rows per step), `dplr_intra_kernel` (T, W, U0; one warp), `dplr_fwd_h_kernel`, `dplr_fwd_o_kernel`. The backward's
+per-chunk work is two kernels: `dplr_bwd_dv_kernel` (dv and the score gradients, written over the spent scores) and
+`dplr_bwd_kernel` (per 32 key channels: the state terms, then rank-1 updates per key row and per query row, the a
+side one row ahead so it shares r's weight). H200, B=8 T=4096 H=16 K=V=64 bf16, old and new in one process: the
+forward 2.29 -> 1.91 ms (scores split out, the solve at tf32x3) -> 1.54 ms (the solve on one warp); the backward's
+per-chunk kernel was one program per chunk at 255 registers with spills (12.5% occupancy, 3.8 ms) and is now
+0.43 + 2.55 ms with none; forward+backward 9.55 -> 8.40 -> 6.82 ms. The state pass is 0.44 ms of the forward:
+64-row chunks (four times fewer sequential steps, branch `experiment/rwkv7-64row`) were exact but made it 4.0 ms.
 """
 from __future__ import annotations
 
@@ -56,12 +60,14 @@ from fla_lab.ops.common.conventions import per_sequence
 
 CHUNK = 16  # rows per chunk: the whole chunk is one pairwise tile and one 16x16 triangular solve
 MAX_BV = 64  # value columns per program
+BWD_BV = 32  # value columns per step of the backward's per-chunk kernels
+BWD_BK = 32  # key channels per program of dplr_bwd_kernel: the pair terms are per channel
 STATE_BV = 32  # value columns per program of the two sequential passes: more programs for the one serial loop
 # The chunk's fp32 products (the solve with (I - A_ab)^-1): "tf32x3", three TF32 products on the tensor cores,
 # keeps about fp32's accuracy; IEEE fp32 runs on the CUDA cores (and under the interpreter, which has no TF32).
 SOLVE_PRECISION = tl.constexpr("ieee" if runtime.interpreting() else "tf32x3")
-# num_warps per kernel (benchmarks/tune_chunk_rwkv7.py, H200; "scores" not tuned yet)
-WARPS = {"scores": 4, "intra": 4, "fwd_h": 4, "fwd_o": 1, "bwd_dh": 4, "bwd": 4}
+# num_warps per kernel (benchmarks/tune_chunk_rwkv7.py, H200)
+WARPS = {"scores": 4, "intra": 1, "fwd_h": 4, "fwd_o": 1, "bwd_dh": 4, "bwd_dv": 2, "bwd": 2}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -96,23 +102,6 @@ def chunk_decays(gi, o_t, o_k, m_tk, t_first, t_last, m_k, HK):
     b_ge = load_query_decay(gi, o_t[:, None], o_k[None, :], m_tk, t_first, HK, True)
     b_glast = tl.load(gi + t_last * HK + o_k, mask=m_k, other=0)
     return b_g, b_ge, tl.where(m_tk, b_glast[None, :] - b_g, 0), b_glast
-
-
-@kernel
-def pair_weights(b_g, b_ge, b_gj, o_c, j, m_t):
-    """exp(G_t - G_j) for t >= j and exp(Ge_t - G_j) for t > j ([BT, BK] each, 0 elsewhere): the exponent is
-    masked before exp, so a masked pair (or a row past T, whose G loads as 0) never meets an overflow."""
-    inc = ((o_c >= j) & m_t)[:, None]
-    exc = ((o_c > j) & m_t)[:, None]
-    w_inc = tl.where(inc, tl.exp(tl.where(inc, b_g - b_gj[None, :], 0)), 0)
-    w_exc = tl.where(exc, tl.exp(tl.where(exc, b_ge - b_gj[None, :], 0)), 0)
-    return w_inc, w_exc
-
-
-@kernel
-def column(x, o_c, j):
-    """Column j of a `[BT, BT]` tile, as a `[BT]` vector."""
-    return tl.sum(tl.where(o_c[None, :] == j, x, 0), axis=1)
 
 
 @kernel
@@ -348,33 +337,132 @@ def dplr_bwd_dh_kernel(r, a, gi, do, Wb, dX0, h, ht, dh, dX, dht, dh0, bnd, scal
 
 
 @kernel
-def dplr_bwd_kernel(r, k, v, a, b, gi, h, dh, u, dX, do, Ark, Aak, dr, dk, dv, da, db, x, scale, T, NT,
-                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                    BV: tl.constexpr, DOT: tl.constexpr):
-    """One chunk: dv, the four score gradients, then dr, da, db, dk through the scores (pair by pair) and the
-    state, and `x = r dr + a da - b db - k dk` for the decay gradient."""
+def reader_grads(k, b, gi, dArb, dArk, dAab, dAak, b_dr, b_da, b_g, t_first, o_t, o_c, o_k, m_t, m_k, T, HK,
+                 HBT, BT: tl.constexpr):
+    """The pair terms of dr and da, one key row j per step, rank-1 updates of the `[BT, BK]` tiles:
+    `dr_t += exp(G_t - G_j) (dA_rb[t, j] b_j + dA_rk[t, j] k_j)` for t >= j, and the same weight for a_{t+1}
+    (tile row t of `b_da`), which reads at `Ge_{t+1} = G_t`: `+= exp(G_t - G_j) (dA_ab[t+1, j] b_j + ...)`."""
+    m_next = m_t & (o_c + 1 < BT) & (o_t + 1 < T)  # a_{t+1} in the chunk and before T
+    for j in range(0, BT):
+        m_j = m_k & (t_first + j + 0 * o_k < T)
+        b_bj = tl.load(b + (t_first + j) * HK + o_k, mask=m_j, other=0).to(tl.float32)
+        b_kj = tl.load(k + (t_first + j) * HK + o_k, mask=m_j, other=0).to(tl.float32)
+        b_gj = tl.load(gi + (t_first + j) * HK + o_k, mask=m_j, other=0)
+        causal = ((o_c >= j) & m_t)[:, None]
+        b_w = tl.where(causal, tl.exp(tl.where(causal, b_g - b_gj[None, :], 0)), 0)  # masked before exp
+        p_j = o_t * HBT + j  # column j of the score gradients
+        c_rb = tl.load(dArb + p_j, mask=m_t, other=0)
+        c_rk = tl.load(dArk + p_j, mask=m_t, other=0)
+        c_ab = tl.load(dAab + p_j + HBT, mask=m_next, other=0)
+        c_ak = tl.load(dAak + p_j + HBT, mask=m_next, other=0)
+        b_dr += b_w * (c_rb[:, None] * b_bj[None, :] + c_rk[:, None] * b_kj[None, :])
+        b_da += b_w * (c_ab[:, None] * b_bj[None, :] + c_ak[:, None] * b_kj[None, :])
+    return b_dr, b_da
+
+
+@kernel
+def writer_grads(r, a, gi, dArb, dArk, dAab, dAak, b_db, b_dk, b_g, t_first, o_c, o_k, m_t, m_k, T, HK, HBT,
+                 BT: tl.constexpr):
+    """The pair terms of db and dk, one query row j per step, rank-1 updates of the `[BT, BK]` tiles:
+    `db_s += exp(G_j - G_s) (dA_rb[j, s] r_j + dA_ab[j+1, s] a_{j+1})` for s <= j (a_{j+1} reads at G_j), and dk
+    the same with dA_rk, dA_ak."""
+    for j in range(0, BT):
+        in_t = t_first + j < T
+        next_in = (j + 1 < BT) & (t_first + j + 1 < T)
+        m_j = m_k & (t_first + j + 0 * o_k < T)
+        m_j1 = m_k & (t_first + j + 1 + 0 * o_k < T) & (j + 1 < BT)
+        b_rj = tl.load(r + (t_first + j) * HK + o_k, mask=m_j, other=0).to(tl.float32)
+        b_aj = tl.load(a + (t_first + j + 1) * HK + o_k, mask=m_j1, other=0).to(tl.float32)
+        b_gj = tl.load(gi + (t_first + j) * HK + o_k, mask=m_j, other=0)
+        causal = ((o_c <= j) & m_t & in_t)[:, None]
+        b_w = tl.where(causal, tl.exp(tl.where(causal, b_gj[None, :] - b_g, 0)), 0)  # masked before exp
+        p_j = (t_first + j) * HBT + o_c  # row j of the score gradients
+        r_rb = tl.load(dArb + p_j, mask=m_t & in_t, other=0)
+        r_rk = tl.load(dArk + p_j, mask=m_t & in_t, other=0)
+        r_ab = tl.load(dAab + p_j + HBT, mask=m_t & next_in, other=0)
+        r_ak = tl.load(dAak + p_j + HBT, mask=m_t & next_in, other=0)
+        b_db += b_w * (r_rb[:, None] * b_rj[None, :] + r_ab[:, None] * b_aj[None, :])
+        b_dk += b_w * (r_rk[:, None] * b_rj[None, :] + r_ak[:, None] * b_aj[None, :])
+    return b_db, b_dk
+
+
+@kernel
+def dplr_bwd_dv_kernel(k, v, gi, dh, u, dX, do, Arb, Ark, Aab, Aak, dv, scale, T, NT, H: tl.constexpr,
+                       K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                       DOT: tl.constexpr):
+    """One chunk: `dv = A_rk^T do' + A_ak^T dX + K̄ dS_C^T` and the four score gradients `dA_rb = do' U^T`,
+    `dA_rk = do' V^T`, `dA_ab = dX U^T`, `dA_ak = dX V^T`, which overwrite this chunk's rows of `Arb, Ark, Aab,
+    Aak` once every thread has read A_rk and A_ak (A_rb and A_ab are spent by then)."""
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_bh, i_b, i_h = batch_head(i_bh, H)
     HK: tl.constexpr = H * K
+    HBT: tl.constexpr = H * BT
     t_first, o_c, o_t, m_t, t_last = chunk_rows(i_t, T, BT)
     o_k = tl.arange(0, BK)
     m_k = o_k < K
     m_tk = m_t[:, None] & m_k[None, :]
     bos = i_b * T * H + i_h
-    r, k, a, b, gi = r + bos * K, k + bos * K, a + bos * K, b + bos * K, gi + bos * K
-    v, u, dX, do = v + bos * V, u + bos * V, dX + bos * V, do + bos * V
+    k, gi = k + bos * K, gi + bos * K
+    v, u, dX, do, dv = v + bos * V, u + bos * V, dX + bos * V, do + bos * V, dv + bos * V
+    Arb, Ark, Aab, Aak = Arb + bos * BT, Ark + bos * BT, Aab + bos * BT, Aak + bos * BT
     p_h = ((i_b * NT + i_t) * H + i_h) * K * V
-    b_g, b_ge, b_gend, b_glast = chunk_decays(gi, o_t, o_k, m_tk, t_first, t_last, m_k, HK)
-    b_end = tl.exp(b_gend)
-    b_kbar = load_rows(k, o_t, o_k, m_tk, HK) * b_end
-    p_tt = bos * BT + o_t[:, None] * H * BT + o_c[None, :]
+    _, _, b_gend, _ = chunk_decays(gi, o_t, o_k, m_tk, t_first, t_last, m_k, HK)
+    b_kbar = load_rows(k, o_t, o_k, m_tk, HK) * tl.exp(b_gend)
+    p_tt = o_t[:, None] * HBT + o_c[None, :]
     b_Ark = tl.load(Ark + p_tt, mask=m_t[:, None], other=0)
     b_Aak = tl.load(Aak + p_tt, mask=m_t[:, None], other=0)
     dA_rb = tl.zeros([BT, BT], dtype=tl.float32)
     dA_rk = tl.zeros([BT, BT], dtype=tl.float32)
     dA_ab = tl.zeros([BT, BT], dtype=tl.float32)
     dA_ak = tl.zeros([BT, BT], dtype=tl.float32)
-    b_dr = tl.zeros([BT, BK], dtype=tl.float32)  # the state terms: do' h^T, dX h^T, U dh^T, V dh^T
+    for i_v in range(0, tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_tv = m_t[:, None] & (o_v < V)[None, :]
+        b_do = load_rows(do, o_t, o_v, m_tv, H * V) * scale
+        b_u = load_rows(u, o_t, o_v, m_tv, H * V)
+        b_dx = load_rows(dX, o_t, o_v, m_tv, H * V)
+        b_v = load_rows(v, o_t, o_v, m_tv, H * V)
+        b_dh = tl.load(dh + p_h + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & (o_v < V)[None, :], other=0)
+        dA_rb += mma(b_do, tl.trans(b_u), DOT)
+        dA_rk += mma(b_do, tl.trans(b_v), DOT)
+        dA_ab += mma(b_dx, tl.trans(b_u), DOT)
+        dA_ak += mma(b_dx, tl.trans(b_v), DOT)
+        b_dv = mma(tl.trans(b_Ark), b_do, DOT) + mma(tl.trans(b_Aak), b_dx, DOT) + mma_split(b_kbar, b_dh, DOT)
+        tl.store(dv + o_t[:, None] * H * V + o_v[None, :], b_dv, mask=m_tv)
+    tl.debug_barrier()  # every thread has read its scores before they are overwritten
+    tl.store(Arb + p_tt, dA_rb, mask=m_t[:, None])
+    tl.store(Ark + p_tt, dA_rk, mask=m_t[:, None])
+    tl.store(Aab + p_tt, dA_ab, mask=m_t[:, None])
+    tl.store(Aak + p_tt, dA_ak, mask=m_t[:, None])
+
+
+@kernel
+def dplr_bwd_kernel(r, k, v, a, b, gi, h, dh, u, dX, do, dArb, dArk, dAab, dAak, dr, dk, da, db, x, scale, T, NT,
+                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                    BV: tl.constexpr, DOT: tl.constexpr):
+    """One chunk and BK channels: dr, da, db, dk through the state and through the scores (`reader_grads`,
+    `writer_grads`, from the score gradients of `dplr_bwd_dv_kernel`), and `x = r dr - b db - k dk` for the decay
+    gradient.
+
+    The a side runs one row ahead: tile row t holds a_{t+1}'s da (row BT - 1 holds the chunk's first a, which
+    has no earlier key in the chunk), so a_{t+1} and r_t share one weight exp(G_t - G_j)."""
+    i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_bh, i_b, i_h = batch_head(i_bh, H)
+    HK: tl.constexpr = H * K
+    HBT: tl.constexpr = H * BT
+    t_first, o_c, o_t, m_t, t_last = chunk_rows(i_t, T, BT)
+    o_n = t_first + tl.where(o_c + 1 < BT, o_c + 1, 0)  # the a side's rows: t + 1, and the chunk's first last
+    m_n = o_n < T
+    o_k = i_k * BK + tl.arange(0, BK)
+    m_k = o_k < K
+    m_tk, m_nk = m_t[:, None] & m_k[None, :], m_n[:, None] & m_k[None, :]
+    bos = i_b * T * H + i_h
+    r, k, a, b, gi = r + bos * K, k + bos * K, a + bos * K, b + bos * K, gi + bos * K
+    v, u, dX, do = v + bos * V, u + bos * V, dX + bos * V, do + bos * V
+    dArb, dArk, dAab, dAak = dArb + bos * BT, dArk + bos * BT, dAab + bos * BT, dAak + bos * BT
+    p_h = ((i_b * NT + i_t) * H + i_h) * K * V
+    b_g, _, b_gend, _ = chunk_decays(gi, o_t, o_k, m_tk, t_first, t_last, m_k, HK)
+    b_dr = tl.zeros([BT, BK], dtype=tl.float32)  # the state terms: do' h^T, dX h^T (a side), U dh^T, V dh^T
     b_da = tl.zeros([BT, BK], dtype=tl.float32)
     b_db = tl.zeros([BT, BK], dtype=tl.float32)
     b_dk = tl.zeros([BT, BK], dtype=tl.float32)
@@ -383,54 +471,36 @@ def dplr_bwd_kernel(r, k, v, a, b, gi, h, dh, u, dX, do, Ark, Aak, dr, dk, dv, d
         m_v = o_v < V
         m_tv = m_t[:, None] & m_v[None, :]
         m_vk = m_v[:, None] & m_k[None, :]
-        b_do = load_rows(do, o_t, o_v, m_tv, H * V) * scale
-        b_u = load_rows(u, o_t, o_v, m_tv, H * V)
-        b_dx = load_rows(dX, o_t, o_v, m_tv, H * V)
-        b_v = load_rows(v, o_t, o_v, m_tv, H * V)
         b_ht = tl.load(h + p_h + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0)  # [BV, BK]
         b_dht = tl.load(dh + p_h + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0)
-        dA_rb += mma(b_do, tl.trans(b_u), DOT)
-        dA_rk += mma(b_do, tl.trans(b_v), DOT)
-        dA_ab += mma(b_dx, tl.trans(b_u), DOT)
-        dA_ak += mma(b_dx, tl.trans(b_v), DOT)
-        b_dr += mma_split(b_do, b_ht, DOT)
-        b_da += mma_split(b_dx, b_ht, DOT)
-        b_db += mma_split(b_u, b_dht, DOT)
-        b_dk += mma_split(b_v, b_dht, DOT)
-        b_dv = mma(tl.trans(b_Ark), b_do, DOT) + mma(tl.trans(b_Aak), b_dx, DOT)
-        b_dv += mma_split(b_kbar, tl.trans(b_dht), DOT)
-        tl.store(dv + bos * V + o_t[:, None] * H * V + o_v[None, :], b_dv, mask=m_tv)
+        b_dr += mma_split(load_rows(do, o_t, o_v, m_tv, H * V) * scale, b_ht, DOT)
+        b_da += mma_split(load_rows(dX, o_n, o_v, m_n[:, None] & m_v[None, :], H * V), b_ht, DOT)
+        b_db += mma_split(load_rows(u, o_t, o_v, m_tv, H * V), b_dht, DOT)
+        b_dk += mma_split(load_rows(v, o_t, o_v, m_tv, H * V), b_dht, DOT)
+    b_end = tl.exp(b_gend)
     b_dr *= tl.exp(b_g)
-    b_da *= tl.exp(b_ge)
+    b_da *= tl.exp(tl.where(o_c[:, None] + 1 < BT, b_g, 0))  # a_{t+1} at Ge_{t+1} = G_t; the first a at 0
     b_db *= b_end
     b_dk *= b_end
-    b_r, b_a = load_rows(r, o_t, o_k, m_tk, HK), load_rows(a, o_t, o_k, m_tk, HK)
-    for j in range(0, BT):  # pair (t, s = t_first + j): rows t get dr, da; row s gets db, dk
-        m_j = m_k & (t_first + j + 0 * o_k < T)
-        b_bj = tl.load(b + (t_first + j) * HK + o_k, mask=m_j, other=0).to(tl.float32)
-        b_kj = tl.load(k + (t_first + j) * HK + o_k, mask=m_j, other=0).to(tl.float32)
-        b_gj = tl.load(gi + (t_first + j) * HK + o_k, mask=m_j, other=0)
-        w_inc, w_exc = pair_weights(b_g, b_ge, b_gj, o_c, j, m_t)
-        w_rb, w_rk = w_inc * column(dA_rb, o_c, j)[:, None], w_inc * column(dA_rk, o_c, j)[:, None]
-        w_ab, w_ak = w_exc * column(dA_ab, o_c, j)[:, None], w_exc * column(dA_ak, o_c, j)[:, None]
-        b_dr += w_rb * b_bj[None, :] + w_rk * b_kj[None, :]
-        b_da += w_ab * b_bj[None, :] + w_ak * b_kj[None, :]
-        at_j = o_c[:, None] == j
-        b_db += tl.where(at_j, tl.sum(w_rb * b_r + w_ab * b_a, axis=0)[None, :], 0)
-        b_dk += tl.where(at_j, tl.sum(w_rk * b_r + w_ak * b_a, axis=0)[None, :], 0)
-    p_tk = bos * K + o_t[:, None] * HK + o_k[None, :]
-    b_x = b_r * b_dr + b_a * b_da - load_rows(b, o_t, o_k, m_tk, HK) * b_db - load_rows(k, o_t, o_k, m_tk, HK) * b_dk
-    tl.store(dr + p_tk, b_dr, mask=m_tk)
-    tl.store(da + p_tk, b_da, mask=m_tk)
-    tl.store(db + p_tk, b_db, mask=m_tk)
-    tl.store(dk + p_tk, b_dk, mask=m_tk)
-    tl.store(x + p_tk, b_x, mask=m_tk)
+    b_dr, b_da = reader_grads(k, b, gi, dArb, dArk, dAab, dAak, b_dr, b_da, b_g, t_first, o_t, o_c, o_k, m_t, m_k,
+                              T, HK, HBT, BT)
+    b_db, b_dk = writer_grads(r, a, gi, dArb, dArk, dAab, dAak, b_db, b_dk, b_g, t_first, o_c, o_k, m_t, m_k, T,
+                              HK, HBT, BT)
+    p_tk = o_t[:, None] * HK + o_k[None, :]
+    b_x = load_rows(r, o_t, o_k, m_tk, HK) * b_dr - load_rows(b, o_t, o_k, m_tk, HK) * b_db
+    b_x -= load_rows(k, o_t, o_k, m_tk, HK) * b_dk
+    tl.store(dr + bos * K + p_tk, b_dr, mask=m_tk)
+    tl.store(da + bos * K + o_n[:, None] * HK + o_k[None, :], b_da, mask=m_nk)
+    tl.store(db + bos * K + p_tk, b_db, mask=m_tk)
+    tl.store(dk + bos * K + p_tk, b_dk, mask=m_tk)
+    tl.store(x + bos * K + p_tk, b_x, mask=m_tk)
 
 
 @kernel
 def dplr_dw_kernel(x, a, da, bnd, dw, T, NT, H: tl.constexpr, K: tl.constexpr, NP: tl.constexpr, BT: tl.constexpr,
                    BK: tl.constexpr):
-    """dw of one chunk: `dw_t = sum_{t' >= t in the chunk} x_t' - a_t da_t + bnd[n]`, the boundary term the future's
+    """dw of one chunk: `dw_t = sum_{t' >= t in the chunk} (x + a da)_t' - a_t da_t + bnd[n]` (x = r dr - b db -
+    k dk), the boundary term the future's
     share (no sum longer than a chunk: a cumulative sum over the sequence keeps every rounding of x); `dw` may be
     `x` itself (each tile is read, then written by the same program)."""
     i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -444,7 +514,7 @@ def dplr_dw_kernel(x, a, da, bnd, dw, T, NT, H: tl.constexpr, K: tl.constexpr, N
     p = bos * K + o_t[:, None] * H * K + o_k[None, :]
     b_x = tl.load(x + p, mask=m, other=0)
     b_own = tl.load(a + p, mask=m, other=0).to(tl.float32) * tl.load(da + p, mask=m, other=0)
-    b_dw = b_bnd[None, :] + tl.cumsum(b_x, axis=0, reverse=True) - b_own
+    b_dw = b_bnd[None, :] + tl.cumsum(b_x + b_own, axis=0, reverse=True) - b_own
     tl.store(dw + p, b_dw.to(dw.dtype.element_ty), mask=m)
 
 
@@ -525,7 +595,6 @@ def _backward(r, w, k, v, a, b, scale, h0, ht, do, dht, bug=None):
     gi = chunk_cumsum(w, CHUNK)
     Arb, Ark, Aab, Aak = _scores(r, k, a, b, gi)
     W, U0, Wb, dX0 = _intra(a, b, v, gi, do, Arb, Aab, Aak, scale, backward=True)
-    del Arb, Aab
     h, u, _ = _states(k, v, b, gi, W, U0, h0, False, dot, bug)
     del W, U0
     dh, dX = _f32(r, B, NT, H, K, V), _f32(r, B, T, H, V)
@@ -537,11 +606,15 @@ def _backward(r, w, k, v, a, b, scale, h0, ht, do, dht, bug=None):
                                                    USE_DHT=dht is not None, STORE_DH0=h0 is not None,
                                                    num_warps=WARPS["bwd_dh"])
     del Wb, dX0
-    dr, dk, da, db, x = (_f32(r, B, T, H, K) for _ in range(5))
     dv = _f32(r, B, T, H, V)
-    dplr_bwd_kernel[(NT, B * H)](r, k, v, a, b, gi, h, dh, u, dX, do, Ark, Aak, dr, dk, dv, da, db, x, scale, T,
-                                 NT, H=H, K=K, V=V, BT=CHUNK, BK=BK, BV=BV, DOT=dot, num_warps=WARPS["bwd"])
-    del h, dh, u, dX, Ark, Aak
+    dplr_bwd_dv_kernel[(NT, B * H)](k, v, gi, dh, u, dX, do, Arb, Ark, Aab, Aak, dv, scale, T, NT, H=H, K=K, V=V,
+                                    BT=CHUNK, BK=BK, BV=min(BV, BWD_BV), DOT=dot, num_warps=WARPS["bwd_dv"])
+    dr, dk, da, db, x = (_f32(r, B, T, H, K) for _ in range(5))
+    PBK = min(BK, BWD_BK)
+    dplr_bwd_kernel[(grid_size(K, PBK), NT, B * H)](r, k, v, a, b, gi, h, dh, u, dX, do, Arb, Ark, Aab, Aak, dr, dk,
+                                                    da, db, x, scale, T, NT, H=H, K=K, V=V, BT=CHUNK, BK=PBK,
+                                                    BV=min(BV, BWD_BV), DOT=dot, num_warps=WARPS["bwd"])
+    del h, dh, u, dX, Arb, Ark, Aab, Aak
     dw = x if w.dtype == torch.float32 else torch.empty_like(w)
     BKw = min(BK, 32)
     dplr_dw_kernel[(grid_size(K, BKw), NT, B * H)](x, a, da, bnd, dw, T, NT, H=H, K=K, NP=bnd.shape[3], BT=CHUNK,
