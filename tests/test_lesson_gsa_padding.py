@@ -3,7 +3,7 @@ chunk's sub-chunks whose cumulative decay passes -88.72, and every earlier row o
 threshold is 88.72 over the summed rows, the forward direction never exponentiates a positive number, the users'
 clamp does not reach the cumulative decay, the fixed kernel matches the float64 spec, and the explorer runs only on
 demand, and the exercise's check rejects the buggy exponent and accepts a masked one. Kernel calls stay at T <= 64
-(the layer's at T = 20)."""
+(the layer's at T = 20; the packed batch's sequences at T <= 100)."""
 import json
 import math
 
@@ -172,6 +172,29 @@ def test_nonfinite_slots_and_census_formatting():
     assert census.count == 4 and census.first == {"t": 2, "b": 0, "h": 1, "d": 2}
 
 
+def test_packed_batch_nan_per_sequence_where_its_gate_predicts():
+    """Notebook 03b's packed batch: with the bug, exactly the sequences whose own partial last chunk passes -88.72
+    (45 and 100 tokens) are non-finite, in ds and dg and in the slots the gate predicts; the full chunk (64) and the
+    short partial one (70: 6 rows of at most -10) match the reference as the fixed kernel does; fixed, every sequence
+    matches the float64 recurrence run on it alone."""
+    lengths, decay = lesson.PACKED_LENGTHS, lesson.PACKED_DECAY
+    assert lesson.offsets(lengths) == [0, 45, 109, 179, 279]
+    buggy, fixed = lesson.packed_batch(lengths, decay, BUG), lesson.packed_batch(lengths, decay, None)
+    g = lesson.packed_inputs(lengths, decay)["g"]
+    bounds = lesson.offsets(lengths)
+    for bos, eos, bad, good in zip(bounds, bounds[1:], buggy, fixed):
+        assert bad["length"] == good["length"] == eos - bos and bad["T mod 64"] == (eos - bos) % 64
+        predicted = lesson.predicted_nonfinite(g[:, bos:eos])["ds"].any(1).sum()
+        assert bad["slots"] == int(predicted), eos - bos
+        assert good["ok"] and not good["non-finite"] and good["slots"] == 0
+        if bad["slots"]:
+            assert bad["non-finite"] == ("ds", "dg") and bad["error"] == math.inf and not bad["ok"]
+        else:  # the NaN does not leak into the other sequences: the same result as the fixed kernel
+            assert not bad["non-finite"] and bad["error"] == good["error"] and bad["ok"]
+    assert [row["slots"] > 0 for row in buggy] == [True, False, False, True]
+    assert lesson.PACKED_DECAY * 6 < EXP_MAX  # the 70-token sequence's 6-row partial chunk can never fire
+
+
 # ---------------------------------------------------------------------------------------------------- fix and accuracy
 
 
@@ -226,10 +249,10 @@ def test_figures_draw():
 
 
 def test_gpu_atlas_numbers_the_notebook_quotes():
-    """Cell 46 of 03b: fla_lab's scale-aware dg is "within 2e-2 at every knob and length, worst at weak decay (7.7e-3
-    and 8.0e-3 at m = 1e-3)", 9.4e-5 and 1.0e-4 at m = 30, about 1e-5 at m = 100; upstream 6.5e-2 and 0.11 at
-    m = 1e-3; plain: 5.5e-3 and 5.2e-3 (ours) against 0.54 and 0.40 at m = 30, 0.05 and 0.019 against 42 and 28 at
-    m = 100."""
+    """03b's cell 243e3bae (the markdown after the GPU atlas table): fla_lab's scale-aware dg is "within 2e-2 at every
+    knob and length, worst at weak decay (7.7e-3 and 8.0e-3 at m = 1e-3)", 9.4e-5 and 1.0e-4 at m = 30, about 1e-5 at
+    m = 100; upstream 6.5e-2 and 0.11 at m = 1e-3; plain: 5.5e-3 and 5.2e-3 (ours) against 0.54 and 0.40 at m = 30,
+    0.05 and 0.019 against 42 and 28 at m = 100."""
     ours, upstream = lesson.gpu_dg_errors(), lesson.gpu_dg_errors("fla:chunk_gsa")
     tol = check.tolerance(torch.bfloat16).grad
     assert tol == 2e-2

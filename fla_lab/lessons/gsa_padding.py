@@ -9,11 +9,13 @@ end of the sequence (a partial last chunk) loads its decay as 0, so the factor i
 decay gradient's reverse cumulative sum over every earlier row. The fix 737550ff masks rows past T in the exponent.
 Everything here runs the real kernel `chunk_gsa` (and the layer `GatedSlotAttention`) with and without
 `bug="unmasked_padding"`, against the float64 spec `reference.recurrent_gsa`; the exercise's helper goes into the
-EXPONENT slot of that kernel (`chunk_gsa(later_rows_exponent=...)`).
+EXPONENT slot of that kernel (`chunk_gsa(later_rows_exponent=...)`). `packed_batch` runs it on a packed batch
+(`cu_seqlens`), where each sequence whose length is not a multiple of 64 ends in a partial chunk of its own.
 """
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import math
 import re
@@ -262,12 +264,14 @@ def constant_gate_inputs(T: int, log_decay: float, seed: int = 0) -> dict:
 
 
 def _run(x: dict, bug: str | None, dtype: torch.dtype, seed: int = 0, reference: bool = False,
-         chunk_size: int = CHUNK, exponent=None) -> dict:
+         chunk_size: int = CHUNK, exponent=None, cu_seqlens: torch.Tensor | None = None) -> dict:
     """`chunk_gsa` forward and backward under a random cotangent `do`: `o` and `d<name>` of every input (fp32, on the
     CPU), and `g`. `reference=True` adds `ref_o`, `ref_d<name>`: the float64 recurrence on the same rounded inputs
-    with the same `do`. `exponent`: a helper for the kernel's EXPONENT slot (`chunk_gsa(later_rows_exponent=)`)."""
+    with the same `do`. `exponent`: a helper for the kernel's EXPONENT slot (`chunk_gsa(later_rows_exponent=)`).
+    `cu_seqlens` (CPU offsets): a packed batch, the kernel and the recurrence run on each sequence alone."""
     from fla_lab import reference as spec
     from fla_lab.ops import chunk_gsa
+    from fla_lab.ops.common.conventions import per_sequence
 
     dev = runtime.device()
 
@@ -280,7 +284,8 @@ def _run(x: dict, bug: str | None, dtype: torch.dtype, seed: int = 0, reference:
                 for n, v in tree.items() for i, t in (enumerate(v) if isinstance(v, tuple) else [(0, v)])}
 
     ours = {n: (tuple(leaf(n, t) for t in v) if isinstance(v, tuple) else leaf(n, v)) for n, v in x.items()}
-    o, _ = chunk_gsa(**ours, bug=bug, chunk_size=chunk_size, later_rows_exponent=exponent)
+    packed = {} if cu_seqlens is None else {"cu_seqlens": cu_seqlens.to(dev)}
+    o, _ = chunk_gsa(**ours, bug=bug, chunk_size=chunk_size, later_rows_exponent=exponent, **packed)
     do = torch.randn(o.shape, generator=torch.Generator().manual_seed(seed + 1))
     (o * do.to(dev, o.dtype)).sum().backward()
     out = {"o": o.detach().float().cpu(), "g": x["g"]}
@@ -288,7 +293,12 @@ def _run(x: dict, bug: str | None, dtype: torch.dtype, seed: int = 0, reference:
     if reference:
         as64 = lambda t: t.detach().cpu().double().requires_grad_(True)  # noqa: E731
         theirs = {n: (tuple(map(as64, v)) if isinstance(v, tuple) else as64(v)) for n, v in ours.items()}
-        o_ref, _ = spec.recurrent_gsa(**theirs)
+        if cu_seqlens is None:
+            o_ref, _ = spec.recurrent_gsa(**theirs)
+        else:
+            rows = {n: t for n, t in theirs.items() if n != "initial_state"}
+            o_ref, _ = per_sequence("reference", spec.recurrent_gsa, rows, cu_seqlens, theirs.get("initial_state"),
+                                    False)
         (o_ref * do.double()).sum().backward()
         out["ref_o"] = o_ref.detach()
         out.update({f"ref_d{n}": t.grad for n, t in named(theirs).items()})
@@ -314,6 +324,49 @@ def fixed_comparison(T: int, decay: float, dtype: str = "fp32", bug: str | None 
 
     op = functools.partial(chunk_gsa, bug=bug)
     return harness.compare(op, reference.recurrent_gsa, inputs(T, decay), dtype=viz.DTYPES[dtype])
+
+
+# ---------------------------------------------------------------------------------------------------- packed batches
+
+PACKED_LENGTHS = (45, 64, 70, 100)  # last chunks of 45 rows, none (the control), 6 rows, 36 rows
+PACKED_DECAY = 10.0  # per-step log-decays -0.5 to -10: 6 rows sum to at most -60, 36 or 45 rows pass -88.72
+
+
+def packed_inputs(lengths: tuple[int, ...] = PACKED_LENGTHS, decay: float = PACKED_DECAY, seed: int = 0) -> dict:
+    """`inputs` of the sequences packed along time (FLA's varlen batch: B = 1, T = sum of the lengths), with one
+    initial state pair per sequence (`[N, ...]`)."""
+    x = harness.gsa_inputs(1, sum(lengths), 1, 16, 16, 16, decay=decay, initial_state=False, seed=seed)
+    x["initial_state"] = harness.gsa_inputs(len(lengths), 1, 1, 16, 16, 16, seed=seed + 1)["initial_state"]
+    return x
+
+
+def offsets(lengths: tuple[int, ...]) -> list[int]:
+    """`cu_seqlens` of sequences of these lengths: [0, l0, l0 + l1, ..., T]."""
+    return [0, *itertools.accumulate(lengths)]
+
+
+@functools.lru_cache(maxsize=4)
+def packed_batch(lengths: tuple[int, ...] = PACKED_LENGTHS, decay: float = PACKED_DECAY,
+                 bug: str | None = BUG) -> list[dict]:
+    """`chunk_gsa(..., cu_seqlens=offsets(lengths))` in fp32, forward and backward, against the float64 recurrence
+    run on each sequence alone (`packed_inputs`). One row per sequence: `length`, `T mod 64` (rows of its last
+    chunk; 0: none partial), `non-finite` (the gradients with a NaN/inf in its rows or its initial states),
+    `slots` (how many of its slots have a non-finite ds), `error` (the worst scale-aware error of its gradients,
+    inf when one is non-finite) and `ok` (within the fp32 gradient tolerance). Cached: treat as read-only."""
+    bounds = offsets(lengths)
+    got = _run(packed_inputs(lengths, decay), bug, torch.float32, reference=True, cu_seqlens=torch.tensor(bounds))
+    names = [n[4:] for n in got if n.startswith("ref_d")]
+    table = []
+    for i, (bos, eos) in enumerate(zip(bounds, bounds[1:])):
+        own = lambda n: got[n][i:i + 1] if "initial_state" in n else got[n][:, bos:eos]  # noqa: E731
+        ours, ref = {n: own(n) for n in names}, {n: own(f"ref_{n}") for n in names}
+        errors = check.grad_errors(ref, ours)
+        worst = max(errors.values())
+        table.append({"length": eos - bos, "T mod 64": (eos - bos) % CHUNK,
+                      "non-finite": tuple(n for n in names if not torch.isfinite(ours[n]).all()),
+                      "slots": int((~torch.isfinite(ours["ds"])).any(1).sum()), "error": worst,
+                      "ok": worst <= check.tolerance(torch.float32).grad})
+    return table
 
 
 # ---------------------------------------------------------------------------------------------------- the catalogue
