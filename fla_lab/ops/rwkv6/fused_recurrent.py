@@ -23,19 +23,19 @@ from fla_lab.ops.common.utils import (as_contiguous, batch_head, cast_grad, cust
                                       kernel, next_pow2, reverse_cumsum, slot_helper, state_tile)
 from fla_lab.ops.common.conventions import per_sequence
 
-MAX_K = 256  # the forward keeps a whole key dimension per program
+FWD_BK = 256  # key rows per forward program; a larger K is split into blocks whose outputs add up (as FLA does)
 FWD_BV = 16  # value columns per forward program: more programs (H200, B=8, T=4096, H=16, K=V=64, bf16: forward
 #             4.30 ms at 16, 6.02 at 32, 7.17 at 64)
 
 
 @kernel
-def fused_recurrent_fwd_kernel(q, k, v, g, u, o, h0, ht, scale, T,
+def fused_recurrent_fwd_kernel(q, k, v, g, u, o, h0, ht, scale, B, T,
                                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                                BK: tl.constexpr, BV: tl.constexpr, RWKV6: tl.constexpr,
                                USE_H0: tl.constexpr, STORE_HT: tl.constexpr):
-    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_v, i_k, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_bh, i_b, i_h = batch_head(i_bh, H)
-    o_k, o_v, m_k, m_v, m_kv, p_kv = state_tile(0, i_v, K, V, BK, BV)
+    o_k, o_v, m_k, m_v, m_kv, p_kv = state_tile(i_k, i_v, K, V, BK, BV)
     b_h = tl.zeros([BK, BV], dtype=tl.float32)  # key-major state tile, fp32
     if USE_H0:
         b_h += tl.load(h0 + i_bh * K * V + p_kv, mask=m_kv, other=0).to(tl.float32)
@@ -54,7 +54,7 @@ def fused_recurrent_fwd_kernel(q, k, v, g, u, o, h0, ht, scale, T,
         else:  # decay and write, then read S_t
             b_h = b_h * tl.exp(b_g)[:, None] + b_kv
             b_o = tl.sum(b_h * b_q[:, None], axis=0)
-        tl.store(o + row * V + o_v, b_o.to(o.dtype.element_ty), mask=m_v)
+        tl.store(o + (i_k * B * T * H + row) * V + o_v, b_o.to(o.dtype.element_ty), mask=m_v)  # [NK, B, T, H, V]
     if STORE_HT:
         tl.store(ht + i_bh * K * V + p_kv, b_h, mask=m_kv)
 
@@ -175,15 +175,15 @@ def fused_recurrent_bwd_dkv_kernel(q, k, v, g, u, do, dq, dk, dv, dg, du, ht, dh
 def _forward(q, k, v, g, u, scale, h0, output_final_state):
     B, T, H, K = q.shape
     V = v.shape[-1]
-    if K > MAX_K:
-        raise ValueError(f"fused recurrent kernels keep the whole key dimension per program: K={K} > {MAX_K}")
-    BK, BV = next_pow2(K), min(next_pow2(V), FWD_BV)
-    o = torch.empty(B, T, H, V, dtype=q.dtype, device=q.device)
+    BK, BV = min(next_pow2(K), FWD_BK), min(next_pow2(V), FWD_BV)
+    NK = grid_size(K, BK)
+    # one key block writes the output in place; several write fp32 partials (each a sum over its keys) to add up
+    o = torch.empty(NK, B, T, H, V, dtype=q.dtype if NK == 1 else torch.float32, device=q.device)
     ht = q.new_empty(B, H, K, V, dtype=torch.float32) if output_final_state else None
-    fused_recurrent_fwd_kernel[(grid_size(V, BV), B * H)](
-        q, k, v, g, u, o, h0, ht, scale, T, H=H, K=K, V=V, BK=BK, BV=BV, RWKV6=u is not None,
+    fused_recurrent_fwd_kernel[(grid_size(V, BV), NK, B * H)](
+        q, k, v, g, u, o, h0, ht, scale, B, T, H=H, K=K, V=V, BK=BK, BV=BV, RWKV6=u is not None,
         USE_H0=h0 is not None, STORE_HT=output_final_state)
-    return o, ht
+    return sum_partials(o).to(q.dtype), ht
 
 
 # The dkv kernel's state tile is at most [DKV_BK, DKV_BV]. One value block (V <= DKV_BV) keeps dg and the RWKV6
