@@ -25,14 +25,8 @@ CASES = [  # B, T, H, K, V, M, dtype, decay, h0
 ]
 
 
-def _ids(case):
-    B, T, H, K, V, M, dtype, decay, h0 = case
-    return f"B{B}-T{T}-H{H}-K{K}-V{V}-M{M}-{str(dtype)[6:]}-m{decay:g}-{'h0' if h0 else 'noh0'}"
-
-
-@pytest.mark.parametrize("case", CASES, ids=_ids)
-def test_fused_recurrent_gsa(case):
-    B, T, H, K, V, M, dtype, decay, h0 = case
+@pytest.mark.parametrize("B,T,H,K,V,M,dtype,decay,h0", CASES)
+def test_fused_recurrent_gsa(B, T, H, K, V, M, dtype, decay, h0):
     x = harness.gsa_inputs(B, T, H, K, V, M, decay=decay, initial_state=h0, seed=T)
     result = harness.compare(fused_recurrent_gsa, reference.recurrent_gsa, x, dtype=dtype, seed=T)
     assert result.ok, f"{result.failures()} | {result}"

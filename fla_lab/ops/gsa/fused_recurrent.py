@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import torch
 
-from fla_lab.ops import contract
 from fla_lab.ops.common.conventions import per_sequence
 from fla_lab.ops.common.utils import as_contiguous, cast_grad, custom_bwd, custom_fwd
-from fla_lab.ops.gsa.chunk import additive_gates, slot_softmax, slot_softmax_backward
+from fla_lab.ops.gsa.chunk import gsa_arguments, slot_softmax, slot_softmax_backward
 from fla_lab.ops.rwkv6.fused_recurrent import DEFAULT_DQ_TILES, _backward, _forward, h0_mask
 
 
@@ -67,12 +66,7 @@ def fused_recurrent_gsa(q, k, v, s, g=None, scale=None, initial_state=None, outp
     if cu_seqlens is not None:  # packed sequences (FLA's varlen): one call per sequence
         return per_sequence("fused_recurrent_gsa", fused_recurrent_gsa, dict(q=q, k=k, v=v, s=s, g=g), cu_seqlens,
                             initial_state, output_final_state, scale=scale, reverse=reverse, **kwargs)
-    contract.check_gsa_inputs("fused_recurrent_gsa", q, k, v, s, g, initial_state=initial_state, kwargs=kwargs)
-    if g is None:
-        s, g = additive_gates(s)
-    hk0, hv0 = initial_state if initial_state is not None else (None, None)
-    contract.check_kernel_device("fused_recurrent_gsa", dict(q=q, k=k, v=v, s=s, g=g, hk0=hk0, hv0=hv0))
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    s, g, hk0, hv0, scale = gsa_arguments("fused_recurrent_gsa", q, k, v, s, g, scale, initial_state, kwargs)
     if reverse:  # the time axis flipped on the way in and out: the kernels always step forwards
         q, k, v, s, g = (t.flip(1) for t in (q, k, v, s, g))
     o, hkt, hvt = FusedRecurrentGSAFunction.apply(q, k, v, s, g, scale, hk0, hv0, output_final_state)
