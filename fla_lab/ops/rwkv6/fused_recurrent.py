@@ -1,7 +1,6 @@
-"""Fused recurrent RWKV6 (and GLA, and both passes of GSA, which share these kernels): one time step per loop
-iteration, the state in registers. Top to bottom: the forward kernel, the backward kernels (#18's initial-state mask
-is the dq kernel's H0_MASK slot), their launchers (`decay_and_bonus_grads`: the backward's torch fallback), the
-autograd function, the op.
+"""Fused recurrent RWKV6 (and GLA, and both passes of GSA): one time step per loop iteration, the state in registers.
+Top to bottom: the forward kernel, the backward kernels (#18's initial-state mask is the dq kernel's H0_MASK slot),
+their launchers (`decay_and_bonus_grads`: the backward's torch fallback), the autograd function, the op.
 
 GLA and RWKV6 differ in one constexpr, `RWKV6`: RWKV6 reads the state *before* this step's decay and adds the
 bonus `diag(u) k_t v_t^T` for the current token; GLA reads the state after the update. GLA's state may decay on
@@ -19,7 +18,8 @@ from fla_lab.ops.common.utils import (as_contiguous, batch_head, cast_grad, cust
                                       kernel, next_pow2, reverse_cumsum, slot_helper, state_tile)
 from fla_lab.ops.common.conventions import per_sequence
 
-FWD_BK = 256  # key rows per forward program; a larger K is split into blocks whose outputs add up (as FLA does)
+FWD_BK = 256  # keys per forward program; a larger K splits into blocks whose outputs add up (FLA 0.6.0 splits at 64:
+#             `_fused_recurrent_tiling`, `o.sum(0)`, fla/ops/common/fused_recurrent.py)
 FWD_BV = 16  # value columns per forward program: more programs (H200, B=8, T=4096, H=16, K=V=64, bf16: forward
 #             4.30 ms at 16, 6.02 at 32, 7.17 at 64)
 
