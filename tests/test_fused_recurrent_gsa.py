@@ -79,3 +79,9 @@ def test_same_function_as_chunk_gsa():
     torch.testing.assert_close(got.o, other.o, rtol=1e-5, atol=1e-5)
     for name, grad in got.grads.items():
         torch.testing.assert_close(grad, other.grads[name], rtol=1e-4, atol=1e-4, msg=name)
+
+
+def test_bad_input_is_refused_by_the_contract():
+    x = harness.gsa_inputs(1, 5, 1, 16, 16, 8, initial_state=False)
+    with pytest.raises(ValueError, match=r"^fused_recurrent_gsa: `g`"):
+        fused_recurrent_gsa(**{**x, "g": x["g"][..., :4]})
