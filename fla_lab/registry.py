@@ -120,6 +120,7 @@ def _specs() -> dict[str, OpSpec]:
         OpSpec("fused_recurrent_rwkv6", "rwkv6", ops.fused_recurrent_rwkv6, reference.recurrent_rwkv6,
                _gated(("r", "k", "v", "w"), bonus=True), "w"),
         OpSpec("chunk_gsa", "gsa", ops.chunk_gsa, reference.recurrent_gsa, _gsa, "g", chunk_sizes=(16, 32, 64)),
+        OpSpec("fused_recurrent_gsa", "gsa", ops.fused_recurrent_gsa, reference.recurrent_gsa, _gsa, "g"),
         OpSpec("chunk_rwkv7", "rwkv7", ops.chunk_rwkv7, reference.recurrent_rwkv7, _rwkv7, "w"),
         OpSpec("fused_recurrent_rwkv7", "rwkv7", ops.fused_recurrent_rwkv7, reference.recurrent_rwkv7, _rwkv7, "w"),
     ]
@@ -157,8 +158,8 @@ def for_bug(name: str) -> OpSpec | None:
 
 FLA_MODULES = {  # fla_lab op -> upstream module (0.6.0 layout); same signatures, `[B, T, H, D]`, log-space decays
     "chunk_gla": "fla.ops.gla", "fused_recurrent_gla": "fla.ops.gla", "chunk_rwkv6": "fla.ops.rwkv6",
-    "fused_recurrent_rwkv6": "fla.ops.rwkv6", "chunk_gsa": "fla.ops.gsa", "chunk_rwkv7": "fla.ops.rwkv7",
-    "fused_recurrent_rwkv7": "fla.ops.rwkv7",
+    "fused_recurrent_rwkv6": "fla.ops.rwkv6", "chunk_gsa": "fla.ops.gsa", "fused_recurrent_gsa": "fla.ops.gsa",
+    "chunk_rwkv7": "fla.ops.rwkv7", "fused_recurrent_rwkv7": "fla.ops.rwkv7",
 }
 
 

@@ -107,14 +107,17 @@ def test_parameter_and_output_shapes():
 # Forward and gradient against float64
 
 
-@pytest.mark.parametrize("options", [{}, dict(feature_map="relu", expand_k=0.5, scale=None, gate_clamp=0.08,
-                                              elementwise_affine=False, norm_eps=1e-3)], ids=["default", "variant"])
-def test_matches_float64_recomputation(options):
+@pytest.mark.parametrize("options, T", [({}, 37), ({}, 70),
+                                        (dict(feature_map="relu", expand_k=0.5, scale=None, gate_clamp=0.08,
+                                              elementwise_affine=False, norm_eps=1e-3), 37)],
+                         ids=["default-fused", "default-chunk", "variant-fused"])
+def test_matches_float64_recomputation(options, T):
+    """T <= 64 runs fused_recurrent_gsa, longer chunk_gsa (`test_kernel_choice_follows_upstream`)."""
     m = layer(**options)
     if m.g_norm.weight is not None:
         with torch.no_grad():
             m.g_norm.weight.uniform_(0.5, 1.5)  # so a wrong norm weight shows
-    x = inputs(2, 37, seed=1)
+    x = inputs(2, T, seed=1)
     o, _, _ = m(x)
     x64 = x.detach().double().requires_grad_()
     ref = gsa_float64(m, x64)
@@ -123,6 +126,30 @@ def test_matches_float64_recomputation(options):
     o.backward(do)
     ref.backward(do.double())
     assert rel(x.grad, x64.grad) < 5e-6
+
+
+@pytest.mark.parametrize("mode, bug, T, expected", [
+    ("chunk", None, 64, "fused_recurrent_gsa"),  # upstream: fused_recurrent_gsa up to T = 64
+    ("chunk", None, 65, "chunk_gsa"),
+    ("fused_recurrent", None, 65, "fused_recurrent_gsa"),
+    ("chunk", "unmasked_padding", 5, "chunk_gsa"),  # a chunk_gsa switch runs where it lives, at every length
+    ("chunk", "capstone_a", 5, "chunk_gsa"),  # the layer's own switch: notebook 06 studies it on the chunk path
+])
+def test_kernel_choice_follows_upstream(monkeypatch, mode, bug, T, expected):
+    calls = []
+
+    def spy(name):
+        def op(q, k, v, s, g=None, scale=None, bug=None):
+            calls.append((name, bug))
+            return torch.zeros_like(v), None
+        return op
+
+    for name in ("chunk_gsa", "fused_recurrent_gsa"):
+        monkeypatch.setattr(fla_lab.ops, name, spy(name))
+    with torch.no_grad():
+        layer(mode=mode, bug=bug)(inputs(1, T))
+    kernel_bug = None if bug == "capstone_a" else bug
+    assert calls == [(expected, kernel_bug)]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -159,6 +186,7 @@ def test_gate_stays_fp32_and_kernel_inputs_share_a_dtype_under_autocast(monkeypa
         return reference.recurrent_gsa(q, k, v, s, g, scale=kwargs["scale"])[0].to(v.dtype), None
 
     monkeypatch.setattr(fla_lab.ops, "chunk_gsa", spy)
+    monkeypatch.setattr(fla_lab.ops, "fused_recurrent_gsa", spy)  # T = 5: the layer's fused path
     m = layer()
     with torch.autocast(DEV, dtype=torch.bfloat16):
         assert m.f_proj(inputs(1, 5)).dtype == torch.bfloat16
@@ -236,7 +264,7 @@ def test_unmasked_padding_nan_gradient_needs_a_partial_chunk(T):
     (dict(num_kv_heads=1), NotImplementedError, "num_kv_heads"),
     (dict(use_short_conv=True), NotImplementedError, "short convolution"),
     (dict(feature_map="t2r"), NotImplementedError, "feature_map"),
-    (dict(mode="fused_recurrent"), NotImplementedError, "fused_recurrent_gsa"),
+    (dict(mode="fused_recurrent", bug="unmasked_padding"), ValueError, "never runs"),
     (dict(mode="parallel"), ValueError, "mode"),
     (dict(use_output_gate=True), NotImplementedError, "ignores it"),
     (dict(use_norm=False), NotImplementedError, "ignores it"),

@@ -29,6 +29,7 @@ def _calls(fn) -> set[str]:
                                         ("fla_lab.ops.rwkv6.chunk", "chunk_rwkv6"),
                                         ("fla_lab.ops.rwkv6.fused_recurrent", "fused_recurrent_rwkv6"),
                                         ("fla_lab.ops.gsa.chunk", "chunk_gsa"),
+                                        ("fla_lab.ops.gsa.fused_recurrent", "fused_recurrent_gsa"),
                                         ("fla_lab.ops.rwkv7.chunk", "chunk_rwkv7"),
                                         ("fla_lab.ops.rwkv7.fused_recurrent", "fused_recurrent_rwkv7")])
 def test_each_public_op_is_defined_in_its_family_file(module, op):

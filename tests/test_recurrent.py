@@ -99,3 +99,36 @@ def test_in_kernel_decay_grad_matches_the_torch_fallback(monkeypatch, bonus, out
     for name, grad in fallback.items():
         diff = float((in_kernel[name] - grad).abs().max())
         assert diff <= 1e-6 * float(grad.abs().max()), f"{name}: max |in-kernel - fallback| = {diff:.3g}"
+
+
+# The forward keeps at most FWD_BK = 256 keys per program; a larger K is split into key blocks whose fp32 output
+# partials add up (the backward's kernels tile K already). FLA's GLA fused recurrent tests use head dims of 512.
+@pytest.mark.parametrize("bonus", [False, True], ids=["gla", "rwkv6"])
+@pytest.mark.parametrize("state_grad", [True, False], ids=["dht", "no_dht"])
+def test_split_key_blocks(monkeypatch, bonus, state_grad):
+    monkeypatch.setattr(fused_recurrent, "FWD_BK", 16)  # K = 40: three key blocks, the last one masked
+    names = ("r", "k", "v", "w") if bonus else ("q", "k", "v", "gk")
+    x = harness.gated_inputs(2, 13, 2, 40, 24, decay=3.0, initial_state=True, bonus=bonus, names=names)
+    op = fused_recurrent_rwkv6 if bonus else fused_recurrent_gla
+    result = harness.compare(op, reference.recurrent_rwkv6 if bonus else _gla, x, dtype=FP16, state_grad=state_grad)
+    assert result.ok, f"{result.failures()} | {result}"
+
+
+WIDE_KEYS = [  # B, T, H, K, V, dtype, decay
+    (1, 7, 1, 512, 32, FP32, 1.0),    # two forward key blocks, one dkv value block: dg in the kernel
+    (1, 5, 1, 512, 512, BF16, 1e-3),  # FLA's head dim 512 (K = V): eight value blocks, dg in torch
+    (1, 6, 2, 300, 40, FP16, 1e4),    # K past a block edge: the second block masked
+]
+
+
+@pytest.mark.parametrize("B,T,H,K,V,dtype,decay", WIDE_KEYS)
+def test_fused_recurrent_gla_wide_keys(B, T, H, K, V, dtype, decay):
+    x = harness.gated_inputs(B, T, H, K, V, decay=decay, initial_state=True, names=("q", "k", "v", "gk"))
+    result = harness.compare(fused_recurrent_gla, _gla, x, dtype=dtype)
+    assert result.ok, f"{result.failures()} | {result}"
+
+
+def test_fused_recurrent_rwkv6_wide_keys():
+    x = harness.gated_inputs(1, 6, 1, 512, 48, decay=10.0, initial_state=True, bonus=True, names=("r", "k", "v", "w"))
+    result = harness.compare(fused_recurrent_rwkv6, reference.recurrent_rwkv6, x, dtype=BF16, seed=6)
+    assert result.ok, f"{result.failures()} | {result}"

@@ -14,7 +14,7 @@ from fla_lab import registry, runtime
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(runtime.device() != "cuda", reason="needs a CUDA device")]
 
 CHUNKED = ("chunk_gla", "chunk_rwkv6", "chunk_gsa", "chunk_rwkv7")
-RECURRENT = ("fused_recurrent_gla", "fused_recurrent_rwkv6", "fused_recurrent_rwkv7")
+RECURRENT = ("fused_recurrent_gla", "fused_recurrent_rwkv6", "fused_recurrent_gsa", "fused_recurrent_rwkv7")
 CASES = ([(name, 4096, decay) for name in CHUNKED + RECURRENT for decay in (1e-3, 1.0)]
          + [(name, 16384, 1e-3) for name in CHUNKED])
 

@@ -1,4 +1,5 @@
-"""Gated Slot Attention ("GSA", arXiv 2409.07146) on fla_lab's `chunk_gsa`, as flash-linear-attention 0.6.0's layer.
+"""Gated Slot Attention ("GSA", arXiv 2409.07146) on fla_lab's `chunk_gsa` and `fused_recurrent_gsa`, as
+flash-linear-attention 0.6.0's layer.
 
 Forward (upstream `fla/layers/gsa.py` `GatedSlotAttention`):
 - `q, k = phi(W_q x), phi(W_k x)` with the feature map phi (swish by default), `v = silu(W_v x)`;
@@ -6,6 +7,7 @@ Forward (upstream `fla/layers/gsa.py` `GatedSlotAttention`):
   (-inf, 0): the normalizer 8 keeps slots slow, each step forgets at most a factor exp(-log(2)/8) at init), and
   the slot write `s = 1 - exp(f)`: what a slot forgets it refills, as in a GRU;
 - `chunk_gsa(q, k, v, s, g=f, scale=scale)`, layer scale 1.0 (not head_dim^-0.5: q and k are already swished);
+  `fused_recurrent_gsa` (the same function) instead for T <= 64 or with `mode='fused_recurrent'`, as upstream;
 - `o_proj(RMSNorm(silu(o)))`, one RMSNorm over the whole hidden width (not per head).
 
 Precision: under autocast the projections come out in the autocast dtype. The gate is computed in fp32 from the
@@ -17,7 +19,9 @@ gets q, k, v, s in one dtype (the projections' dtype: the autocast dtype, or the
 
 fla_lab additions: `gate_clamp` (the workaround users of upstream #77 applied: `f >= -gate_clamp`; it also cuts
 the gradient of every clamped gate, which is what a notebook can measure) and `bug=`, passed to `chunk_gsa`
-(`"unmasked_padding"`, #77's NaN gradients of s and g with a partial last chunk and a strong slot decay).
+(`"unmasked_padding"`, #77's NaN gradients of s and g with a partial last chunk and a strong slot decay). The
+switches are `chunk_gsa`'s (and notebook 06's layer switch is studied on its path), so a layer with any `bug=` runs
+`chunk_gsa` at every length; `mode='fused_recurrent'` refuses a `chunk_gsa` switch, which it would never run.
 """
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ from fla_lab.layers.rwkv6 import split_heads
 
 FEATURE_MAPS = {"swish": F.silu, "relu": F.relu}  # the parameter-free ones of upstream's three
 LAYER_SWITCHES = ("capstone_a",)  # switches of this layer's own code (notebook 06), never passed to the kernel
+FUSED_MAX_T = 64  # upstream's layer runs fused_recurrent_gsa up to this length (fla/layers/gsa.py, 0.6.0)
 LOGSIGMOID_LINEAR_BELOW = -20.0  # log sigmoid(x) = x - log(1 + e^x): x itself to 2e-9 below this
 
 
@@ -40,9 +45,9 @@ class GatedSlotAttention(nn.Module):
 
     Differences from flash-linear-attention 0.6.0, each raising a clear error rather than diverging silently:
     no cache, attention mask or varlen (`cu_seqlens`); no short convolution; no grouped keys/values
-    (`num_kv_heads` must equal `num_heads`); feature maps 'swish' and 'relu' only (not 't2r'); `mode='chunk'`
-    only, and the chunk kernel at every length (upstream switches to `fused_recurrent_gsa` for T <= 64, which
-    fla_lab does not have; both compute the same function); `use_output_gate=True` and `use_norm=False` are
+    (`num_kv_heads` must equal `num_heads`); feature maps 'swish' and 'relu' only (not 't2r'); with a `bug=`
+    switch the chunk kernel at every length (upstream runs `fused_recurrent_gsa` for T <= 64, as this layer does
+    without one); `use_output_gate=True` and `use_norm=False` are
     refused because upstream accepts and then ignores them (its forward never gates and always normalises);
     `expand_v` must give `value_dim == hidden_size`, because the norm is `hidden_size` wide (upstream fails in
     the forward otherwise). The norm uses `norm_eps` (upstream's fused call drops it for the default 1e-5).
@@ -59,11 +64,11 @@ class GatedSlotAttention(nn.Module):
         super().__init__()
         name = "GatedSlotAttention"
         check_bug(bug, name if bug in LAYER_SWITCHES else "chunk_gsa")  # the kernel's switches go to chunk_gsa
-        if mode == "fused_recurrent":
-            raise NotImplementedError(f"{name}: fla_lab has no fused_recurrent_gsa; use mode='chunk' (the same "
-                                      "function at every length)")
-        if mode != "chunk":
-            raise ValueError(f"{name}: mode must be 'chunk', got {mode!r}")
+        if mode not in ("chunk", "fused_recurrent"):
+            raise ValueError(f"{name}: mode must be 'chunk' or 'fused_recurrent', got {mode!r}")
+        if mode == "fused_recurrent" and bug is not None and bug not in LAYER_SWITCHES:
+            raise ValueError(f"{name}: bug={bug!r} is a switch of chunk_gsa, which mode='fused_recurrent' never runs; "
+                             "use mode='chunk'")
         if num_kv_heads is not None and num_kv_heads != num_heads:
             raise NotImplementedError(f"{name}: fla_lab supports num_kv_heads == num_heads only (no grouped keys "
                                       f"and values), got num_kv_heads={num_kv_heads}, num_heads={num_heads}")
@@ -155,6 +160,9 @@ class GatedSlotAttention(nn.Module):
     def _attend(self, q, k, v, s, f):
         from fla_lab import ops  # looked up at call time, so a wrapper (a spy, the NaN locator) sees the call
 
-        bug = None if self.bug in LAYER_SWITCHES else self.bug
-        o, _ = ops.chunk_gsa(q, k, v, s, g=f, scale=self.scale, bug=bug)
+        if self.mode == "fused_recurrent" or (self.bug is None and q.shape[1] <= FUSED_MAX_T):
+            o, _ = ops.fused_recurrent_gsa(q, k, v, s, g=f, scale=self.scale)
+        else:
+            bug = None if self.bug in LAYER_SWITCHES else self.bug
+            o, _ = ops.chunk_gsa(q, k, v, s, g=f, scale=self.scale, bug=bug)
         return o

@@ -32,7 +32,8 @@ from fla_lab.lessons.overflow import decade, spans, summary  # noqa: F401  (deca
 
 BUG = "unmasked_padding"
 NODE = "ChunkGSAFunctionBackward"  # the autograd node of fla_lab's (and upstream's) ChunkGSAFunction
-KERNEL_GRADS = ("dq", "dk", "dv", "ds", "dg")  # what its backward returns first, in this order (index 3 is ds)
+FUSED_NODE = "FusedRecurrentGSAFunctionBackward"  # the layer's kernel at T <= 64 without a switch (as upstream's)
+KERNEL_GRADS = ("dq", "dk", "dv", "ds", "dg")  # what both backwards return first, in this order (index 3 is ds)
 BC = 16  # rows per sub-chunk (fla_lab/ops/common/chunk.py)
 CHUNK = 64  # chunk_gsa's default chunk size
 FP32_EXP_MAX = viz.EXP_OVERFLOW[torch.float32]  # log(float32 max) = 88.72: exp() of more is inf
@@ -106,8 +107,9 @@ class Step:
 
 
 def training_step(layer, x: torch.Tensor) -> Step:
-    """`loss = mean(o^2)`, `loss.backward()`; a hook on the `ChunkGSAFunctionBackward` node records what the
-    kernel's backward returned (the same tensors `torch.autograd.detect_anomaly` inspects)."""
+    """`loss = mean(o^2)`, `loss.backward()`; a hook on the `ChunkGSAFunctionBackward` node (or, where the layer
+    runs fused_recurrent_gsa, its node) records what the kernel's backward returned (the same tensors
+    `torch.autograd.detect_anomaly` inspects)."""
     layer.zero_grad(set_to_none=True)
     o, _, _ = layer(x)
     captured = {}
@@ -115,7 +117,7 @@ def training_step(layer, x: torch.Tensor) -> Step:
     def record(grad_inputs, grad_outputs):
         captured.update({n: g.detach().clone() for n, g in zip(KERNEL_GRADS, grad_inputs) if g is not None})
 
-    handle = autograd_node(o).register_hook(record)
+    handle = (autograd_node(o) or autograd_node(o, FUSED_NODE)).register_hook(record)
     loss = o.float().square().mean()
     loss.backward()
     handle.remove()

@@ -24,7 +24,8 @@ from fla_lab.layers import GatedSlotAttention, RWKV6Attention, RWKV7Attention
 from fla_lab.lessons import gsa_padding
 
 VOCAB, HIDDEN, T_TRAIN = 64, 32, 80  # T = 80: past the chunk path's 64 and a partial last chunk (80 = 64 + 16)
-T_HUNT = 48  # the capstone's model: three 16-row chunks of RWKV-7, a partial 64-row chunk of GSA
+T_HUNT = 48  # the capstone's model: three 16-row chunks of RWKV-7; GSA: a partial 64-row chunk while its switch
+#             is on (chunk_gsa), fused_recurrent_gsa once it is off (T <= 64, as upstream's layer)
 GATE_GROWTH = 90.0  # the capstone's GSA gate weights, scaled from their init: slots trained to forget fast
 FAST_DECAY_BIAS = 5.0  # w = -exp(5) = -148 per step on a few channels: a decay training pushed to forget at once
 

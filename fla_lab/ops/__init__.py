@@ -6,10 +6,10 @@ stages they share in `common/`, the input contract in `contract/`.
 from fla_lab.ops.common.launch import ChunkLaunch
 from fla_lab.ops.contract import LayoutWarning, flush_value_checks, set_value_checks, value_check_mode
 from fla_lab.ops.gla import chunk_gla, fused_recurrent_gla
-from fla_lab.ops.gsa import chunk_gsa
+from fla_lab.ops.gsa import chunk_gsa, fused_recurrent_gsa
 from fla_lab.ops.rwkv6 import chunk_rwkv6, fused_recurrent_rwkv6
 from fla_lab.ops.rwkv7 import chunk_rwkv7, fused_recurrent_rwkv7
 
-__all__ = ["chunk_gla", "chunk_gsa", "chunk_rwkv6", "chunk_rwkv7", "fused_recurrent_gla", "fused_recurrent_rwkv6",
-           "fused_recurrent_rwkv7", "ChunkLaunch", "LayoutWarning", "set_value_checks", "flush_value_checks",
+__all__ = ["chunk_gla", "chunk_gsa", "chunk_rwkv6", "chunk_rwkv7", "fused_recurrent_gla", "fused_recurrent_gsa",
+           "fused_recurrent_rwkv6", "fused_recurrent_rwkv7", "ChunkLaunch", "LayoutWarning", "set_value_checks", "flush_value_checks",
            "value_check_mode"]

@@ -246,6 +246,17 @@ def additive_gates(s):
     return (s.float() - z).exp().to(s.dtype), g
 
 
+def gsa_arguments(op, q, k, v, s, g, scale, initial_state, kwargs):
+    """Both GSA ops' checked arguments: `(s, g, hk0, hv0, scale)`, with ABC's gates for `g=None` and the default
+    scale K^-0.5."""
+    contract.check_gsa_inputs(op, q, k, v, s, g, initial_state=initial_state, kwargs=kwargs)
+    if g is None:
+        s, g = additive_gates(s)
+    hk0, hv0 = initial_state if initial_state is not None else (None, None)
+    contract.check_kernel_device(op, dict(q=q, k=k, v=v, s=s, g=g, hk0=hk0, hv0=hv0))
+    return s, g, hk0, hv0, (q.shape[-1] ** -0.5 if scale is None else scale)
+
+
 def padded_rows_exponent(bug=None, helper=None):
     """The EXPONENT helper of pass 1's dv kernel (`utils.slot_helper`): the historical one under
     `bug="unmasked_padding"`, else `helper` or the shipped `later_rows_exponent`."""
@@ -269,12 +280,7 @@ def chunk_gsa(q, k, v, s, g=None, scale=None, initial_state=None, output_final_s
                             output_final_state, scale=scale, chunk_size=chunk_size, bug=bug, launch=launch,
                             later_rows_exponent=later_rows_exponent, **kwargs)
     check_bug(bug, "chunk_gsa")
-    contract.check_gsa_inputs("chunk_gsa", q, k, v, s, g, initial_state=initial_state, kwargs=kwargs)
-    if g is None:
-        s, g = additive_gates(s)
-    hk0, hv0 = initial_state if initial_state is not None else (None, None)
-    contract.check_kernel_device("chunk_gsa", dict(q=q, k=k, v=v, s=s, g=g, hk0=hk0, hv0=hv0))
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    s, g, hk0, hv0, scale = gsa_arguments("chunk_gsa", q, k, v, s, g, scale, initial_state, kwargs)
     o, hkt, hvt = ChunkGSAFunction.apply(q, k, v, s, g, scale, hk0, hv0, output_final_state,
                                          check_chunk_size(chunk_size, "chunk_gsa"), resolve(launch),
                                          padded_rows_exponent(bug, later_rows_exponent))

@@ -1,0 +1,73 @@
+"""Fused recurrent Gated Slot Attention: GSA's two gated passes one time step at a time, the states in registers.
+
+    pass 1, keys -> slots:   Hk_t = Hk_{t-1} diag(exp g_t) + k_t s_t^T     [K, M], gate on the slot (value) side
+                             p_t  = softmax(scale * Hk_t^T q_t)              over the M slots, fp32
+    pass 2, slots -> values: Hv_t = diag(exp g_t) Hv_{t-1} + s_t v_t^T     [M, V], gate on the slot (key) side
+                             o_t  = Hv_t^T p_t
+
+Both passes run the GLA kernels of `fla_lab/ops/rwkv6/fused_recurrent.py` (pass 1 with GATE_V, value-side decay
+only; pass 2 with the key-side decay, the slots as keys); the softmax between them is `chunk.py`'s slot softmax
+kernels. The slot scores and weights stay fp32 between the passes (as upstream's `qv`). g's gradient is the sum of
+the two passes' decay gradients (pass 1's from `value_decay_grad_kernel`), s's the sum of pass 1's dv and pass 2's
+dk. Reference: `fla_lab.reference.recurrent_gsa`. flash-linear-attention 0.6.0's `fused_recurrent_gsa` signature
+(`fla/ops/gsa/fused_recurrent.py`); its single-token inference kernel is not separate here (T = 1 runs the same
+kernels).
+"""
+from __future__ import annotations
+
+import torch
+
+from fla_lab.ops.common.conventions import per_sequence
+from fla_lab.ops.common.utils import as_contiguous, cast_grad, custom_bwd, custom_fwd
+from fla_lab.ops.gsa.chunk import gsa_arguments, slot_softmax, slot_softmax_backward
+from fla_lab.ops.rwkv6.fused_recurrent import DEFAULT_DQ_TILES, _backward, _forward, h0_mask
+
+
+class FusedRecurrentGSAFunction(torch.autograd.Function):
+    """Saves the inputs, both final states (the decay gradients' final-state terms) and the fp32 slot scores and
+    weights; the passes' states are replayed by the backward kernels, as in the GLA op."""
+
+    @staticmethod
+    @custom_fwd
+    def forward(ctx, q, k, v, s, g, scale, hk0, hv0, output_final_state):
+        q, k, v, s, g, hk0, hv0 = as_contiguous(q, k, v, s, g, hk0, hv0)
+        scores, hkt = _forward(q, k, s, None, None, scale, hk0, output_final_state, gv=g, o_dtype=torch.float32)
+        p = slot_softmax(scores, torch.float32)
+        o, hvt = _forward(p, s, v, g, None, 1.0, hv0, output_final_state, o_dtype=v.dtype)
+        ctx.save_for_backward(q, k, v, s, g, hk0, hv0, hkt, hvt, scores, p)
+        ctx.scale = scale
+        return o, hkt, hvt
+
+    @staticmethod
+    @custom_bwd
+    def backward(ctx, do, dhkt, dhvt):
+        q, k, v, s, g, hk0, hv0, hkt, hvt, scores, p = ctx.saved_tensors
+        do, dhkt, dhvt = as_contiguous(do, dhkt, dhvt)
+        dp, ds_keys, dv, dg_keys, _, dhv0, _ = _backward(p, s, v, g, None, 1.0, hv0, hvt, do, dhvt,
+                                                         DEFAULT_DQ_TILES, h0_mask)
+        dscores = slot_softmax_backward(scores, dp, out=dp)
+        dq, dk, ds_values, _, _, dhk0, dg_values = _backward(q, k, s, None, None, ctx.scale, hk0, hkt, dscores,
+                                                             dhkt, DEFAULT_DQ_TILES, h0_mask, gv=g, o=scores)
+        return (cast_grad(dq, q), cast_grad(dk, k), cast_grad(dv, v), cast_grad(ds_keys + ds_values, s),
+                cast_grad(dg_keys + dg_values, g), None, cast_grad(dhk0, hk0), cast_grad(dhv0, hv0), None)
+
+
+def fused_recurrent_gsa(q, k, v, s, g=None, scale=None, initial_state=None, output_final_state=False, reverse=False,
+                        cu_seqlens=None, **kwargs):
+    """Fused recurrent Gated Slot Attention, forward and backward in Triton; the same function as `chunk_gsa`.
+
+    q, k `[B, T, H, K]`, v `[B, T, H, V]`, s (slot writes) and g (natural-log forget gate <= 0) `[B, T, H, M]`;
+    `g=None` is vanilla ABC. `initial_state` is the pair `(Hk0 [N, H, K, M], Hv0 [N, H, M, V])`. Returns
+    `(o [B, T, H, V], (HkT, HvT) in fp32 or None)`, as fla_lab's `chunk_gsa` (upstream's fused op returns the
+    pair as a list, `[None, None]` without `output_final_state`). `reverse=True` runs both recurrences from the
+    last step to the first (the gates of `g=None` still accumulate forwards, as upstream's). `cu_seqlens`: FLA's
+    packed batches (`fla_lab.ops.common.conventions`).
+    """
+    if cu_seqlens is not None:  # packed sequences (FLA's varlen): one call per sequence
+        return per_sequence("fused_recurrent_gsa", fused_recurrent_gsa, dict(q=q, k=k, v=v, s=s, g=g), cu_seqlens,
+                            initial_state, output_final_state, scale=scale, reverse=reverse, **kwargs)
+    s, g, hk0, hv0, scale = gsa_arguments("fused_recurrent_gsa", q, k, v, s, g, scale, initial_state, kwargs)
+    if reverse:  # the time axis flipped on the way in and out: the kernels always step forwards
+        q, k, v, s, g = (t.flip(1) for t in (q, k, v, s, g))
+    o, hkt, hvt = FusedRecurrentGSAFunction.apply(q, k, v, s, g, scale, hk0, hv0, output_final_state)
+    return (o.flip(1) if reverse else o), ((hkt, hvt) if output_final_state else None)

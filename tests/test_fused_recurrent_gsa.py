@@ -1,0 +1,87 @@
+"""fused_recurrent_gsa against the float64 reference: output, both final states and every gradient (both final-state
+cotangents), over odd lengths, K != V != M, initial states, dtypes and decays from 1e-3 to 1e4; vanilla ABC
+(`g=None`), `reverse=True`, and several state blocks in both passes (the value-side decay gradient kernel over
+several slot blocks, pass 2's decay gradient in its torch fallback)."""
+import functools
+
+import pytest
+import torch
+
+from fla_lab import harness, reference
+from fla_lab.ops import fused_recurrent_gsa
+from fla_lab.ops.rwkv6 import fused_recurrent
+
+FP32, FP16, BF16 = torch.float32, torch.float16, torch.bfloat16
+
+CASES = [  # B, T, H, K, V, M, dtype, decay, h0
+    (1, 1, 1, 16, 32, 16, FP32, 1.0, True),
+    (2, 15, 2, 32, 16, 32, FP32, 1e-3, False),
+    (1, 45, 1, 16, 32, 64, BF16, 30.0, True),
+    (1, 64, 2, 32, 32, 16, FP16, 10.0, True),
+    (1, 65, 1, 48, 24, 20, FP32, 100.0, True),  # no dimension a power of two: masked tiles
+    (1, 100, 1, 16, 16, 32, FP32, 1e4, False),
+    (1, 33, 2, 16, 32, 16, FP16, 1e-3, True),
+    (1, 70, 1, 32, 16, 16, BF16, 1e4, True),
+]
+
+
+@pytest.mark.parametrize("B,T,H,K,V,M,dtype,decay,h0", CASES)
+def test_fused_recurrent_gsa(B, T, H, K, V, M, dtype, decay, h0):
+    x = harness.gsa_inputs(B, T, H, K, V, M, decay=decay, initial_state=h0, seed=T)
+    result = harness.compare(fused_recurrent_gsa, reference.recurrent_gsa, x, dtype=dtype, seed=T)
+    assert result.ok, f"{result.failures()} | {result}"
+
+
+@pytest.mark.parametrize("state_grad", [True, False], ids=["dht", "no_dht"])
+def test_several_state_blocks(state_grad):
+    """M = 80 > DKV_BV slots: pass 1's dkv kernel and its value-side decay gradient run over two slot blocks; V = 96:
+    pass 2's dg comes from the torch fallback (`decay_and_bonus_grads`)."""
+    x = harness.gsa_inputs(1, 12, 1, 40, 96, 80, decay=3.0, initial_state=True, seed=5)
+    result = harness.compare(fused_recurrent_gsa, reference.recurrent_gsa, x, state_grad=state_grad)
+    assert result.ok, f"{result.failures()} | {result}"
+
+
+def test_value_decay_gradient_over_several_key_blocks(monkeypatch):
+    """The value-side decay gradient's final-state term sums ht * dht over the keys in DKV_BK blocks: three here."""
+    monkeypatch.setattr(fused_recurrent, "DKV_BK", 16)
+    x = harness.gsa_inputs(1, 9, 2, 40, 16, 24, decay=1.0, initial_state=True, seed=2)
+    result = harness.compare(fused_recurrent_gsa, reference.recurrent_gsa, x, dtype=FP16)
+    assert result.ok, f"{result.failures()} | {result}"
+
+
+def test_vanilla_abc_without_forget_gate():
+    x = harness.gsa_inputs(1, 21, 1, 16, 16, 16, initial_state=False)
+    del x["g"]
+    result = harness.compare(fused_recurrent_gsa, reference.recurrent_gsa, x)
+    assert result.ok, f"{result.failures()} | {result}"
+
+
+def _reversed_reference(q, k, v, s, g, **kwargs):
+    o, final = reference.recurrent_gsa(*(t.flip(1) for t in (q, k, v, s, g)), **kwargs)
+    return o.flip(1), final
+
+
+def test_reverse_runs_the_recurrence_from_the_last_step():
+    x = harness.gsa_inputs(2, 13, 1, 16, 24, 16, decay=2.0, initial_state=True, seed=4)
+    result = harness.compare(functools.partial(fused_recurrent_gsa, reverse=True), _reversed_reference, x, dtype=BF16)
+    assert result.ok, f"{result.failures()} | {result}"
+
+
+def test_same_function_as_chunk_gsa():
+    """Same inputs, same dtype: the two GSA ops agree to fp32 rounding (outputs, final states and gradients)."""
+    from fla_lab.ops import chunk_gsa
+
+    x = harness.gsa_inputs(1, 37, 2, 16, 32, 16, decay=5.0, initial_state=True, seed=9)
+    fused = harness.compare(fused_recurrent_gsa, reference.recurrent_gsa, x)
+    chunk = harness.compare(functools.partial(chunk_gsa, chunk_size=16), reference.recurrent_gsa, x)
+    assert fused.ok and chunk.ok, f"{fused} | {chunk}"
+    got, other = fused.outputs["run"], chunk.outputs["run"]
+    torch.testing.assert_close(got.o, other.o, rtol=1e-5, atol=1e-5)
+    for name, grad in got.grads.items():
+        torch.testing.assert_close(grad, other.grads[name], rtol=1e-4, atol=1e-4, msg=name)
+
+
+def test_bad_input_is_refused_by_the_contract():
+    x = harness.gsa_inputs(1, 5, 1, 16, 16, 8, initial_state=False)
+    with pytest.raises(ValueError, match=r"^fused_recurrent_gsa: `g`"):
+        fused_recurrent_gsa(**{**x, "g": x["g"][..., :4]})
