@@ -59,6 +59,7 @@ from fla_lab.ops.rwkv7.fused_recurrent import check_key_width
 from fla_lab.ops.common.conventions import per_sequence
 
 CHUNK = 16  # rows per chunk: the whole chunk is one pairwise tile and one 16x16 triangular solve
+FLA_CHUNK_SIZES = (CHUNK, 32, 64)  # what FLA 0.6.0's chunk_rwkv7 takes; every one of them runs as CHUNK rows
 MAX_BV = 64  # value columns per program
 BWD_BV = 32  # value columns per step of the backward's per-chunk kernels
 BWD_BK = 32  # key channels per program of dplr_bwd_kernel: the pair terms are per channel
@@ -663,7 +664,9 @@ def chunk_rwkv7(r, w, k, v, a, b, scale=1.0, initial_state=None, output_final_st
 
     Same inputs as `fused_recurrent_rwkv7`: `[B, T, H, K]` r, w (natural-log decay <= 0, may be fp32 while the
     rest is bf16), k, a, b; v `[B, T, H, V]`; `initial_state [B, H, K, V]`. Returns `(o, final_state or None)`,
-    the state in fp32. K <= 128. `chunk_size` is 16 (None means 16). flash-linear-attention 0.6.0's
+    the state in fp32. K <= 128. `chunk_size`: None, 16, 32 or 64, FLA's choices, all computed in 16-row chunks
+    (one pairwise tile each: the same recurrence, exact at any decay; 64-row chunks measured slower, see the module
+    docstring). flash-linear-attention 0.6.0's
     `chunk_rwkv7` has the same signature and `scale=1.0` default; its `safe_gate`/`lower_bound` fast path has no
     counterpart here (nothing to promise about the decay).
     """
@@ -674,7 +677,7 @@ def chunk_rwkv7(r, w, k, v, a, b, scale=1.0, initial_state=None, output_final_st
     check_bug(bug, op)
     contract.check_rwkv7_inputs(op, r, w, k, v, a, b, initial_state, kwargs)
     check_key_width(op, r.shape[-1])
-    check_chunk_size(chunk_size, op, allowed=(CHUNK,), why="one pairwise tile, exact at any decay")
+    check_chunk_size(chunk_size, op, allowed=FLA_CHUNK_SIZES, why="FLA's tilings; each runs as 16-row chunks")
     contract.check_kernel_device(op, dict(r=r, w=w, k=k, v=v, a=a, b=b, initial_state=initial_state))
     scale = r.shape[-1] ** -0.5 if scale is None else scale
     o, ht = ChunkRWKV7Function.apply(r, w, k, v, a, b, scale, initial_state, output_final_state, bug)
