@@ -11,5 +11,5 @@ from fla_lab.ops.rwkv6 import chunk_rwkv6, fused_recurrent_rwkv6
 from fla_lab.ops.rwkv7 import chunk_rwkv7, fused_recurrent_rwkv7
 
 __all__ = ["chunk_gla", "chunk_gsa", "chunk_rwkv6", "chunk_rwkv7", "fused_recurrent_gla", "fused_recurrent_gsa",
-           "fused_recurrent_rwkv6", "fused_recurrent_rwkv7", "ChunkLaunch", "LayoutWarning", "set_value_checks", "flush_value_checks",
-           "value_check_mode"]
+           "fused_recurrent_rwkv6", "fused_recurrent_rwkv7", "ChunkLaunch", "LayoutWarning", "set_value_checks",
+           "flush_value_checks", "value_check_mode"]
