@@ -11,6 +11,7 @@ goes to `benchmarks/results/fla_tests.md`.
     python benchmarks/fla_tests.py --fla ~/flash-linear-attention    # a checkout (its tests/ops and fla/)
     python benchmarks/fla_tests.py --fla /work/.mirror/fla-org+flash-linear-attention/repo --commit bc3b101d
     python benchmarks/fla_tests.py --files test_gla.py -k "varlen"   # a subset (-k as pytest's)
+    python benchmarks/fla_tests.py --junit a/junit.xml b/junit.xml    # the table from runs kept with --keep
 
 Needs `einops` importable (FLA imports it): `--site DIR` is put on the path after the commit's `fla`, e.g. a
 `pip install --no-deps --target DIR .whl/*.whl einops`; `--fla-package site` uses DIR's `fla` (0.6.0) instead.
@@ -24,8 +25,9 @@ What stands in for what (FLA name -> fla_lab), set before the test modules impor
   fused_mul_recurrent_rwkv7(r, w, k, v, kk, a, ...)     -> fused_recurrent_rwkv7(r, w, k, v, a=-kk, b=kk * a)
 In test_rwkv7.py the DPLR ops are the *reference* of chunk_rwkv7 / fused_mul_recurrent_rwkv7, so there they
 become FLA's naive `dplr_recurrence` (else fla_lab would be compared with itself). `fla.utils.device` is set to
-"cpu" (on a machine without a GPU FLA sets it to "cuda"). FLA's tests/conftest.py (NaN-filled torch.empty for
-FLA's own kernels) is not used.
+"cpu" (on a machine without a GPU FLA sets it to "cuda"), and `fla.utils.check_shared_mem` to True (else the CPU
+would skip GSA's D > 64 or M > 64 cases as a GPU without enough shared memory). FLA's tests/conftest.py
+(NaN-filled torch.empty for FLA's own kernels) is not used.
 """
 from __future__ import annotations
 
@@ -133,7 +135,7 @@ def parse_junit(text: str) -> dict[str, dict]:
         name = case.get("name", "")
         bad = case.find("failure") if case.find("failure") is not None else case.find("error")
         if bad is not None:
-            row["failed"].append((name, reason(bad.get("message") or bad.text or "")))
+            row["failed"].append((name, reason(bad.get("message") or bad.text or "", bad.text or "")))
         elif case.find("skipped") is not None:
             row["skipped"].append((name, (case.find("skipped").get("message") or "").splitlines()[0]))
         else:
@@ -141,10 +143,15 @@ def parse_junit(text: str) -> dict[str, dict]:
     return results
 
 
-def reason(message: str) -> str:
-    """One line: an assert_close miss as 'name: ratio R > tol (max abs diff X)', else the message's first line."""
+def reason(message: str, traceback: str = "") -> str:
+    """One line: an assert_close miss as 'name: ratio R > tol (max abs diff X)', else the message's first line
+    (for pytest.warns' DID NOT WARN, with the error the call raised inside it, found in the traceback)."""
+    raised = re.findall(r"^E\s+(\w+(?:Error|Exception): .*)$", traceback, re.M)
+    if "DID NOT WARN" in message and raised:
+        return f"DID NOT WARN; the call raised {raised[0][:250]}"
     hit = re.search(r"(\S+)\s+diff: ([\d.]+) ratio: ([\d.]+)", message)
-    tol = re.search(r"assert [\d.e+-]+ < ([\d.e+-]+)", message)
+    tol = (re.search(r"assert [\d.e+-]+ < ([\d.e+-]+)", message)  # else the test's failing assert_close line
+           or re.search(r"^>\s+assert_close\(.*,\s*(?:ratio=)?([\d.e+-]+)\)\s*$", traceback, re.M))
     if hit and tol:
         name, diff, ratio = hit.groups()
         return f"{name}: error ratio {ratio} > {tol.group(1)} (max abs diff {diff})"
@@ -188,6 +195,7 @@ def install_shim() -> None:
     import fla_lab.ops as lab
 
     fla.utils.device = "cpu"
+    fla.utils.check_shared_mem = lambda *args, **kwargs: True  # FLA's GPU shared-memory gate (GSA D > 64 or M > 64)
     for where in ("fla.utils._device", "fla.utils.hardware"):  # the commit's module, or 0.6.0's
         if importlib.util.find_spec(where) is not None:
             importlib.import_module(where).device = "cpu"
@@ -338,6 +346,23 @@ def report(results, files, commit, package, seconds, keyword) -> str:
     return "\n".join(head + table(results, files) + details(results, files)) + "\n"
 
 
+def from_junit(args) -> int:
+    results, seconds = {}, 0.0
+    for path in args.junit:
+        text = path.read_text()
+        results.update(parse_junit(text))
+        seconds += sum(float(case.get("time", 0)) for case in ET.fromstring(text).iter("testcase"))
+    git = ["git", "-C", str(args.fla)] if (args.fla / "tests").is_dir() else ["git", f"--git-dir={args.fla}"]
+    commit = subprocess.run(git + ["rev-parse", args.commit], capture_output=True, text=True).stdout.strip()
+    package = f"`fla` of {commit[:8]}" if args.fla_package == "commit" else f"`fla` in {args.site}"
+    files = [f for f in args.files if f in results]
+    text = report(results, files, commit, package, seconds, args.keyword)
+    text = text.replace(f"{seconds:.0f} s", f"{seconds:.0f} s of tests, from {len(args.junit)} runs' JUnit files")
+    print(text)
+    args.out.write_text(text)
+    return 1 if any(r["failed"] for r in results.values()) else 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fla", type=Path, default=MIRROR, help="FLA checkout, or bare git directory")
@@ -349,7 +374,11 @@ def main() -> int:
     parser.add_argument("-k", dest="keyword")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    parser.add_argument("--junit", type=Path, nargs="+",
+                        help="no run: the table from these junit.xml files (a later file's test files replace)")
     args = parser.parse_args()
+    if args.junit:
+        return from_junit(args)
 
     work = Path(tempfile.mkdtemp(prefix="fla_tests_"))
     print(f"running in {work} (log: {work / 'pytest.log'})", flush=True)
