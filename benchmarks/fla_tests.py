@@ -347,11 +347,16 @@ def report(results, files, commit, package, seconds, keyword) -> str:
 
 
 def from_junit(args) -> int:
-    results, seconds = {}, 0.0
+    results, times = {}, {}
     for path in args.junit:
         text = path.read_text()
         results.update(parse_junit(text))
-        seconds += sum(float(case.get("time", 0)) for case in ET.fromstring(text).iter("testcase"))
+        file_times = {}
+        for case in ET.fromstring(text).iter("testcase"):
+            file = case.get("classname", "").split(".")[-1] + ".py"
+            file_times[file] = file_times.get(file, 0.0) + float(case.get("time", 0))
+        times.update(file_times)
+    seconds = sum(times.values())
     git = ["git", "-C", str(args.fla)] if (args.fla / "tests").is_dir() else ["git", f"--git-dir={args.fla}"]
     commit = subprocess.run(git + ["rev-parse", args.commit], capture_output=True, text=True).stdout.strip()
     package = f"`fla` of {commit[:8]}" if args.fla_package == "commit" else f"`fla` in {args.site}"
