@@ -68,14 +68,55 @@ def test_equal_lengths_give_the_batched_call(name):
 @pytest.mark.parametrize("offsets, message", [
     ([1, 5, 9], "start at 0 and end at T = 9"),
     ([0, 5, 8], "start at 0 and end at T = 9"),
-    ([0, 6, 4, 9], "strictly increasing: sequence 1 runs from 6 to 4 .offsets out of order"),
-    ([0, 4, 4, 9], "sequence 1 runs from 4 to 4 .empty"),
+    ([0, 6, 4, 9], "must not decrease: sequence 1 runs from 6 to 4 .offsets out of order"),
     ([9], "N \\+ 1 offsets"),
 ])
 def test_malformed_offsets_are_refused(offsets, message):
     x = registry.get("chunk_gla").inputs(registry.Shape(1, 9, 1, 16, 16), initial_state=False)
     with pytest.raises(ValueError, match=message):
         registry.get("chunk_gla").fn(**x, cu_seqlens=torch.tensor(offsets))
+
+
+@pytest.mark.parametrize("name", ["chunk_gla", "chunk_gsa"])
+def test_an_empty_sequence_passes_its_initial_state_through(name):
+    """FLA allows empty sequences (`[0, 0, 16]`): no rows, and the final state is the initial state, gradient
+    included; the other sequences are the packed call without it, bit for bit."""
+    spec = registry.get(name)
+    x = _packed_inputs(spec, (7, 12))
+    h0 = x.pop("initial_state")
+    pair = isinstance(h0, tuple)
+    x = {n: t.to(runtime.device()) for n, t in x.items()}
+    h0 = tuple(t.to(runtime.device()) for t in h0) if pair else h0.to(runtime.device())
+    extra = tuple(torch.randn_like(t) for t in h0) if pair else torch.randn_like(h0)  # the empty sequence's state
+    runs = []
+    for offsets, states in (([0, 7, 19], h0), ([0, 7, 7, 19], _insert(h0, extra))):
+        states = tuple(t.clone().requires_grad_() for t in states) if pair else states.clone().requires_grad_()
+        o, ht = spec.fn(**x, initial_state=states, output_final_state=True,
+                        cu_seqlens=torch.tensor(offsets, device=runtime.device()))
+        (o.square().sum() + sum(t.sin().sum() for t in (ht if pair else (ht,)))).backward()
+        runs.append((o, ht, states))
+    (o, ht, _), (o_e, ht_e, states_e) = runs
+    assert torch.equal(o_e, o)
+    for final, start, state in zip(*[(t if pair else (t,)) for t in (ht_e, extra, states_e)]):
+        assert torch.equal(final[1], start[0].float())
+        assert torch.allclose(state.grad[1], final[1].cos())  # d/dS sin(S): the cotangent, passed straight through
+
+
+def _insert(h0, extra):
+    if isinstance(h0, tuple):
+        return tuple(_insert(a, b) for a, b in zip(h0, extra))
+    return torch.cat([h0[:1], extra[:1], h0[1:]])
+
+
+def test_deprecated_transpose_state_layout_is_state_v_first():
+    spec = registry.get("fused_recurrent_gla")
+    x = {n: t.to(runtime.device()) for n, t in spec.inputs(registry.Shape(1, 9, 1, 16, 16)).items()}
+    with pytest.warns(DeprecationWarning, match="state_v_first"):
+        o, ht = spec.fn(**x, output_final_state=True, transpose_state_layout=True)
+    o_v, ht_v = spec.fn(**x, output_final_state=True, state_v_first=True)
+    assert torch.equal(o, o_v) and torch.equal(ht, ht_v)
+    with pytest.raises(ValueError, match="not both"):
+        spec.fn(**x, state_v_first=True, transpose_state_layout=True)
 
 
 def test_offsets_need_b_1_integer_tensor_and_one_state_per_sequence():

@@ -9,10 +9,12 @@ launch-bound for many short ones (one launch per kernel for the whole packed bat
 sync.
 
 The state layout, `state_v_first=True` (chunk_gla, fused_recurrent_gla): states passed and returned `[N, H, V, K]`;
-fla_lab's kernels keep them key-major, so they are transposed on the way in and out.
+fla_lab's kernels keep them key-major, so they are transposed on the way in and out. `fused_recurrent_gla` also takes
+FLA 0.6.0's deprecated name for it, `transpose_state_layout` (a DeprecationWarning, as upstream).
 """
 from __future__ import annotations
 
+import warnings
 from typing import Callable
 
 import torch
@@ -33,12 +35,29 @@ def per_sequence(op: str, fn: Callable, sequences: dict, cu_seqlens, initial_sta
     bounds = check_cu_seqlens(op, offsets, first.shape[0], first.shape[1], initial_state)
     outputs, finals = [], []
     for n, (bos, eos) in enumerate(bounds):
+        if eos == bos:  # an empty sequence: no rows, and its final state is its initial state (filled in below)
+            finals.append(None)
+            continue
         rows = {name: None if t is None else t[:, bos:eos] for name, t in sequences.items()}
         o, ht = fn(**rows, initial_state=_state_of(initial_state, n), output_final_state=output_final_state,
                    **options)
         outputs.append(o)
         finals.append(ht)
-    return torch.cat(outputs, dim=1), (_stack_states(finals) if output_final_state else None)
+    if not output_final_state:
+        return torch.cat(outputs, dim=1), None
+    shape_of = next(ht for ht in finals if ht is not None)
+    finals = [_passed_through(_state_of(initial_state, n), shape_of) if ht is None else ht
+              for n, ht in enumerate(finals)]
+    return torch.cat(outputs, dim=1), _stack_states(finals)
+
+
+def _passed_through(initial_state, like):
+    """An empty sequence's final state: its initial state in fp32 (gradients flow through), or zeros shaped like
+    another sequence's final state (`like`)."""
+    if isinstance(like, (tuple, list)):
+        states = initial_state if initial_state is not None else [None] * len(like)
+        return type(like)(_passed_through(s, t) for s, t in zip(states, like))
+    return torch.zeros_like(like) if initial_state is None else initial_state.float()
 
 
 def _state_of(initial_state, n: int):
@@ -53,6 +72,18 @@ def _stack_states(finals: list):
     if isinstance(finals[0], (tuple, list)):
         return type(finals[0])(torch.cat(parts, dim=0) for parts in zip(*finals))
     return torch.cat(finals, dim=0)
+
+
+def deprecated_state_layout(op: str, state_v_first: bool, kwargs: dict) -> bool:
+    """`state_v_first`, or FLA 0.6.0's deprecated `transpose_state_layout` popped from `kwargs` (with its
+    DeprecationWarning; both at once is a ValueError, as upstream's `fused_recurrent_gla`)."""
+    if "transpose_state_layout" not in kwargs:
+        return state_v_first
+    if state_v_first:
+        raise ValueError(f"{op}: pass `state_v_first` or the deprecated `transpose_state_layout`, not both")
+    warnings.warn(f"{op}: `transpose_state_layout` is deprecated; it is named `state_v_first` (FLA 0.6.0)",
+                  DeprecationWarning, stacklevel=3)
+    return bool(kwargs.pop("transpose_state_layout"))
 
 
 def key_major(state):

@@ -93,8 +93,9 @@ def _check_value_shape(op: str, nv: str, v: torch.Tensor, B: int, T: int, H: int
 
 def check_cu_seqlens(op: str, cu_seqlens, B: int, T: int, initial_state=None) -> list[tuple[int, int]]:
     """A packed batch's offsets, as flash-linear-attention takes them: B = 1, `cu_seqlens` a 1-D integer tensor
-    `[0, ..., T]`, strictly increasing (no empty sequence), one initial state per sequence (`[N, H, K, V]`).
-    Returns each sequence's `(bos, eos)`. Reads the offsets on the host: one sync on a GPU."""
+    `[0, ..., T]`, non-decreasing (an empty sequence, as FLA allows, passes its initial state through), one initial
+    state per sequence (`[N, H, K, V]`). Returns each sequence's `(bos, eos)`. Reads the offsets on the host: one
+    sync on a GPU."""
     if not isinstance(cu_seqlens, torch.Tensor):
         raise TypeError(f"{op}: `cu_seqlens` must be a 1-D integer torch.Tensor [0, ..., T], got "
                         f"{type(cu_seqlens).__name__}")
@@ -106,13 +107,13 @@ def check_cu_seqlens(op: str, cu_seqlens, B: int, T: int, initial_state=None) ->
         raise ValueError(f"{op}: with `cu_seqlens` the sequences are packed along T, so B must be 1, got B = {B}. "
                          f"Pack them: x.reshape(1, B * T, H, D) with cu_seqlens = [0, T, 2T, ...]")
     offsets = [int(x) for x in cu_seqlens.tolist()]
-    if offsets[0] != 0 or offsets[-1] != T:
-        raise ValueError(f"{op}: `cu_seqlens` must start at 0 and end at T = {T}, got {offsets[0]} ... "
+    if offsets[0] != 0 or offsets[-1] != T or T == 0:
+        raise ValueError(f"{op}: `cu_seqlens` must start at 0 and end at T = {T} > 0, got {offsets[0]} ... "
                          f"{offsets[-1]}")
     for n, (bos, eos) in enumerate(zip(offsets[:-1], offsets[1:])):
-        if eos <= bos:
-            raise ValueError(f"{op}: `cu_seqlens` must be strictly increasing: sequence {n} runs from {bos} to "
-                             f"{eos}" + (" (empty)" if eos == bos else " (offsets out of order)"))
+        if eos < bos:
+            raise ValueError(f"{op}: `cu_seqlens` must not decrease: sequence {n} runs from {bos} to {eos} (offsets "
+                             "out of order)")
     N = len(offsets) - 1
     for h0 in (initial_state if isinstance(initial_state, (tuple, list)) else (initial_state,)):
         if h0 is not None and (not isinstance(h0, torch.Tensor) or h0.dim() < 1 or h0.shape[0] != N):

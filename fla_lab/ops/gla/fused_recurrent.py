@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from fla_lab.ops import contract
 from fla_lab.ops.rwkv6.fused_recurrent import DEFAULT_DQ_TILES, FusedRecurrentFunction, h0_mask
-from fla_lab.ops.common.conventions import key_major, per_sequence, v_first
+from fla_lab.ops.common.conventions import deprecated_state_layout, key_major, per_sequence, v_first
 
 
 def fused_recurrent_gla(q, k, v, gk, gv=None, scale=None, initial_state=None, output_final_state=False,
@@ -14,9 +14,10 @@ def fused_recurrent_gla(q, k, v, gk, gv=None, scale=None, initial_state=None, ou
     """One step at a time, the state in registers. `gk` is the `[B, T, H, K]` natural-log decay (<= 0).
 
     Returns `(o [B, T, H, V], final_state [B, H, K, V] in fp32 or None)`. Value-side gates (`gv`) are not
-    implemented in fla_lab. `cu_seqlens`, `state_v_first`: FLA's packed batches and V-first states
-    (`fla_lab.ops.common.conventions`).
+    implemented in fla_lab. `cu_seqlens`, `state_v_first` (or its deprecated name `transpose_state_layout`): FLA's
+    packed batches and V-first states (`fla_lab.ops.common.conventions`).
     """
+    state_v_first = deprecated_state_layout("fused_recurrent_gla", state_v_first, kwargs)
     if state_v_first:  # FLA's [N, H, V, K] states in and out; the kernels keep them key-major
         o, ht = fused_recurrent_gla(q, k, v, gk, gv, scale, key_major(initial_state), output_final_state,
                                     cu_seqlens=cu_seqlens, **kwargs)
