@@ -85,3 +85,26 @@ def test_bad_input_is_refused_by_the_contract():
     x = harness.gsa_inputs(1, 5, 1, 16, 16, 8, initial_state=False)
     with pytest.raises(ValueError, match=r"^fused_recurrent_gsa: `g`"):
         fused_recurrent_gsa(**{**x, "g": x["g"][..., :4]})
+
+
+def test_grouped_query_heads():
+    """FLA's decode path: q with HQ = 2 H heads, query head i reading head i // 2 of k, v, s, g and the states; the
+    same as every head repeated, against the float64 recurrence (states: one per head of k)."""
+    from fla_lab import runtime
+
+    x = harness.gsa_inputs(1, 9, 2, 16, 16, 16, decay=1.0, initial_state=True, seed=3)
+    q = torch.randn(1, 9, 4, 16, generator=torch.Generator().manual_seed(4))
+    dev = {n: (tuple(t.to(runtime.device()) for t in v) if isinstance(v, tuple) else v.to(runtime.device()))
+           for n, v in x.items()}
+    o, (hk, hv) = fused_recurrent_gsa(q.to(runtime.device()), dev["k"], dev["v"], dev["s"], dev["g"],
+                                      initial_state=dev["initial_state"], output_final_state=True)
+    spread = lambda t, dim=2: t.double().repeat_interleave(2, dim=dim)  # noqa: E731
+    o_ref, (hk_ref, hv_ref) = reference.recurrent_gsa(q.double(), spread(x["k"]), spread(x["v"]), spread(x["s"]),
+                                                      spread(x["g"]), initial_state=tuple(spread(t, 1) for t in
+                                                                                          x["initial_state"]),
+                                                      output_final_state=True)
+    assert o.shape == (1, 9, 4, 16) and hk.shape == (1, 2, 16, 16)
+    for got, want in ((o, o_ref), (hk, hk_ref[:, ::2]), (hv, hv_ref[:, ::2])):
+        torch.testing.assert_close(got.double().cpu(), want, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="multiple of k's heads"):
+        fused_recurrent_gsa(torch.randn(1, 9, 3, 16), x["k"], x["v"], x["s"], x["g"])

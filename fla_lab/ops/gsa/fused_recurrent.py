@@ -23,6 +23,16 @@ from fla_lab.ops.gsa.chunk import gsa_arguments, slot_softmax, slot_softmax_back
 from fla_lab.ops.rwkv6.fused_recurrent import DEFAULT_DQ_TILES, _backward, _forward, h0_mask
 
 
+def query_groups(op: str, q, k) -> int:
+    """How many query heads share each head of k, v, s, g (1 unless q has more heads than k)."""
+    if not (torch.is_tensor(q) and torch.is_tensor(k) and q.dim() == 4 and k.dim() == 4) or q.shape[2] == k.shape[2]:
+        return 1  # the contract checks the rest
+    HQ, H = q.shape[2], k.shape[2]
+    if HQ % H:
+        raise ValueError(f"{op}: q has {HQ} heads and k {H}: grouped query heads need a multiple of k's heads")
+    return HQ // H
+
+
 class FusedRecurrentGSAFunction(torch.autograd.Function):
     """Saves the inputs, both final states (the decay gradients' final-state terms) and the fp32 slot scores and
     weights; the passes' states are replayed by the backward kernels, as in the GLA op."""
@@ -56,9 +66,10 @@ def fused_recurrent_gsa(q, k, v, s, g=None, scale=None, initial_state=None, outp
                         cu_seqlens=None, **kwargs):
     """Fused recurrent Gated Slot Attention, forward and backward in Triton; the same function as `chunk_gsa`.
 
-    q, k `[B, T, H, K]`, v `[B, T, H, V]`, s (slot writes) and g (natural-log forget gate <= 0) `[B, T, H, M]`;
-    `g=None` is vanilla ABC. `initial_state` is the pair `(Hk0 [N, H, K, M], Hv0 [N, H, M, V])`. Returns
-    `(o [B, T, H, V], (HkT, HvT) in fp32 or None)`, as fla_lab's `chunk_gsa` (upstream's fused op returns the
+    q `[B, T, HQ, K]`, k `[B, T, H, K]`, v `[B, T, H, V]`, s (slot writes) and g (natural-log forget gate <= 0)
+    `[B, T, H, M]`; `g=None` is vanilla ABC. HQ a multiple of H: grouped query heads (FLA's decode path), query
+    head i reading head i // (HQ / H) of everything else. `initial_state` is the pair `(Hk0 [N, H, K, M],
+    Hv0 [N, H, M, V])`. Returns `(o [B, T, HQ, V], (HkT, HvT) in fp32 or None)`, as fla_lab's `chunk_gsa` (upstream's fused op returns the
     pair as a list, `[None, None]` without `output_final_state`). `reverse=True` runs both recurrences from the
     last step to the first (the gates of `g=None` still accumulate forwards, as upstream's). `cu_seqlens`: FLA's
     packed batches (`fla_lab.ops.common.conventions`).
@@ -66,6 +77,13 @@ def fused_recurrent_gsa(q, k, v, s, g=None, scale=None, initial_state=None, outp
     if cu_seqlens is not None:  # packed sequences (FLA's varlen): one call per sequence
         return per_sequence("fused_recurrent_gsa", fused_recurrent_gsa, dict(q=q, k=k, v=v, s=s, g=g), cu_seqlens,
                             initial_state, output_final_state, scale=scale, reverse=reverse, **kwargs)
+    groups = query_groups("fused_recurrent_gsa", q, k)
+    if groups > 1:  # each group of query heads reads one head's k, v, s, g and states: that head, once per query
+        spread = lambda t, dim=2: None if t is None else t.repeat_interleave(groups, dim=dim)  # noqa: E731
+        h0 = None if initial_state is None else tuple(spread(t, 1) for t in initial_state)
+        o, ht = fused_recurrent_gsa(q, spread(k), spread(v), spread(s), spread(g), scale, h0, output_final_state,
+                                    reverse, **kwargs)
+        return o, (None if ht is None else tuple(t[:, ::groups] for t in ht))  # the copies of a group are equal
     s, g, hk0, hv0, scale = gsa_arguments("fused_recurrent_gsa", q, k, v, s, g, scale, initial_state, kwargs)
     if reverse:  # the time axis flipped on the way in and out: the kernels always step forwards
         q, k, v, s, g = (t.flip(1) for t in (q, k, v, s, g))
