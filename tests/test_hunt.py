@@ -197,7 +197,7 @@ def test_tracer_sees_nan_written_over_garbage_nan():
     gi[0, 16:, 0, :] = float("nan")  # garbage: 256 NaN, more than the 13 the kernel writes
     g, gi = g.to(fla_lab.device()), gi.to(fla_lab.device())
     with hunt.trace_kernels() as tracer:
-        common_chunk.chunk_cumsum_kernel[(1, 2, 1)](g, gi, None, None, T, H=1, K=K, BT=16, BK=16)
+        common_chunk.chunk_cumsum_kernel[(1, 2, 1)](g, gi, None, None, None, None, T, H=1, K=K, BT=16, BK=16)
     bad = tracer.first_bad()
     assert bad is not None and bad.kernel == "chunk_cumsum_kernel" and set(bad.written) == {"gi"}
     assert bad.written["gi"].first == {"t": 3, "b": 0, "h": 0, "d": 0} and bad.written["gi"].count == 13

@@ -53,6 +53,61 @@ def test_packed_sequences_match_the_reference_per_sequence(name):
     assert result.ok, f"{result.failures()} | {result}"
 
 
+# Ops whose packed batch runs as one launch per kernel (the rest call the op once per sequence, `per_sequence`).
+ONE_LAUNCH = ["chunk_gla", "chunk_rwkv6"]
+
+
+def _run_with_grads(fn, x, seed=0):
+    """fn's output and final states, and every input's gradient under fixed random cotangents (o and ht)."""
+    leaves = {n: _leaf(t) for n, t in x.items()}
+    o, ht = fn(**leaves, output_final_state=True)
+    finals = ht if isinstance(ht, tuple) else (ht,)
+    gen = torch.Generator().manual_seed(seed)
+    loss = sum((t * torch.randn(t.shape, generator=gen).to(t)).sum() for t in (o, *finals))
+    loss.backward()
+    grads = {n: [leaf.grad for leaf in (t if isinstance(t, tuple) else (t,))] for n, t in leaves.items()
+             if _floating(t)}
+    return o, finals, grads
+
+
+def _floating(t):
+    return isinstance(t, tuple) or (torch.is_tensor(t) and t.is_floating_point())
+
+
+def _leaf(t):
+    if isinstance(t, tuple):
+        return tuple(_leaf(x) for x in t)
+    t = t.to(runtime.device()) if torch.is_tensor(t) else t
+    return t.clone().requires_grad_() if torch.is_tensor(t) and t.is_floating_point() else t
+
+
+@pytest.mark.parametrize("name", ONE_LAUNCH)
+def test_one_launch_is_the_op_called_per_sequence(name):
+    """The packed batch in one launch per kernel against the op on each sequence alone: the same kernels on the same
+    rows, so the output, the final states and every gradient (initial states and final-state cotangents included)
+    agree bit for bit. Lengths: shorter than a chunk, empty, a multiple of the chunk (64), two chunks and a part,
+    a part. RWKV6's bonus gradient is summed over the chunks in another order: equal to rounding."""
+    spec = registry.get(name)
+    x = _packed_inputs(spec, (5, 0, 64, 130, 19))
+    cu = torch.tensor(_offsets((5, 0, 64, 130, 19)), dtype=torch.int32, device=runtime.device())
+
+    def one_sequence_at_a_time(initial_state=None, output_final_state=False, **x):
+        rows = {n: t for n, t in x.items() if torch.is_tensor(t) and t.dim() == 4}
+        rest = {n: t for n, t in x.items() if n not in rows}
+        return per_sequence(name, spec.fn, rows, cu.cpu(), initial_state, output_final_state, **rest)
+
+    o, finals, grads = _run_with_grads(functools.partial(spec.fn, cu_seqlens=cu), x)
+    o_loop, finals_loop, grads_loop = _run_with_grads(one_sequence_at_a_time, x)
+    assert torch.equal(o, o_loop)
+    assert all(torch.equal(a, b) for a, b in zip(finals, finals_loop))
+    for n in grads:
+        for a, b in zip(grads[n], grads_loop[n]):
+            if n == "u":
+                torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+            else:
+                assert torch.equal(a, b), n
+
+
 @pytest.mark.parametrize("name", ["chunk_gla", "chunk_rwkv7"])
 def test_equal_lengths_give_the_batched_call(name):
     """Packing B sequences of one length is the batched call, bit for bit (the same kernels on the same rows)."""

@@ -63,9 +63,10 @@ import torch
 import triton.language as tl
 
 from fla_lab.ops import contract
+from fla_lab.ops.common.conventions import Packed
 from fla_lab.ops.common.launch import ChunkLaunch
-from fla_lab.ops.common.utils import (batch_head, dot_dtype, grid_size, kernel, mma, mma_split, next_pow2, slot_helper,
-                                      state_tile)
+from fla_lab.ops.common.utils import (batch_head, chunk_of_sequence, dot_dtype, grid_size, kernel, mma, mma_split,
+                                      next_pow2, sequence_chunks, slot_helper, state_tile)
 from fla_lab.ops.common.value_flags import nonfinite_probe, or_nonfinite_bit, or_positive_decay_bit
 
 BC = 16  # rows per sub-chunk: the smallest tile a GPU `tl.dot` takes
@@ -217,17 +218,19 @@ def cols_from_later_subchunks(S, W, gi, b_gk, i_start, t_first, i_i, T, o_c, o_d
 
 
 @kernel
-def chunk_cumsum_kernel(g, gi, x, flags, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                        G_SLOT: tl.constexpr = -1, X_SLOT: tl.constexpr = -1):
+def chunk_cumsum_kernel(g, gi, x, flags, cu_seqlens, chunk_indices, T, H: tl.constexpr, K: tl.constexpr,
+                        BT: tl.constexpr, BK: tl.constexpr, VARLEN: tl.constexpr = False, G_SLOT: tl.constexpr = -1,
+                        X_SLOT: tl.constexpr = -1):
     """Chunk-local inclusive cumulative sum of the log-decay, in fp32 (and g's value check: finite, <= 0), plus the
     finite check of `x`, a tensor shaped like g (the key side's keys). H200, forward+backward: checked here, k costs
     chunk_gla and chunk_rwkv6 1.6% each; in the scores kernel it cost 0.8% and 2.6%."""
     i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_bh, i_b, i_h = batch_head(i_bh, H)
+    bos, T, i_t, _ = chunk_of_sequence(i_t, i_b, T, 0, cu_seqlens, chunk_indices, VARLEN)
     o_t = i_t * BT + tl.arange(0, BT)
     o_k = i_k * BK + tl.arange(0, BK)
     m = (o_t < T)[:, None] & (o_k < K)[None, :]
-    p = (i_b * T * H + i_h) * K + o_t[:, None] * H * K + o_k[None, :]
+    p = (bos * H + i_h) * K + o_t[:, None] * H * K + o_k[None, :]
     b_g = tl.load(g + p, mask=m, other=0).to(tl.float32)
     if G_SLOT >= 0:
         or_nonfinite_bit(flags, tl.sum(nonfinite_probe(b_g)), G_SLOT)
@@ -239,20 +242,23 @@ def chunk_cumsum_kernel(g, gi, x, flags, T, H: tl.constexpr, K: tl.constexpr, BT
 
 
 @kernel
-def chunk_fwd_h_kernel(k, v, gi, h, h0, ht, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
-                       GATE_V: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr):
-    """The state before every chunk, `h [B, NT, H, K, V]` fp32: the only loop over chunks of the forward."""
+def chunk_fwd_h_kernel(k, v, gi, h, h0, ht, cu_seqlens, chunk_offsets, T, H: tl.constexpr, K: tl.constexpr,
+                       V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
+                       GATE_V: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
+                       VARLEN: tl.constexpr = False):
+    """The state before every chunk, `h [B, NT, H, K, V]` fp32: the only loop over chunks of the forward, one
+    program per (sequence, head, state tile)."""
     i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_bh, i_b, i_h = batch_head(i_bh, H)
+    i_bh, i_n, i_h = batch_head(i_bh, H)
     o_k, o_v, m_k, m_v, m_kv, p_kv = state_tile(i_k, i_v, K, V, BK, BV)
-    bos = i_b * T * H + i_h
+    bos, T, NT, boc = sequence_chunks(i_n, T, BT, cu_seqlens, chunk_offsets, VARLEN)
+    bos = bos * H + i_h
     k, v = k + bos * K, v + bos * V
     b_h = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_H0:
         b_h += tl.load(h0 + i_bh * K * V + p_kv, mask=m_kv, other=0).to(tl.float32)
     for i_t in range(0, NT):
-        tl.store(h + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_h, mask=m_kv)
+        tl.store(h + ((boc + i_t) * H + i_h) * K * V + p_kv, b_h, mask=m_kv)
         o_t = i_t * BT + tl.arange(0, BT)
         m_t = o_t < T
         t_last = tl.minimum(i_t * BT + BT, T) - 1
@@ -274,16 +280,17 @@ def chunk_fwd_h_kernel(k, v, gi, h, h0, ht, T, NT, H: tl.constexpr, K: tl.conste
 
 
 @kernel
-def plain_scores_kernel(x, y, A, scale, T, H: tl.constexpr, D: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
-                        DOT: tl.constexpr):
+def plain_scores_kernel(x, y, A, scale, cu_seqlens, chunk_indices, T, H: tl.constexpr, D: tl.constexpr,
+                        BT: tl.constexpr, BD: tl.constexpr, DOT: tl.constexpr, VARLEN: tl.constexpr = False):
     """`A = scale * x @ y^T` on the causal part of each chunk, diagonal included: the value side's scores
     (x = q, y = k) and the key side's dA (x = do, y = v; RWKV6's bonus reads its diagonal)."""
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_bh, i_b, i_h = batch_head(i_bh, H)
+    bos, T, i_t, _ = chunk_of_sequence(i_t, i_b, T, 0, cu_seqlens, chunk_indices, VARLEN)
     o_c = tl.arange(0, BT)
     o_t = i_t * BT + o_c
     m_t = o_t < T
-    bos = i_b * T * H + i_h
+    bos = bos * H + i_h
     x, y = x + bos * D, y + bos * D
     b_A = tl.zeros([BT, BT], dtype=tl.float32)
     for i_d in range(0, tl.cdiv(D, BD)):
@@ -298,43 +305,45 @@ def plain_scores_kernel(x, y, A, scale, T, H: tl.constexpr, D: tl.constexpr, BT:
 
 
 @kernel
-def boundary_share(b_h, b_dh, bnd, i_b, i_t, i_h, i_k, i_v, o_k, o_v, m_k, m_v, NT, H: tl.constexpr,
-                   K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GATE_V: tl.constexpr):
-    """Store this tile's part of `sum(h_{n+1} * dh[n])` over the ungated axis (the chunk's boundary term of dg):
-    `bnd [B, NT, H, NP, D]`, one partial per tile of the ungated axis (NP of them), D the gated channels."""
+def boundary_share(b_h, b_dh, bnd, i_c, i_h, i_k, i_v, o_k, o_v, m_k, m_v, H: tl.constexpr, K: tl.constexpr,
+                   V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GATE_V: tl.constexpr):
+    """Store this tile's part of `sum(h_{n+1} * dh[n])` over the ungated axis (the boundary term of dg of chunk i_c
+    of the batch): `bnd [B, NT, H, NP, D]`, one partial per tile of the ungated axis (NP of them), D the gated
+    channels."""
     if GATE_V:
         NP: tl.constexpr = (K + BK - 1) // BK
-        p = bnd + (((i_b * NT + i_t) * H + i_h) * NP + i_k) * V + o_v
+        p = bnd + ((i_c * H + i_h) * NP + i_k) * V + o_v
         tl.store(p, tl.sum(b_h * b_dh, axis=0), mask=m_v)
     else:
         NP: tl.constexpr = (V + BV - 1) // BV
-        p = bnd + (((i_b * NT + i_t) * H + i_h) * NP + i_v) * K + o_k
+        p = bnd + ((i_c * H + i_h) * NP + i_v) * K + o_k
         tl.store(p, tl.sum(b_h * b_dh, axis=1), mask=m_k)
 
 
 @kernel
-def boundary_term(bnd, i_b, i_t, i_h, o_d, m_d, NT, H: tl.constexpr, D: tl.constexpr, NP: tl.constexpr,
-                  BD: tl.constexpr):
-    """Chunk i_t's boundary term of the decay gradient, the NP partials of `boundary_share` summed: [BD]."""
+def boundary_term(bnd, i_c, i_h, o_d, m_d, H: tl.constexpr, D: tl.constexpr, NP: tl.constexpr, BD: tl.constexpr):
+    """The boundary term of the decay gradient of chunk i_c of the batch, the NP partials of `boundary_share`
+    summed: [BD]."""
     b_bnd = tl.zeros([BD], dtype=tl.float32)
     for i_p in range(0, NP):
-        b_bnd += tl.load(bnd + (((i_b * NT + i_t) * H + i_h) * NP + i_p) * D + o_d, mask=m_d, other=0)
+        b_bnd += tl.load(bnd + ((i_c * H + i_h) * NP + i_p) * D + o_d, mask=m_d, other=0)
     return b_bnd
 
 
 @kernel
-def chunk_bwd_dh_kernel(q, do, gi, h, ht, dh, dht, dh0, bnd, scale, T, NT, H: tl.constexpr, K: tl.constexpr,
-                        V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+def chunk_bwd_dh_kernel(q, do, gi, h, ht, dh, dht, dh0, bnd, scale, cu_seqlens, chunk_offsets, T, H: tl.constexpr,
+                        K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                         DOT: tl.constexpr, GATE_V: tl.constexpr, RWKV6: tl.constexpr, USE_DHT: tl.constexpr,
-                        STORE_DH0: tl.constexpr):
+                        STORE_DH0: tl.constexpr, VARLEN: tl.constexpr = False):
     """State adjoint in reverse: `dh[n]` = dL/dh_{n+1} (the state after chunk n); dh0 = dL/dh_0.
 
     Also each chunk's boundary term of the decay gradient, `bnd[n] = sum(h_{n+1} * dh[n])` over the ungated axis
     (`boundary_share`): the whole future's share of dg, from the states themselves (see `chunk_bwd_dg_kernel`)."""
     i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_bh, i_b, i_h = batch_head(i_bh, H)
+    i_bh, i_n, i_h = batch_head(i_bh, H)
     o_k, o_v, m_k, m_v, m_kv, p_kv = state_tile(i_k, i_v, K, V, BK, BV)
-    bos = i_b * T * H + i_h
+    bos, T, NT, boc = sequence_chunks(i_n, T, BT, cu_seqlens, chunk_offsets, VARLEN)
+    bos = bos * H + i_h
     q, do = q + bos * K, do + bos * V
     b_dh = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_DHT:
@@ -344,10 +353,10 @@ def chunk_bwd_dh_kernel(q, do, gi, h, ht, dh, dht, dh0, bnd, scale, T, NT, H: tl
         b_hn += tl.load(ht + i_bh * K * V + p_kv, mask=m_kv, other=0)
     for i_r in range(0, NT):
         i_t = NT - 1 - i_r
-        tl.store(dh + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_dh, mask=m_kv)
+        tl.store(dh + ((boc + i_t) * H + i_h) * K * V + p_kv, b_dh, mask=m_kv)
         if i_r > 0:
-            b_hn = tl.load(h + ((i_b * NT + i_t + 1) * H + i_h) * K * V + p_kv, mask=m_kv, other=0)
-        boundary_share(b_hn, b_dh, bnd, i_b, i_t, i_h, i_k, i_v, o_k, o_v, m_k, m_v, NT, H, K, V, BK, BV, GATE_V)
+            b_hn = tl.load(h + ((boc + i_t + 1) * H + i_h) * K * V + p_kv, mask=m_kv, other=0)
+        boundary_share(b_hn, b_dh, bnd, boc + i_t, i_h, i_k, i_v, o_k, o_v, m_k, m_v, H, K, V, BK, BV, GATE_V)
         t_first = i_t * BT
         o_t = t_first + tl.arange(0, BT)
         m_t = o_t < T
@@ -368,9 +377,10 @@ def chunk_bwd_dh_kernel(q, do, gi, h, ht, dh, dht, dh0, bnd, scale, T, NT, H: tl
 
 
 @kernel
-def plain_rows_kernel(A, x, y, gi, h, out, alpha, beta, T, NT, H: tl.constexpr, DX: tl.constexpr,
-                      DY: tl.constexpr, BT: tl.constexpr, BX: tl.constexpr, BY: tl.constexpr, DOT: tl.constexpr,
-                      A_T: tl.constexpr, TO_END: tl.constexpr, H_T: tl.constexpr):
+def plain_rows_kernel(A, x, y, gi, h, out, alpha, beta, cu_seqlens, chunk_indices, T, NT, H: tl.constexpr,
+                      DX: tl.constexpr, DY: tl.constexpr, BT: tl.constexpr, BX: tl.constexpr, BY: tl.constexpr,
+                      DOT: tl.constexpr, A_T: tl.constexpr, TO_END: tl.constexpr, H_T: tl.constexpr,
+                      VARLEN: tl.constexpr = False):
     """`out = alpha * op(A) @ x + beta * (y * exp(G)) @ op(h_n)`, one [BT, BX] tile per program, where the decay
     `G` is on y's channels: `gi_t` (from the chunk start) or `gi_last - gi_t` (to the chunk end, TO_END).
 
@@ -380,14 +390,15 @@ def plain_rows_kernel(A, x, y, gi, h, out, alpha, beta, T, NT, H: tl.constexpr, 
     """
     i_x, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_bh, i_b, i_h = batch_head(i_bh, H)
+    bos, T, i_t, boc = chunk_of_sequence(i_t, i_b, T, NT, cu_seqlens, chunk_indices, VARLEN)
     o_c = tl.arange(0, BT)
     o_t = i_t * BT + o_c
     o_x = i_x * BX + tl.arange(0, BX)
     m_t, m_x = o_t < T, o_x < DX
     m_tx = m_t[:, None] & m_x[None, :]
-    bos = i_b * T * H + i_h
+    bos = bos * H + i_h
     x, y, gi, A = x + bos * DX, y + bos * DY, gi + bos * DY, A + bos * BT
-    h += ((i_b * NT + i_t) * H + i_h) * DX * DY
+    h += ((boc + i_t) * H + i_h) * DX * DY
     if A_T:
         b_A = tl.load(A + o_t[None, :] * H * BT + o_c[:, None], mask=m_t[None, :], other=0)  # [s, t]
     else:
@@ -415,9 +426,10 @@ def plain_rows_kernel(A, x, y, gi, h, out, alpha, beta, T, NT, H: tl.constexpr, 
 
 
 @kernel
-def chunk_bwd_dg_kernel(q, k, dq, dk, u, dA, bnd, dg_add, dg, du, dq_cast, dk_cast, T, NT, H: tl.constexpr,
-                        K: tl.constexpr, NP: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, RWKV6: tl.constexpr,
-                        ADD: tl.constexpr, WRITERS: tl.constexpr, CAST: tl.constexpr = False):
+def chunk_bwd_dg_kernel(q, k, dq, dk, u, dA, bnd, dg_add, dg, du, dq_cast, dk_cast, cu_seqlens, chunk_indices, T, NT,
+                        H: tl.constexpr, K: tl.constexpr, NP: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                        RWKV6: tl.constexpr, ADD: tl.constexpr, WRITERS: tl.constexpr, CAST: tl.constexpr = False,
+                        VARLEN: tl.constexpr = False):
     """dg of one chunk: the reverse cumsum of q * dq - k * dk inside it, plus its boundary term; RWKV6's du part.
 
     The loss depends on the cumulative log-decay G through exp(G_reader - G_writer), so
@@ -435,12 +447,13 @@ def chunk_bwd_dg_kernel(q, k, dq, dk, u, dA, bnd, dg_add, dg, du, dq_cast, dk_ca
     """
     i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_bh, i_b, i_h = batch_head(i_bh, H)
+    bos, T, i_t, boc = chunk_of_sequence(i_t, i_b, T, NT, cu_seqlens, chunk_indices, VARLEN)
     HK: tl.constexpr = H * K
     o_k = i_k * BK + tl.arange(0, BK)
     m_k = o_k < K
     o_c = tl.arange(0, BT)
-    bos = i_b * T * H + i_h
-    b_bnd = boundary_term(bnd, i_b, i_t, i_h, o_k, m_k, NT, H, K, NP, BK)
+    bos = bos * H + i_h
+    b_bnd = boundary_term(bnd, boc + i_t, i_h, o_k, m_k, H, K, NP, BK)
     o_t = i_t * BT + o_c
     m_t = o_t < T
     m = m_t[:, None] & m_k[None, :]
@@ -462,7 +475,7 @@ def chunk_bwd_dg_kernel(q, k, dq, dk, u, dA, bnd, dg_add, dg, du, dq_cast, dk_ca
         b_dAd = tl.load(dA + bos * BT + o_t * H * BT + o_c, mask=m_t, other=0)  # scale * do_t . v_t
         b_qkd = b_q * b_k * b_dAd[:, None]
         b_dg -= b_qdq - load_bonus(u, i_h, o_k, m_k, K, BK, RWKV6)[None, :] * b_qkd
-        tl.store(du + ((i_b * NT + i_t) * H + i_h) * K + o_k, tl.sum(b_qkd, axis=0), mask=m_k)
+        tl.store(du + ((boc + i_t) * H + i_h) * K + o_k, tl.sum(b_qkd, axis=0), mask=m_k)
     if ADD:
         b_dg += tl.load(dg_add + p, mask=m, other=0).to(tl.float32)
     tl.store(dg + p, b_dg.to(dg.dtype.element_ty), mask=m)
@@ -492,78 +505,101 @@ def check_flags(checks: contract.KernelChecks | None):
     return None if checks is None else checks.flags
 
 
-def chunk_cumsum(g: torch.Tensor, BT: int, checks=None, name="g", also=None, also_name="k") -> torch.Tensor:
+def chunks(T: int, BT: int, seqs: Packed | None) -> int:
+    """Chunks per batch row: T's in a dense batch, every sequence's together in a packed one (`seqs`)."""
+    return grid_size(T, BT) if seqs is None else seqs.NT
+
+
+def sequences(B: int, seqs: Packed | None) -> int:
+    return B if seqs is None else seqs.N
+
+
+def chunk_tables(seqs: Packed | None):
+    """The per-chunk kernels' packed-batch arguments: `cu_seqlens, chunk_indices` (None, None when dense)."""
+    return (None, None) if seqs is None else (seqs.cu_seqlens, seqs.chunk_indices)
+
+
+def sequence_tables(seqs: Packed | None):
+    """The per-sequence kernels' packed-batch arguments: `cu_seqlens, chunk_offsets` (None, None when dense)."""
+    return (None, None) if seqs is None else (seqs.cu_seqlens, seqs.chunk_offsets)
+
+
+def chunk_cumsum(g: torch.Tensor, BT: int, checks=None, name="g", also=None, also_name="k",
+                 seqs: Packed | None = None) -> torch.Tensor:
     """Chunk-local inclusive cumulative log-decay, fp32, same shape as g. `checks` (`contract.KernelChecks`):
     g's value check, under the argument name `name`, in the same pass, and that of `also` (a tensor shaped like g,
-    argument name `also_name`) when given."""
+    argument name `also_name`) when given. `seqs`: a packed batch's tables (`conventions.Packed`), else dense."""
     B, T, H, D = g.shape
     gi = empty_f32(g, B, T, H, D)
     BD = tile_width(D)
-    chunk_cumsum_kernel[(grid_size(D, BD), grid_size(T, BT), B * H)](
-        g, gi, also, check_flags(checks), T, H=H, K=D, BT=BT, BK=BD, G_SLOT=check_slot(checks, name),
-        X_SLOT=-1 if also is None else check_slot(checks, also_name))
+    chunk_cumsum_kernel[(grid_size(D, BD), chunks(T, BT, seqs), B * H)](
+        g, gi, also, check_flags(checks), *chunk_tables(seqs), T, H=H, K=D, BT=BT, BK=BD, VARLEN=seqs is not None,
+        G_SLOT=check_slot(checks, name), X_SLOT=-1 if also is None else check_slot(checks, also_name))
     return gi
 
 
-def forward_states(k, v, gi, h0, output_final_state, BT, launch, gate_v):
+def forward_states(k, v, gi, h0, output_final_state, BT, launch, gate_v, seqs=None):
     B, T, H, K = k.shape
     V = v.shape[-1]
-    BK, BV, NT = tile_width(K), min(tile_width(V), launch.state_BV), grid_size(T, BT)
-    h = empty_f32(k, B, NT, H, K, V)
-    ht = empty_f32(k, B, H, K, V) if output_final_state else None
-    chunk_fwd_h_kernel[(grid_size(K, BK), grid_size(V, BV), B * H)](
-        k, v, gi, h, h0, ht, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, DOT=dot_of(launch, k), GATE_V=gate_v,
-        USE_H0=h0 is not None, STORE_HT=output_final_state, num_warps=launch.state_warps,
-        num_stages=launch.state_stages)
+    BK, BV, N = tile_width(K), min(tile_width(V), launch.state_BV), sequences(B, seqs)
+    h = empty_f32(k, B, chunks(T, BT, seqs), H, K, V)
+    ht = empty_f32(k, N, H, K, V) if output_final_state else None
+    chunk_fwd_h_kernel[(grid_size(K, BK), grid_size(V, BV), N * H)](
+        k, v, gi, h, h0, ht, *sequence_tables(seqs), T, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, DOT=dot_of(launch, k),
+        GATE_V=gate_v, USE_H0=h0 is not None, STORE_HT=output_final_state, VARLEN=seqs is not None,
+        num_warps=launch.state_warps, num_stages=launch.state_stages)
     return h, ht
 
 
-def state_adjoints(q, do, gi, h, ht, dht, need_dh0, scale, BT, launch, gate_v, rwkv6=False):
+def state_adjoints(q, do, gi, h, ht, dht, need_dh0, scale, BT, launch, gate_v, rwkv6=False, seqs=None):
     """dh (the adjoint of the state after each chunk), dh0, and each chunk's boundary term of dg, `bnd
     [B, NT, H, NP, D]` (D the gated channels, NP partials over the other axis); `h`, `ht`: the forward's states."""
     B, T, H, K = q.shape
     V = do.shape[-1]
-    BK, BV, NT = tile_width(K), min(tile_width(V), launch.state_BV), grid_size(T, BT)
+    BK, BV, NT, N = tile_width(K), min(tile_width(V), launch.state_BV), chunks(T, BT, seqs), sequences(B, seqs)
     dh = empty_f32(q, B, NT, H, K, V)
-    dh0 = empty_f32(q, B, H, K, V) if need_dh0 else None
+    dh0 = empty_f32(q, N, H, K, V) if need_dh0 else None
     if dht is not None and ht is None:
         raise RuntimeError("state_adjoints: a final-state cotangent needs the final state (its share of dg)")
     bnd = empty_f32(q, B, NT, H, grid_size(K, BK), V) if gate_v else empty_f32(q, B, NT, H, grid_size(V, BV), K)
-    chunk_bwd_dh_kernel[(grid_size(K, BK), grid_size(V, BV), B * H)](
-        q, do, gi, h, ht, dh, dht, dh0, bnd, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, DOT=dot_of(launch, q),
-        GATE_V=gate_v, RWKV6=rwkv6, USE_DHT=dht is not None, STORE_DH0=need_dh0, num_warps=launch.state_warps,
-        num_stages=launch.state_stages)
+    chunk_bwd_dh_kernel[(grid_size(K, BK), grid_size(V, BV), N * H)](
+        q, do, gi, h, ht, dh, dht, dh0, bnd, scale, *sequence_tables(seqs), T, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
+        DOT=dot_of(launch, q), GATE_V=gate_v, RWKV6=rwkv6, USE_DHT=dht is not None, STORE_DH0=need_dh0,
+        VARLEN=seqs is not None, num_warps=launch.state_warps, num_stages=launch.state_stages)
     return dh, dh0, bnd
 
 
-def plain_scores(x, y, scale, BT, launch):
+def plain_scores(x, y, scale, BT, launch, seqs=None):
     B, T, H, D = x.shape
     A = empty_f32(x, B, T, H, BT)
-    plain_scores_kernel[(grid_size(T, BT), B * H)](x, y, A, scale, T, H=H, D=D, BT=BT, BD=tile_width(D),
-                                                      DOT=dot_of(launch, x))
+    plain_scores_kernel[(chunks(T, BT, seqs), B * H)](x, y, A, scale, *chunk_tables(seqs), T, H=H, D=D, BT=BT,
+                                                         BD=tile_width(D), DOT=dot_of(launch, x),
+                                                         VARLEN=seqs is not None)
     return A
 
 
-def plain_rows(A, x, y, gi, h, alpha, beta, BT, launch, *, transpose_A, to_end, transpose_h, dtype=torch.float32):
+def plain_rows(A, x, y, gi, h, alpha, beta, BT, launch, *, transpose_A, to_end, transpose_h, dtype=torch.float32,
+               seqs=None):
     """`alpha * op(A) @ x + beta * (y * exp(G)) @ op(h)` (see `plain_rows_kernel`), `[B, T, H, DX]` in `dtype`."""
     B, T, H, DX = x.shape
     DY = y.shape[-1]
     out = torch.empty(B, T, H, DX, dtype=dtype, device=x.device)
-    BX = tile_width(DX)
-    plain_rows_kernel[(grid_size(DX, BX), grid_size(T, BT), B * H)](
-        A, x, y, gi, h, out, alpha, beta, T, grid_size(T, BT), H=H, DX=DX, DY=DY, BT=BT, BX=BX, BY=tile_width(DY),
-        DOT=dot_of(launch, x), A_T=transpose_A, TO_END=to_end, H_T=transpose_h)
+    BX, NT = tile_width(DX), chunks(T, BT, seqs)
+    plain_rows_kernel[(grid_size(DX, BX), NT, B * H)](
+        A, x, y, gi, h, out, alpha, beta, *chunk_tables(seqs), T, NT, H=H, DX=DX, DY=DY, BT=BT, BX=BX,
+        BY=tile_width(DY), DOT=dot_of(launch, x), A_T=transpose_A, TO_END=to_end, H_T=transpose_h,
+        VARLEN=seqs is not None)
     return out
 
 
 def decay_grad(readers, d_readers, writers, d_writers, bnd, BT, launch, dtype, u=None, dA=None, add=None,
-               cast_dtype=torch.float32):
+               cast_dtype=torch.float32, seqs=None):
     """dg (and RWKV6's du) from the closed form in `chunk_bwd_dg_kernel`, plus `add` (another pass's dg);
     `bnd`: the boundary terms from `state_adjoints`; `d_writers=None` leaves the writer term out.
     Returns `(dg, du, d_readers, d_writers)`, the last two in `cast_dtype`: a 16-bit one is written by the same
     kernel, which reads the fp32 gradients anyway (no separate cast pass)."""
     B, T, H, D = readers.shape
-    NT = grid_size(T, BT)
+    NT = chunks(T, BT, seqs)
     # in place over `add` when it can hold the result: each element is read and written by the same program
     dg = add if add is not None and add.dtype == dtype else torch.empty(B, T, H, D, dtype=dtype, device=readers.device)
     du = empty_f32(readers, B, NT, H, D) if u is not None else None  # one part per chunk, summed below
@@ -571,9 +607,9 @@ def decay_grad(readers, d_readers, writers, d_writers, bnd, BT, launch, dtype, u
     dr_cast = torch.empty_like(d_readers, dtype=cast_dtype) if cast else d_readers
     dw_cast = torch.empty_like(d_writers, dtype=cast_dtype) if cast and d_writers is not None else d_writers
     chunk_bwd_dg_kernel[(grid_size(D, launch.dg_BK), NT, B * H)](
-        readers, writers, d_readers, d_writers, u, dA, bnd, add, dg, du, dr_cast, dw_cast, T, NT, H=H, K=D,
-        NP=bnd.shape[3], BT=BT, BK=launch.dg_BK, RWKV6=u is not None, ADD=add is not None,
-        WRITERS=d_writers is not None, CAST=cast)
+        readers, writers, d_readers, d_writers, u, dA, bnd, add, dg, du, dr_cast, dw_cast, *chunk_tables(seqs), T,
+        NT, H=H, K=D, NP=bnd.shape[3], BT=BT, BK=launch.dg_BK, RWKV6=u is not None, ADD=add is not None,
+        WRITERS=d_writers is not None, CAST=cast, VARLEN=seqs is not None)
     return dg, (du.sum((0, 1)) if u is not None else None), dr_cast, dw_cast
 
 

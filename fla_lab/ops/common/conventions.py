@@ -14,12 +14,61 @@ FLA 0.6.0's deprecated name for it, `transpose_state_layout` (a DeprecationWarni
 """
 from __future__ import annotations
 
+import functools
 import warnings
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from fla_lab.ops.contract import check_cu_seqlens
+
+
+@dataclass(frozen=True)
+class Packed:
+    """A packed batch as the kernels index it in one launch (FLA's `prepare_chunk_indices` and
+    `prepare_chunk_offsets`), for chunks of BT rows. Kernels take `kernel_args()` and `VARLEN=True`; see
+    `fla_lab.ops.common.utils.sequence_rows`, `sequence_chunks` and `chunk_of_sequence`.
+
+    - `cu_seqlens [N + 1]` int32: the offsets, on the kernels' device;
+    - `chunk_indices [NT, 2]` int32: (sequence, chunk within it) of every chunk of the batch, sequence by sequence;
+    - `chunk_offsets [N + 1]` int32: the index of each sequence's first chunk (an empty sequence has none);
+    - `N` sequences, `NT` chunks in all, `bounds` the host copy of each sequence's (bos, eos)."""
+    cu_seqlens: torch.Tensor
+    chunk_indices: torch.Tensor
+    chunk_offsets: torch.Tensor
+    N: int
+    NT: int
+    BT: int
+    bounds: tuple
+
+    def kernel_args(self):
+        return self.cu_seqlens, self.chunk_indices, self.chunk_offsets
+
+    def rechunk(self, BT: int) -> "Packed":
+        """The same sequences in chunks of BT rows."""
+        return self if BT == self.BT else packed(self.bounds, BT, self.cu_seqlens.device)
+
+
+def packed(bounds, BT: int, device) -> Packed:
+    """The `Packed` tables of sequences `bounds` ((bos, eos) pairs, from `contract.check_cu_seqlens`), built on the
+    host and copied over once."""
+    chunks = [-(-(eos - bos) // BT) for bos, eos in bounds]
+    starts = [0]
+    for n in chunks:
+        starts.append(starts[-1] + n)
+    pairs = [(n, c) for n, count in enumerate(chunks) for c in range(count)]
+    as_int32 = functools.partial(torch.tensor, dtype=torch.int32)
+    return Packed(cu_seqlens=as_int32([bounds[0][0], *(eos for _, eos in bounds)]).to(device),
+                  chunk_indices=as_int32(pairs or [(0, 0)]).reshape(-1, 2).to(device),
+                  chunk_offsets=as_int32(starts).to(device), N=len(bounds), NT=starts[-1], BT=BT,
+                  bounds=tuple(bounds))
+
+
+def packed_batch(op: str, cu_seqlens, cu_seqlens_cpu, x: torch.Tensor, initial_state, BT: int) -> Packed:
+    """An op's `cu_seqlens` (and host copy) checked by the contract, as the tables of one launch (`Packed`)."""
+    offsets = cu_seqlens if cu_seqlens_cpu is None else cu_seqlens_cpu
+    return packed(check_cu_seqlens(op, offsets, x.shape[0], x.shape[1], initial_state), BT, x.device)
 
 
 def per_sequence(op: str, fn: Callable, sequences: dict, cu_seqlens, initial_state, output_final_state: bool,

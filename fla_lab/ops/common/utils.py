@@ -41,6 +41,48 @@ def batch_head(i_bh, H: tl.constexpr):
     return i_bh, i_bh // H, i_bh % H
 
 
+@kernel
+def sequence_rows(i_n, T, cu_seqlens, VARLEN: tl.constexpr):
+    """Sequence i_n's first row on the time axis (64-bit) and its length: `i_n * T` and T in a dense batch, read
+    from `cu_seqlens` in a packed one (FLA's varlen: B = 1, sequence n is rows cu_seqlens[n]:cu_seqlens[n + 1])."""
+    if VARLEN:
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        T = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
+    else:
+        bos = i_n.to(tl.int64) * T
+    return bos, T
+
+
+@kernel
+def sequence_chunks(i_n, T, BT: tl.constexpr, cu_seqlens, chunk_offsets, VARLEN: tl.constexpr):
+    """A per-sequence program's (bos, T, NT, boc): first row, length, chunks, and the index of its first chunk in
+    per-chunk buffers (`[B, NT, ...]` dense, `[1, NT of the whole batch, ...]` packed)."""
+    bos, T = sequence_rows(i_n, T, cu_seqlens, VARLEN)
+    NT = tl.cdiv(T, BT)
+    if VARLEN:
+        boc = tl.load(chunk_offsets + i_n).to(tl.int64)
+    else:
+        boc = i_n.to(tl.int64) * NT
+    return bos, T, NT, boc
+
+
+@kernel
+def chunk_of_sequence(i_t, i_b, T, NT, cu_seqlens, chunk_indices, VARLEN: tl.constexpr):
+    """A per-chunk program's (bos, T, i_t, boc): its sequence's first row and length, its chunk within the sequence,
+    and that sequence's first chunk in per-chunk buffers (so chunk i_t is `boc + i_t`). Dense: chunk i_t of batch
+    row i_b. Packed: i_t runs over every chunk of the batch and `chunk_indices [NT, 2]` names its (sequence, chunk)."""
+    if VARLEN:
+        i_n = tl.load(chunk_indices + 2 * i_t).to(tl.int64)
+        i_c = tl.load(chunk_indices + 2 * i_t + 1)
+        bos, T = sequence_rows(i_n, T, cu_seqlens, VARLEN)
+        boc = (i_t - i_c).to(tl.int64)
+    else:
+        i_c = i_t
+        bos = i_b * T
+        boc = i_b * NT
+    return bos, T, i_c, boc
+
+
 def slot_helper(op: str, slot: str, bug_on: bool, historical, shipped, helper=None):
     """The `@triton.jit` helper for a kernel's `tl.constexpr` slot (REFERENCE_ROW, EXPONENT, H0_MASK): the
     historical one under the op's bug switch, a caller's `helper` (a notebook exercise), else the shipped one. Both

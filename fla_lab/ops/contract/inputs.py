@@ -7,8 +7,10 @@ from fla_lab.ops.contract.values import KernelChecks, _check_values
 
 
 def check_gated_inputs(op: str, q, k, v, g, *, names=("q", "k", "v", "g"), u=None, initial_state=None,
-                       kwargs=None, in_kernel: bool = False) -> KernelChecks | None:
-    """The contract of GLA-style ops: q, k, g `[B, T, H, K]`, v `[B, T, H, V]`, u `[H, K]`, h0 `[B, H, K, V]`.
+                       kwargs=None, in_kernel: bool = False, packed: bool = False) -> KernelChecks | None:
+    """The contract of GLA-style ops: q, k, g `[B, T, H, K]`, v `[B, T, H, V]`, u `[H, K]`, h0 `[B, H, K, V]`
+    (`packed`, a batch of `cu_seqlens`: `[N, H, K, V]`, one per sequence, N checked against the offsets by
+    `check_cu_seqlens`).
 
     Value checks (finite inputs, log-decay <= 0) follow `value_check_mode`. `in_kernel`: the op's kernels check
     q, k, v and g as they read them when the check is deferred (the returned `KernelChecks`, else None).
@@ -22,7 +24,8 @@ def check_gated_inputs(op: str, q, k, v, g, *, names=("q", "k", "v", "g"), u=Non
     if u is not None:
         check_shape(op, "u", u, (H, K), "[H, K]")
     if initial_state is not None:
-        check_shape(op, "initial_state", initial_state, (B, H, K, V), "[B, H, K, V]")
+        N = initial_state.shape[0] if packed and initial_state.dim() == 4 else B
+        check_shape(op, "initial_state", initial_state, (N, H, K, V), "[N, H, K, V]" if packed else "[B, H, K, V]")
     warn_if_head_first(op, nq, q)
     return _check_values(op, tensors, decay=ng, in_kernel=names if in_kernel else ())
 

@@ -21,16 +21,16 @@ import torch
 import triton.language as tl
 
 from fla_lab.ops import contract
-from fla_lab.ops.common.chunk import (BC, channel_block, check_flags, check_slot, chunk_cumsum,
+from fla_lab.ops.common.chunk import (BC, channel_block, check_flags, check_slot, chunk_cumsum, chunk_tables, chunks,
                                       cols_from_later_subchunks, decay_grad, diagonal_tile, dot_of,
                                       empty_f32, forward_states, later_rows_exponent, load_bonus, load_query_decay,
                                       load_reference_decay, pick_reference_row, plain_rows, plain_scores, reference_row,
                                       rows_from_earlier_subchunks, state_adjoints, subchunk, tile_width)
 from fla_lab.ops.common.launch import check_chunk_size, resolve
-from fla_lab.ops.common.utils import (as_contiguous, batch_head, cast_grad, custom_bwd, custom_fwd, grid_size, kernel,
-                                      mma, mma_split)
+from fla_lab.ops.common.utils import (as_contiguous, batch_head, cast_grad, chunk_of_sequence, custom_bwd, custom_fwd,
+                                      grid_size, kernel, mma, mma_split)
 from fla_lab.ops.common.value_flags import nonfinite_probe, or_nonfinite_bit
-from fla_lab.ops.common.conventions import key_major, per_sequence, v_first
+from fla_lab.ops.common.conventions import key_major, packed_batch, v_first
 
 
 def score_pairs(BT: int) -> int:
@@ -97,9 +97,9 @@ def folded_diagonal_block(q, k, gi, u, A, scale, T, i_h, i_start, t_first, col0,
 
 
 @kernel
-def gated_scores_kernel(q, k, gi, u, A, scale, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
-                        BC: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr, RWKV6: tl.constexpr,
-                        REFERENCE_ROW: tl.constexpr = reference_row):
+def gated_scores_kernel(q, k, gi, u, A, scale, cu_seqlens, chunk_indices, T, H: tl.constexpr, K: tl.constexpr,
+                        BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr, RWKV6: tl.constexpr,
+                        REFERENCE_ROW: tl.constexpr = reference_row, VARLEN: tl.constexpr = False):
     """`A[t, s] = scale * sum_i q_t[i] k_s[i] exp(gq_t[i] - gi_s[i])` (s <= t): the key side's scores, the value
     side's dA (q = do, k = v). One program per (query sub-chunk i, key sub-chunk j <= i) pair of a chunk,
     NC (NC + 1) / 2 of them: an earlier key sub-chunk is one dot around the reference row, the diagonal pair is
@@ -112,7 +112,8 @@ def gated_scores_kernel(q, k, gi, u, A, scale, T, H: tl.constexpr, K: tl.constex
     NC: tl.constexpr = BT // BC
     NP: tl.constexpr = NC * (NC + 1) // 2
     i_i, i_j = lower_pair(i_p % NP, NC)
-    t_first = (i_p // NP) * BT
+    bos, T, i_t, _ = chunk_of_sequence(i_p // NP, i_b, T, 0, cu_seqlens, chunk_indices, VARLEN)
+    t_first = i_t * BT
     i_start = t_first + i_i * BC
     if i_start >= T:
         return
@@ -120,7 +121,7 @@ def gated_scores_kernel(q, k, gi, u, A, scale, T, H: tl.constexpr, K: tl.constex
     o_i = i_start + o_c
     m_i = o_i < T
     HK: tl.constexpr = H * K
-    bos = i_b * T * H + i_h
+    bos = bos * H + i_h
     q, k, gi, A = q + bos * K, k + bos * K, gi + bos * K, A + bos * BT
     p_A = A + o_i[:, None] * H * BT + o_c[None, :]
     if i_j < i_i:  # an earlier key sub-chunk: one dot, the decay split around the reference row gn
@@ -146,13 +147,15 @@ def gated_scores_kernel(q, k, gi, u, A, scale, T, H: tl.constexpr, K: tl.constex
 
 
 @kernel
-def chunk_fwd_o_kernel(q, v, gi, h, A, o, flags, scale, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
-                       RWKV6: tl.constexpr, Q_SLOT: tl.constexpr = -1, V_SLOT: tl.constexpr = -1):
+def chunk_fwd_o_kernel(q, v, gi, h, A, o, flags, scale, cu_seqlens, chunk_indices, T, NT, H: tl.constexpr,
+                       K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                       DOT: tl.constexpr, RWKV6: tl.constexpr, Q_SLOT: tl.constexpr = -1, V_SLOT: tl.constexpr = -1,
+                       VARLEN: tl.constexpr = False):
     """Key side: o = scale * ((q * exp(gq)) @ h_n + A @ v), one [BT, BV] tile per program (A holds RWKV6's bonus);
     the value checks of v and (first value tile) of q."""
     i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_bh, i_b, i_h = batch_head(i_bh, H)
+    bos, T, i_t, boc = chunk_of_sequence(i_t, i_b, T, NT, cu_seqlens, chunk_indices, VARLEN)
     HK: tl.constexpr = H * K
     t_first = i_t * BT
     o_c = tl.arange(0, BT)
@@ -160,9 +163,9 @@ def chunk_fwd_o_kernel(q, v, gi, h, A, o, flags, scale, T, NT, H: tl.constexpr, 
     o_v = i_v * BV + tl.arange(0, BV)
     m_t, m_v = o_t < T, o_v < V
     m_tv = m_t[:, None] & m_v[None, :]
-    bos = i_b * T * H + i_h
+    bos = bos * H + i_h
     q, gi = q + bos * K, gi + bos * K
-    h += ((i_b * NT + i_t) * H + i_h) * K * V
+    h += ((boc + i_t) * H + i_h) * K * V
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
     b_probe = tl.zeros([BT, BK], dtype=tl.float32)
     for i_k in range(0, tl.cdiv(K, BK)):
@@ -187,21 +190,22 @@ def chunk_fwd_o_kernel(q, v, gi, h, A, o, flags, scale, T, NT, H: tl.constexpr, 
 
 
 @kernel
-def chunk_bwd_dqk_kernel(q, k, v, gi, u, h, dh, dA, do, dq, dk, scale, T, NT, H: tl.constexpr, K: tl.constexpr,
-                         V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
-                         BV: tl.constexpr, DOT: tl.constexpr, RWKV6: tl.constexpr,
-                         REFERENCE_ROW: tl.constexpr = reference_row):
+def chunk_bwd_dqk_kernel(q, k, v, gi, u, h, dh, dA, do, dq, dk, scale, cu_seqlens, chunk_indices, T, NT,
+                         H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+                         BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr, RWKV6: tl.constexpr,
+                         REFERENCE_ROW: tl.constexpr = reference_row, VARLEN: tl.constexpr = False):
     """Key side: dq and dk of one sub-chunk, intra-chunk terms from dA (RWKV6's bonus from its diagonal),
     inter-chunk terms from h and dh."""
     i_k, i_tc, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_bh, i_b, i_h = batch_head(i_bh, H)
     NC: tl.constexpr = BT // BC
     HK: tl.constexpr = H * K
-    i_t, i_i, t_first, i_start, o_c, o_i, m_i = subchunk(i_tc, T, BT, BC)
+    bos, T, i_t, boc = chunk_of_sequence(i_tc // NC, i_b, T, NT, cu_seqlens, chunk_indices, VARLEN)
+    i_t, i_i, t_first, i_start, o_c, o_i, m_i = subchunk(i_t * NC + i_tc % NC, T, BT, BC)
     if i_start >= T:
         return
     o_k, m_k, m_ik, p_ik = channel_block(i_k, o_i, m_i, H, K, BK)
-    bos = i_b * T * H + i_h
+    bos = bos * H + i_h
     q, k, gi, dA = q + bos * K, k + bos * K, gi + bos * K, dA + bos * BT
     b_gq = load_query_decay(gi, o_i[:, None], o_k[None, :], m_ik, t_first, HK, RWKV6)
     b_gk = tl.load(gi + p_ik, mask=m_ik, other=0)
@@ -221,7 +225,7 @@ def chunk_bwd_dqk_kernel(q, k, v, gi, u, h, dh, dA, do, dq, dk, scale, T, NT, H:
 
     # inter-chunk: dq += scale * (do @ h_n^T) * exp(gq), dk += (v @ dh_{n+1}^T) * exp(g_last - gi), with the
     # states split in two (see mma_split)
-    p_h = ((i_b * NT + i_t) * H + i_h) * K * V
+    p_h = ((boc + i_t) * H + i_h) * K * V
     b_dqh = tl.zeros([BC, BK], dtype=tl.float32)
     b_dkh = tl.zeros([BC, BK], dtype=tl.float32)
     for i_v in range(0, tl.cdiv(V, BV)):
@@ -249,30 +253,28 @@ def chunk_bwd_dqk_kernel(q, k, v, gi, u, h, dh, dA, do, dq, dk, scale, T, NT, H:
 
 
 def chunk_gla_fwd(q, k, v, gi, u, scale, h0, output_final_state, BT, launch, out_dtype, row=reference_row,
-                  checks=None, names=("q", "k", "v")):
+                  checks=None, names=("q", "k", "v"), seqs=None):
     """The forward after the cumulative decay `gi`: the states, the scores, the output. Returns o, ht, h, A.
     `u`: RWKV6's bonus (None for GLA); `row`: the scores' REFERENCE_ROW helper (RWKV6's, see `pick_reference_row`);
     `checks` (`contract.KernelChecks`): the value checks of q and v (argument names `names[0]`, `names[2]`) in the
-    output kernel; k's is the cumulative decay's (`chunk_cumsum`)."""
+    output kernel; k's is the cumulative decay's (`chunk_cumsum`). `seqs`: a packed batch's tables
+    (`conventions.Packed`; every kernel of the pass runs once for the whole batch), else dense."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    NT, nq, nv = grid_size(T, BT), names[0], names[2]
-    h, ht = forward_states(k, v, gi, h0, output_final_state, BT, launch, gate_v=False)
-    A = empty_f32(q, B, T, H, BT)
-    gated_scores_kernel[(NT * score_pairs(BT), B * H)](
-        q, k, gi, u, A, 1.0, T, H=H, K=K, BT=BT, BC=BC, BK=min(tile_width(K), launch.scores_BK),
-        DOT=dot_of(launch, q), RWKV6=u is not None, REFERENCE_ROW=row, num_warps=launch.scores_warps)
+    NT, nq, nv = chunks(T, BT, seqs), names[0], names[2]
+    h, ht = forward_states(k, v, gi, h0, output_final_state, BT, launch, gate_v=False, seqs=seqs)
+    A = gated_scores(q, k, gi, u, 1.0, BT, launch, row, seqs)
     o = torch.empty(B, T, H, V, dtype=out_dtype, device=q.device)
     BV = min(tile_width(V), launch.out_BV)
     chunk_fwd_o_kernel[(grid_size(V, BV), NT, B * H)](
-        q, v, gi, h, A, o, check_flags(checks), scale, T, NT, H=H, K=K, V=V, BT=BT, BK=tile_width(K), BV=BV,
-        DOT=dot_of(launch, q), RWKV6=u is not None, Q_SLOT=check_slot(checks, nq), V_SLOT=check_slot(checks, nv),
-        num_warps=launch.out_warps)
+        q, v, gi, h, A, o, check_flags(checks), scale, *chunk_tables(seqs), T, NT, H=H, K=K, V=V, BT=BT,
+        BK=tile_width(K), BV=BV, DOT=dot_of(launch, q), RWKV6=u is not None, Q_SLOT=check_slot(checks, nq),
+        V_SLOT=check_slot(checks, nv), VARLEN=seqs is not None, num_warps=launch.out_warps)
     return o, ht, h, A
 
 
 def chunk_gla_bwd(q, k, v, gi, u, scale, h0, ht, h, A, do, dht, BT, launch, dg_dtype, row=reference_row,
-                  key_term_in_dg=True, grad_dtype=torch.float32):
+                  key_term_in_dg=True, grad_dtype=torch.float32, seqs=None):
     """Returns dq, dk, dv (in grad_dtype), dg (dg_dtype), du (RWKV6) and dh0, from the forward's scores `A`.
     `h=None`: recompute the states here (each intermediate is dropped after its last use, which bounds the peak
     memory of GSA's backward). `row`: the REFERENCE_ROW helper (see `pick_reference_row`).
@@ -280,36 +282,39 @@ def chunk_gla_bwd(q, k, v, gi, u, scale, h0, ht, h, A, do, dht, BT, launch, dg_d
     dq and dk fp32 whatever grad_dtype (GSA's softmax backward and its other pass take them on)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    NT, rwkv6 = grid_size(T, BT), u is not None
+    NT, rwkv6 = chunks(T, BT, seqs), u is not None
     if h is None:
-        h, _ = forward_states(k, v, gi, h0, False, BT, launch, gate_v=False)
+        h, _ = forward_states(k, v, gi, h0, False, BT, launch, gate_v=False, seqs=seqs)
     dh, dh0, bnd = state_adjoints(q, do, gi, h, ht, dht, h0 is not None, scale, BT, launch, gate_v=False,
-                                  rwkv6=rwkv6)
-    dA = plain_scores(do, v, scale, BT, launch)
+                                  rwkv6=rwkv6, seqs=seqs)
+    dA = plain_scores(do, v, scale, BT, launch, seqs)
     dv = plain_rows(A, do, k, gi, dh, scale, 1.0, BT, launch, transpose_A=True, to_end=True, transpose_h=False,
-                    dtype=grad_dtype)
+                    dtype=grad_dtype, seqs=seqs)
     del A
     dq, dk = empty_f32(q, B, T, H, K), empty_f32(q, B, T, H, K)
     BKi = min(tile_width(K), launch.dqk_BK)  # the diagonal block is a [BC, BC, BKi] tile: keep it in registers
     chunk_bwd_dqk_kernel[(grid_size(K, BKi), NT * (BT // BC), B * H)](
-        q, k, v, gi, u, h, dh, dA, do, dq, dk, scale, T, NT, H=H, K=K, V=V, BT=BT, BC=BC, BK=BKi, BV=tile_width(V),
-        DOT=dot_of(launch, q), RWKV6=rwkv6, REFERENCE_ROW=row, num_warps=launch.dqk_warps)
+        q, k, v, gi, u, h, dh, dA, do, dq, dk, scale, *chunk_tables(seqs), T, NT, H=H, K=K, V=V, BT=BT, BC=BC,
+        BK=BKi, BV=tile_width(V), DOT=dot_of(launch, q), RWKV6=rwkv6, REFERENCE_ROW=row, VARLEN=seqs is not None,
+        num_warps=launch.dqk_warps)
     del h, dh
     if key_term_in_dg:
         dg, du, dq, dk = decay_grad(q, dq, k, dk, bnd, BT, launch, dg_dtype, u=u, dA=dA if rwkv6 else None,
-                                    cast_dtype=grad_dtype)
+                                    cast_dtype=grad_dtype, seqs=seqs)
     else:
-        dg, du, _, _ = decay_grad(q, dq, k, None, bnd, BT, launch, dg_dtype, u=u, dA=dA if rwkv6 else None)
+        dg, du, _, _ = decay_grad(q, dq, k, None, bnd, BT, launch, dg_dtype, u=u, dA=dA if rwkv6 else None,
+                                  seqs=seqs)
     return dq, dk, dv, dg, du, dh0
 
 
-def gated_scores(q, k, gi, u, scale, BT, launch, row=reference_row):
-    """`gated_scores_kernel` alone: GSA's score gradient (q = do, k = v) and `key_side_scores`."""
+def gated_scores(q, k, gi, u, scale, BT, launch, row=reference_row, seqs=None):
+    """`gated_scores_kernel` alone: the forward's scores, GSA's score gradient (q = do, k = v), `key_side_scores`."""
     B, T, H, K = q.shape
     A = empty_f32(q, B, T, H, BT)
-    gated_scores_kernel[(grid_size(T, BT) * score_pairs(BT), B * H)](
-        q, k, gi, u, A, scale, T, H=H, K=K, BT=BT, BC=BC, BK=min(tile_width(K), launch.scores_BK),
-        DOT=dot_of(launch, q), RWKV6=u is not None, REFERENCE_ROW=row, num_warps=launch.scores_warps)
+    gated_scores_kernel[(chunks(T, BT, seqs) * score_pairs(BT), B * H)](
+        q, k, gi, u, A, scale, *chunk_tables(seqs), T, H=H, K=K, BT=BT, BC=BC,
+        BK=min(tile_width(K), launch.scores_BK), DOT=dot_of(launch, q), RWKV6=u is not None, REFERENCE_ROW=row,
+        VARLEN=seqs is not None, num_warps=launch.scores_warps)
     return A
 
 
@@ -331,15 +336,15 @@ class ChunkGLAFunction(torch.autograd.Function):
     """GLA (`u=None`) and RWKV6 (`u` the bonus): saves the inputs, the cumulative decay, the states and the scores."""
     @staticmethod
     @custom_fwd
-    def forward(ctx, q, k, v, g, u, scale, h0, output_final_state, chunk_size, launch, row, checks, names):
+    def forward(ctx, q, k, v, g, u, scale, h0, output_final_state, chunk_size, launch, row, checks, names, seqs=None):
         q, k, v, g, u, h0 = as_contiguous(q, k, v, g, u, h0)
-        gi = chunk_cumsum(g, chunk_size, checks, names[3], also=k, also_name=names[1])
+        gi = chunk_cumsum(g, chunk_size, checks, names[3], also=k, also_name=names[1], seqs=seqs)
         o, ht, h, A = chunk_gla_fwd(q, k, v, gi, u, scale, h0, output_final_state, chunk_size, launch, q.dtype, row,
-                                    checks, names[:3])
+                                    checks, names[:3], seqs)
         if checks is not None:
             checks.submit()
         ctx.save_for_backward(q, k, v, g, u, h0, ht, gi, h, A)
-        ctx.scale, ctx.chunk_size, ctx.launch, ctx.row = scale, chunk_size, launch, row
+        ctx.scale, ctx.chunk_size, ctx.launch, ctx.row, ctx.seqs = scale, chunk_size, launch, row, seqs
         return o, ht
 
     @staticmethod
@@ -351,9 +356,9 @@ class ChunkGLAFunction(torch.autograd.Function):
         same = q.dtype == k.dtype == v.dtype == g.dtype
         dq, dk, dv, dg, du, dh0 = chunk_gla_bwd(q, k, v, gi, u, ctx.scale, h0, ht, h, A, do, dht, ctx.chunk_size,
                                                 ctx.launch, g.dtype, ctx.row,
-                                                grad_dtype=g.dtype if same else torch.float32)
+                                                grad_dtype=g.dtype if same else torch.float32, seqs=ctx.seqs)
         return (cast_grad(dq, q), cast_grad(dk, k), cast_grad(dv, v), dg, cast_grad(du, u), None,
-                cast_grad(dh0, h0), None, None, None, None, None, None)
+                cast_grad(dh0, h0), None, None, None, None, None, None, None)
 
 
 def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False, chunk_size=64, launch=None,
@@ -371,15 +376,12 @@ def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=Fal
         o, ht = chunk_gla(q, k, v, g, scale, key_major(initial_state), output_final_state, chunk_size, launch,
                           cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, **kwargs)
         return o, v_first(ht)
-    if cu_seqlens is not None:  # packed sequences (FLA's varlen): one call per sequence
-        return per_sequence("chunk_gla", chunk_gla, dict(q=q, k=k, v=v, g=g), cu_seqlens, initial_state,
-                            output_final_state, cu_seqlens_cpu, scale=scale, chunk_size=chunk_size, launch=launch,
-                            **kwargs)
     checks = contract.check_gated_inputs("chunk_gla", q, k, v, g, initial_state=initial_state, kwargs=kwargs,
-                                         in_kernel=True)
+                                         in_kernel=True, packed=cu_seqlens is not None)
     contract.check_kernel_device("chunk_gla", dict(q=q, k=k, v=v, g=g, initial_state=initial_state))
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    o, ht = ChunkGLAFunction.apply(q, k, v, g, None, scale, initial_state, output_final_state,
-                                   check_chunk_size(chunk_size), resolve(launch), reference_row, checks,
-                                   ("q", "k", "v", "g"))
+    BT = check_chunk_size(chunk_size)
+    seqs = None if cu_seqlens is None else packed_batch("chunk_gla", cu_seqlens, cu_seqlens_cpu, q, initial_state, BT)
+    o, ht = ChunkGLAFunction.apply(q, k, v, g, None, scale, initial_state, output_final_state, BT, resolve(launch),
+                                   reference_row, checks, ("q", "k", "v", "g"), seqs)
     return o, (ht if output_final_state else None)

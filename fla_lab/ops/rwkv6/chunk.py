@@ -14,30 +14,30 @@ from fla_lab.ops import contract
 from fla_lab.ops.common.chunk import pick_reference_row
 from fla_lab.ops.common.launch import check_chunk_size, resolve
 from fla_lab.ops.gla.chunk import ChunkGLAFunction
-from fla_lab.ops.common.conventions import per_sequence
+from fla_lab.ops.common.conventions import packed_batch
 
 
 def chunk_rwkv6(r, k, v, w, u, scale=None, initial_state=None, output_final_state=False, chunk_size=64, bug=None,
-                launch=None, reference_row=None, cu_seqlens=None, **kwargs):
+                launch=None, reference_row=None, cu_seqlens=None, cu_seqlens_cpu=None, **kwargs):
     """Chunked RWKV6, forward and backward in Triton.
 
     `w` is the `[B, T, H, K]` natural-log decay (<= 0), `u` the `[H, K]` bonus; `chunk_size` a power of two
     >= 16; `launch` a `fla_lab.ops.ChunkLaunch`. `bug="exclusive_reference"` restores upstream #77's reference row
     (fixed in 0c1c0b65): NaN in the output and dq once the per-step log-decay is about -89 or stronger.
     `reference_row`: a `@triton.jit` helper for the kernels' REFERENCE_ROW slot instead of the shipped one
-    (notebook 03a's exercise).
+    (notebook 03a's exercise). `cu_seqlens` (and its host copy `cu_seqlens_cpu`): FLA's packed batches, one launch
+    per kernel for the whole batch (`fla_lab.ops.common.conventions`).
     """
-    if cu_seqlens is not None:  # packed sequences (FLA's varlen): one call per sequence
-        return per_sequence("chunk_rwkv6", chunk_rwkv6, dict(r=r, k=k, v=v, w=w), cu_seqlens, initial_state,
-                            output_final_state, u=u, scale=scale, chunk_size=chunk_size, bug=bug, launch=launch,
-                            reference_row=reference_row, **kwargs)
     check_bug(bug, "chunk_rwkv6")
     names = ("r", "k", "v", "w")
     checks = contract.check_gated_inputs("chunk_rwkv6", r, k, v, w, names=names, u=u, initial_state=initial_state,
-                                         kwargs=kwargs, in_kernel=True)
+                                         kwargs=kwargs, in_kernel=True, packed=cu_seqlens is not None)
     contract.check_kernel_device("chunk_rwkv6", dict(r=r, k=k, v=v, w=w, u=u, initial_state=initial_state))
     scale = r.shape[-1] ** -0.5 if scale is None else scale
     row = pick_reference_row(bug == "exclusive_reference", reference_row)
-    o, ht = ChunkGLAFunction.apply(r, k, v, w, u, scale, initial_state, output_final_state,
-                                   check_chunk_size(chunk_size), resolve(launch), row, checks, names)
+    BT = check_chunk_size(chunk_size)
+    seqs = None if cu_seqlens is None else packed_batch("chunk_rwkv6", cu_seqlens, cu_seqlens_cpu, r, initial_state,
+                                                        BT)
+    o, ht = ChunkGLAFunction.apply(r, k, v, w, u, scale, initial_state, output_final_state, BT, resolve(launch), row,
+                                   checks, names, seqs)
     return o, (ht if output_final_state else None)

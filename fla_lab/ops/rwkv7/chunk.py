@@ -321,7 +321,7 @@ def dplr_bwd_dh_kernel(r, a, gi, do, Wb, dX0, h, ht, dh, dX, dht, dh0, bnd, scal
         tl.store(dh + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_dh, mask=m_kv)
         if i_r > 0:
             b_hn = tl.load(h + ((i_b * NT + i_t + 1) * H + i_h) * K * V + p_kv, mask=m_kv, other=0)
-        boundary_share(b_hn, b_dh, bnd, i_b, i_t, i_h, 0, i_v, o_k, o_v, m_k, m_v, NT, H, K, V, BK, BV, False)
+        boundary_share(b_hn, b_dh, bnd, i_b * NT + i_t, i_h, 0, i_v, o_k, o_v, m_k, m_v, H, K, V, BK, BV, False)
         t_first, o_c, o_t, m_t, t_last = chunk_rows(i_t, T, BT)
         m_tk, m_tv, m_kt = m_t[:, None] & m_k[None, :], m_t[:, None] & m_v[None, :], m_k[:, None] & m_t[None, :]
         b_dx = mma_split(load_rows(Wb, o_t, o_k, m_tk, HK), b_dh, DOT) + load_rows(dX0, o_t, o_v, m_tv, H * V)
@@ -509,7 +509,7 @@ def dplr_dw_kernel(x, a, da, bnd, dw, T, NT, H: tl.constexpr, K: tl.constexpr, N
     o_k = i_k * BK + tl.arange(0, BK)
     m_k = o_k < K
     bos = i_b * T * H + i_h
-    b_bnd = boundary_term(bnd, i_b, i_t, i_h, o_k, m_k, NT, H, K, NP, BK)
+    b_bnd = boundary_term(bnd, i_b * NT + i_t, i_h, o_k, m_k, H, K, NP, BK)
     o_t = i_t * BT + tl.arange(0, BT)
     m = (o_t < T)[:, None] & m_k[None, :]
     p = bos * K + o_t[:, None] * H * K + o_k[None, :]
