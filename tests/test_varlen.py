@@ -54,7 +54,7 @@ def test_packed_sequences_match_the_reference_per_sequence(name):
 
 
 # Ops whose packed batch runs as one launch per kernel (the rest call the op once per sequence, `per_sequence`).
-ONE_LAUNCH = ["chunk_gla", "chunk_rwkv6"]
+ONE_LAUNCH = ["chunk_gla", "chunk_rwkv6", "chunk_gsa"]
 
 
 def _run_with_grads(fn, x, seed=0):
@@ -106,6 +106,20 @@ def test_one_launch_is_the_op_called_per_sequence(name):
                 torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
             else:
                 assert torch.equal(a, b), n
+
+
+def test_abc_gates_restart_with_each_sequence():
+    """chunk_gsa without a forget gate (vanilla ABC): the running logsumexp of the slot writes starts again at each
+    packed sequence, as in the op called on each sequence alone."""
+    spec = registry.get("chunk_gsa")
+    lengths = (5, 70, 19)
+    x = {n: t.to(runtime.device()) for n, t in _packed_inputs(spec, lengths).items() if n not in ("g", "initial_state")}
+    cu = torch.tensor(_offsets(lengths), device=runtime.device())
+    o, _ = spec.fn(**x, g=None, cu_seqlens=cu)
+    rows = {n: t for n, t in x.items() if torch.is_tensor(t) and t.dim() == 4}
+    o_loop, _ = per_sequence("chunk_gsa", spec.fn, rows, cu.cpu(), None, False, g=None,
+                             **{n: t for n, t in x.items() if n not in rows})
+    assert torch.equal(o, o_loop)
 
 
 @pytest.mark.parametrize("name", ["chunk_gla", "chunk_rwkv7"])

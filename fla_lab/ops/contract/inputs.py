@@ -48,9 +48,10 @@ def check_rwkv7_inputs(op: str, r, w, k, v, a, b, initial_state=None, kwargs=Non
     _check_values(op, tensors, decay="w", transition=("w", "a", "b"))
 
 
-def check_gsa_inputs(op: str, q, k, v, s, g, initial_state=None, kwargs=None) -> None:
+def check_gsa_inputs(op: str, q, k, v, s, g, initial_state=None, kwargs=None, packed: bool = False) -> None:
     """The contract of GSA: q, k `[B, T, H, K]`, v `[B, T, H, V]`, s, g `[B, T, H, M]` (g may be None: vanilla
-    ABC), `initial_state` the pair `(Hk0 [B, H, K, M], Hv0 [B, H, M, V])`. q, k, v, s share a dtype; g is a
+    ABC), `initial_state` the pair `(Hk0 [B, H, K, M], Hv0 [B, H, M, V])` (`packed`, a batch of `cu_seqlens`:
+    N states each, N checked against the offsets by `check_cu_seqlens`). q, k, v, s share a dtype; g is a
     natural-log forget gate (<= 0) in any supported dtype. Value checks follow `value_check_mode`."""
     if initial_state is not None and not (isinstance(initial_state, (tuple, list)) and len(initial_state) == 2):
         raise TypeError(f"{op}: `initial_state` is the pair (Hk0 [B, H, K, M], Hv0 [B, H, M, V]), "
@@ -68,7 +69,8 @@ def check_gsa_inputs(op: str, q, k, v, s, g, initial_state=None, kwargs=None) ->
     if hk0 is not None or hv0 is not None:
         if hk0 is None or hv0 is None:
             raise ValueError(f"{op}: `initial_state` needs both Hk0 and Hv0 (pass zeros for the one you lack)")
-        check_shape(op, "initial_state[0]", hk0, (B, H, K, M), "Hk0 [B, H, K, M]")
-        check_shape(op, "initial_state[1]", hv0, (B, H, M, V), "Hv0 [B, H, M, V]")
+        N, n = (hk0.shape[0], "N") if packed and hk0.dim() == 4 else (B, "B")
+        check_shape(op, "initial_state[0]", hk0, (N, H, K, M), f"Hk0 [{n}, H, K, M]")
+        check_shape(op, "initial_state[1]", hv0, (N, H, M, V), f"Hv0 [{n}, H, M, V]")
     warn_if_head_first(op, "q", q)
     _check_values(op, tensors, decay="g")

@@ -263,7 +263,11 @@ def chunk_gla_fwd(q, k, v, gi, u, scale, h0, output_final_state, BT, launch, out
     V = v.shape[-1]
     NT, nq, nv = chunks(T, BT, seqs), names[0], names[2]
     h, ht = forward_states(k, v, gi, h0, output_final_state, BT, launch, gate_v=False, seqs=seqs)
-    A = gated_scores(q, k, gi, u, 1.0, BT, launch, row, seqs)
+    A = empty_f32(q, B, T, H, BT)
+    gated_scores_kernel[(NT * score_pairs(BT), B * H)](
+        q, k, gi, u, A, 1.0, *chunk_tables(seqs), T, H=H, K=K, BT=BT, BC=BC, BK=min(tile_width(K), launch.scores_BK),
+        DOT=dot_of(launch, q), RWKV6=u is not None, REFERENCE_ROW=row, VARLEN=seqs is not None,
+        num_warps=launch.scores_warps)
     o = torch.empty(B, T, H, V, dtype=out_dtype, device=q.device)
     BV = min(tile_width(V), launch.out_BV)
     chunk_fwd_o_kernel[(grid_size(V, BV), NT, B * H)](
@@ -308,7 +312,7 @@ def chunk_gla_bwd(q, k, v, gi, u, scale, h0, ht, h, A, do, dht, BT, launch, dg_d
 
 
 def gated_scores(q, k, gi, u, scale, BT, launch, row=reference_row, seqs=None):
-    """`gated_scores_kernel` alone: the forward's scores, GSA's score gradient (q = do, k = v), `key_side_scores`."""
+    """`gated_scores_kernel` alone: GSA's score gradient (q = do, k = v) and `key_side_scores`."""
     B, T, H, K = q.shape
     A = empty_f32(q, B, T, H, BT)
     gated_scores_kernel[(chunks(T, BT, seqs) * score_pairs(BT), B * H)](

@@ -19,15 +19,16 @@ import triton.language as tl
 
 from fla_lab.bugs import check_bug
 from fla_lab.ops import contract
-from fla_lab.ops.common.chunk import (BC, channel_block, cols_from_later_subchunks, chunk_cumsum, decay_grad,
+from fla_lab.ops.common.chunk import (BC, channel_block, chunk_tables, chunks, cols_from_later_subchunks, chunk_cumsum,
+                                      decay_grad,
                                       diagonal_tile, dot_of, empty_f32, forward_states, later_rows_exponent,
                                       later_rows_exponent_unmasked, plain_rows, plain_scores,
                                       rows_from_earlier_subchunks, state_adjoints, subchunk, tile_width)
 from fla_lab.ops.common.launch import check_chunk_size, resolve
-from fla_lab.ops.common.utils import (as_contiguous, batch_head, cast_grad, custom_bwd, custom_fwd, grid_size, kernel,
-                                      mma_split, next_pow2, slot_helper)
+from fla_lab.ops.common.utils import (as_contiguous, batch_head, cast_grad, chunk_of_sequence, custom_bwd, custom_fwd,
+                                      grid_size, kernel, mma_split, next_pow2, slot_helper)
 from fla_lab.ops.gla.chunk import chunk_gla_bwd, chunk_gla_fwd, gated_scores
-from fla_lab.ops.common.conventions import per_sequence
+from fla_lab.ops.common.conventions import packed_batch
 
 ROWS = 16  # rows of [B * T * H, M] per softmax program
 
@@ -37,9 +38,10 @@ ROWS = 16  # rows of [B * T * H, M] per softmax program
 
 
 @kernel
-def slot_rows_kernel(x, y, gi, h, A, out, scale, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
-                     BACKWARD: tl.constexpr, ACC: tl.constexpr, EXPONENT: tl.constexpr = later_rows_exponent):
+def slot_rows_kernel(x, y, gi, h, A, out, scale, cu_seqlens, chunk_indices, T, NT, H: tl.constexpr, K: tl.constexpr,
+                     V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                     DOT: tl.constexpr, BACKWARD: tl.constexpr, ACC: tl.constexpr,
+                     EXPONENT: tl.constexpr = later_rows_exponent, VARLEN: tl.constexpr = False):
     """Value side, one sub-chunk and value block per program; the decay stays on the value channel.
 
     - forward, the pass output (x = q, y = v, h = h_n):
@@ -52,13 +54,14 @@ def slot_rows_kernel(x, y, gi, h, A, out, scale, T, NT, H: tl.constexpr, K: tl.c
     i_v, i_tc, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_bh, i_b, i_h = batch_head(i_bh, H)
     NC: tl.constexpr = BT // BC
-    i_t, i_i, t_first, i_start, o_c, o_i, m_i = subchunk(i_tc, T, BT, BC)
+    bos, T, i_t, boc = chunk_of_sequence(i_tc // NC, i_b, T, NT, cu_seqlens, chunk_indices, VARLEN)
+    i_t, i_i, t_first, i_start, o_c, o_i, m_i = subchunk(i_t * NC + i_tc % NC, T, BT, BC)
     if i_start >= T:
         return
     o_v, m_v, m_iv, p_iv = channel_block(i_v, o_i, m_i, H, V, BV)
-    bos = i_b * T * H + i_h
+    bos = bos * H + i_h
     x, y, gi, A = x + bos * K, y + bos * V, gi + bos * V, A + bos * BT
-    h += ((i_b * NT + i_t) * H + i_h) * K * V
+    h += ((boc + i_t) * H + i_h) * K * V
     b_g = tl.load(gi + p_iv, mask=m_iv, other=0)
     b_xh = tl.zeros([BC, BV], dtype=tl.float32)  # the state path (split: both results feed the decay gradient)
     for i_k in range(0, tl.cdiv(K, BK)):
@@ -95,49 +98,49 @@ def slot_rows_kernel(x, y, gi, h, A, out, scale, T, NT, H: tl.constexpr, K: tl.c
     tl.store(out + bos * V + p_iv, b_out.to(out.dtype.element_ty), mask=m_iv)
 
 
-def slot_pass_fwd(q, k, v, gi, scale, h0, output_final_state, BT, launch):
+def slot_pass_fwd(q, k, v, gi, scale, h0, output_final_state, BT, launch, seqs=None):
     """Pass 1 (keys -> slots, the decay on the slot channel). Returns o (fp32: it feeds a softmax and the decay
-    gradient), ht, h, A."""
+    gradient), ht, h, A. `seqs`: a packed batch's tables (`conventions.Packed`), else dense."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    h, ht = forward_states(k, v, gi, h0, output_final_state, BT, launch, gate_v=True)
-    A = plain_scores(q, k, 1.0, BT, launch)
+    h, ht = forward_states(k, v, gi, h0, output_final_state, BT, launch, gate_v=True, seqs=seqs)
+    A = plain_scores(q, k, 1.0, BT, launch, seqs)
     o = empty_f32(q, B, T, H, V)
-    BV = min(tile_width(V), launch.slots_BV)
-    slot_rows_kernel[(grid_size(V, BV), grid_size(T, BT) * (BT // BC), B * H)](
-        q, v, gi, h, A, o, scale, T, grid_size(T, BT), H=H, K=K, V=V, BT=BT, BC=BC, BK=tile_width(K), BV=BV,
-        DOT=dot_of(launch, q), BACKWARD=False, ACC=False, num_warps=launch.slots_warps)
+    NT, BV = chunks(T, BT, seqs), min(tile_width(V), launch.slots_BV)
+    slot_rows_kernel[(grid_size(V, BV), NT * (BT // BC), B * H)](
+        q, v, gi, h, A, o, scale, *chunk_tables(seqs), T, NT, H=H, K=K, V=V, BT=BT, BC=BC, BK=tile_width(K), BV=BV,
+        DOT=dot_of(launch, q), BACKWARD=False, ACC=False, VARLEN=seqs is not None, num_warps=launch.slots_warps)
     return o, ht, h, A
 
 
 def slot_pass_bwd(q, k, v, gi, scale, h0, ht, h, A, o, do, dht, BT, launch,
-                  exponent=later_rows_exponent, dv_add=None, dg_add=None, qk_dtype=torch.float32):
+                  exponent=later_rows_exponent, dv_add=None, dg_add=None, qk_dtype=torch.float32, seqs=None):
     """Returns dq, dk (in qk_dtype, written so by their kernel), dv, dg (fp32) and dh0; `o` is the pass's fp32
     output, `do` its cotangent. `h=None`, `A=None`: recompute them here. `exponent`: the dv kernel's EXPONENT helper
     (`later_rows_exponent` ships). `dv_add`, `dg_add` (GSA's other pass) are added in place."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    NT = grid_size(T, BT)
     if h is None:
-        h, _ = forward_states(k, v, gi, h0, False, BT, launch, gate_v=True)
+        h, _ = forward_states(k, v, gi, h0, False, BT, launch, gate_v=True, seqs=seqs)
     if A is None:
-        A = plain_scores(q, k, 1.0, BT, launch)
-    dh, dh0, bnd = state_adjoints(q, do, gi, h, ht, dht, h0 is not None, scale, BT, launch, gate_v=True)
-    dA = gated_scores(do, v, gi, None, scale, BT, launch)
+        A = plain_scores(q, k, 1.0, BT, launch, seqs)
+    dh, dh0, bnd = state_adjoints(q, do, gi, h, ht, dht, h0 is not None, scale, BT, launch, gate_v=True, seqs=seqs)
+    dA = gated_scores(do, v, gi, None, scale, BT, launch, seqs=seqs)
     dv = dv_add if dv_add is not None else empty_f32(q, B, T, H, V)
-    BV = min(tile_width(V), launch.slots_BV)
+    NT, BV = chunks(T, BT, seqs), min(tile_width(V), launch.slots_BV)
     slot_rows_kernel[(grid_size(V, BV), NT * (BT // BC), B * H)](
-        k, do, gi, dh, A, dv, scale, T, NT, H=H, K=K, V=V, BT=BT, BC=BC, BK=tile_width(K), BV=BV, DOT=dot_of(launch, q),
-        BACKWARD=True, ACC=dv_add is not None, EXPONENT=exponent,
+        k, do, gi, dh, A, dv, scale, *chunk_tables(seqs), T, NT, H=H, K=K, V=V, BT=BT, BC=BC, BK=tile_width(K), BV=BV,
+        DOT=dot_of(launch, q), BACKWARD=True, ACC=dv_add is not None, EXPONENT=exponent, VARLEN=seqs is not None,
         num_warps=launch.slots_warps)
     del A
     dq = plain_rows(dA, k, do, gi, h, 1.0, scale, BT, launch, transpose_A=False, to_end=False, transpose_h=True,
-                    dtype=qk_dtype)
+                    dtype=qk_dtype, seqs=seqs)
     del h
     dk = plain_rows(dA, q, v, gi, dh, 1.0, 1.0, BT, launch, transpose_A=True, to_end=True, transpose_h=True,
-                    dtype=qk_dtype)
+                    dtype=qk_dtype, seqs=seqs)
     del dA, dh
-    dg, _, _, _ = decay_grad(o, do, v, dv, bnd, BT, launch, torch.float32, add=dg_add)  # dv, dg: fp32 sums
+    dg, _, _, _ = decay_grad(o, do, v, dv, bnd, BT, launch, torch.float32, add=dg_add,
+                             seqs=seqs)  # dv, dg: fp32 sums
     return dq, dk, dv, dg, dh0
 
 
@@ -207,15 +210,15 @@ class ChunkGSAFunction(torch.autograd.Function):
 
     @staticmethod
     @custom_fwd
-    def forward(ctx, q, k, v, s, g, scale, hk0, hv0, output_final_state, chunk_size, launch, exponent):
+    def forward(ctx, q, k, v, s, g, scale, hk0, hv0, output_final_state, chunk_size, launch, exponent, seqs=None):
         q, k, v, s, g, hk0, hv0 = as_contiguous(q, k, v, s, g, hk0, hv0)
-        gi = chunk_cumsum(g, chunk_size)
-        scores, hkt, _, _ = slot_pass_fwd(q, k, s, gi, scale, hk0, output_final_state, chunk_size, launch)
+        gi = chunk_cumsum(g, chunk_size, seqs=seqs)
+        scores, hkt, _, _ = slot_pass_fwd(q, k, s, gi, scale, hk0, output_final_state, chunk_size, launch, seqs)
         p = slot_softmax(scores, s.dtype)  # pass 2 reads the slot weights in the input dtype, like its keys
         o, hvt, _, A = chunk_gla_fwd(p, s, v, gi, None, 1.0, hv0, output_final_state, chunk_size, launch,
-                                     v.dtype)
+                                     v.dtype, seqs=seqs)
         ctx.save_for_backward(q, k, v, s, g, hk0, hv0, hkt, hvt, scores, p, A)
-        ctx.scale, ctx.chunk_size, ctx.launch, ctx.exponent = scale, chunk_size, launch, exponent
+        ctx.scale, ctx.chunk_size, ctx.launch, ctx.exponent, ctx.seqs = scale, chunk_size, launch, exponent, seqs
         return o, hkt, hvt
 
     @staticmethod
@@ -223,35 +226,41 @@ class ChunkGSAFunction(torch.autograd.Function):
     def backward(ctx, do, dhkt, dhvt):
         q, k, v, s, g, hk0, hv0, hkt, hvt, scores, p, A = ctx.saved_tensors
         do, dhkt, dhvt = as_contiguous(do, dhkt, dhvt)
-        BT, launch = ctx.chunk_size, ctx.launch
-        gi = chunk_cumsum(g, BT)
+        BT, launch, seqs = ctx.chunk_size, ctx.launch, ctx.seqs
+        gi = chunk_cumsum(g, BT, seqs=seqs)
         # pass 2's dg leaves out its slot term: s * (ds of both passes) enters once, in pass 1's dg
         # dv in v's dtype from its kernel; dp, ds, dg stay fp32 for the softmax backward and pass 1's sums
         dp, ds, dv, dg, _, dhv0 = chunk_gla_bwd(p, s, v, gi, None, 1.0, hv0, hvt, None, A, do, dhvt, BT,
-                                                launch, torch.float32, key_term_in_dg=False, grad_dtype=v.dtype)
+                                                launch, torch.float32, key_term_in_dg=False, grad_dtype=v.dtype,
+                                                seqs=seqs)
         dhv0 = cast_grad(dhv0, hv0)  # drop the fp32 copy before the second pass
         dscores = slot_softmax_backward(scores, dp, out=dp)
         dq, dk, ds, dg, dhk0 = slot_pass_bwd(q, k, s, gi, ctx.scale, hk0, hkt, None, None, scores, dscores,
                                              dhkt, BT, launch, ctx.exponent, dv_add=ds, dg_add=dg,
-                                             qk_dtype=q.dtype if q.dtype == k.dtype else torch.float32)
+                                             qk_dtype=q.dtype if q.dtype == k.dtype else torch.float32, seqs=seqs)
         return (cast_grad(dq, q), cast_grad(dk, k), dv, cast_grad(ds, s), cast_grad(dg, g), None, cast_grad(dhk0, hk0),
-                dhv0, None, None, None, None)
+                dhv0, None, None, None, None, None)
 
 
-def additive_gates(s):
+def additive_gates(s, bounds=None):
     """Without a forget gate GSA is vanilla ABC: slot writes normalised by a running logsumexp over time, and the
-    matching log-decay `z_{t-1} - z_t` (as upstream's `fused_additive_gate`; torch ops, differentiable)."""
+    matching log-decay `z_{t-1} - z_t` (as upstream's `fused_additive_gate`; torch ops, differentiable). `bounds`:
+    a packed batch's (bos, eos) per sequence, each with its own running logsumexp."""
+    if bounds is not None:
+        parts = [additive_gates(s[:, bos:eos]) for bos, eos in bounds if eos > bos]
+        return torch.cat([w for w, _ in parts], 1), torch.cat([g for _, g in parts], 1)
     z = s.float().logcumsumexp(1)
     g = torch.cat((z[:, :1], z[:, :-1]), 1) - z
     return (s.float() - z).exp().to(s.dtype), g
 
 
-def gsa_arguments(op, q, k, v, s, g, scale, initial_state, kwargs):
+def gsa_arguments(op, q, k, v, s, g, scale, initial_state, kwargs, seqs=None):
     """Both GSA ops' checked arguments: `(s, g, hk0, hv0, scale)`, with ABC's gates for `g=None` and the default
-    scale K^-0.5."""
-    contract.check_gsa_inputs(op, q, k, v, s, g, initial_state=initial_state, kwargs=kwargs)
+    scale K^-0.5. `seqs`: a packed batch (`conventions.Packed`), whose offsets are checked already."""
+    if seqs is None:
+        contract.check_gsa_inputs(op, q, k, v, s, g, initial_state=initial_state, kwargs=kwargs)
     if g is None:
-        s, g = additive_gates(s)
+        s, g = additive_gates(s, None if seqs is None else seqs.bounds)
     hk0, hv0 = initial_state if initial_state is not None else (None, None)
     contract.check_kernel_device(op, dict(q=q, k=k, v=v, s=s, g=g, hk0=hk0, hv0=hv0))
     return s, g, hk0, hv0, (q.shape[-1] ** -0.5 if scale is None else scale)
@@ -265,7 +274,7 @@ def padded_rows_exponent(bug=None, helper=None):
 
 
 def chunk_gsa(q, k, v, s, g=None, scale=None, initial_state=None, output_final_state=False, chunk_size=64, bug=None,
-              launch=None, later_rows_exponent=None, cu_seqlens=None, **kwargs):
+              launch=None, later_rows_exponent=None, cu_seqlens=None, cu_seqlens_cpu=None, **kwargs):
     """Chunked Gated Slot Attention, forward and backward in Triton.
 
     q, k `[B, T, H, K]`, v `[B, T, H, V]`, s (slot writes) and g (natural-log forget gate <= 0) `[B, T, H, M]`;
@@ -275,13 +284,13 @@ def chunk_gsa(q, k, v, s, g=None, scale=None, initial_state=None, output_final_s
     chunk is partial and the slot decay is strong. `later_rows_exponent`: a `@triton.jit` helper for the EXPONENT
     slot of pass 1's dv kernel instead of `later_rows_exponent` (notebook 03b's exercise).
     """
-    if cu_seqlens is not None:  # packed sequences (FLA's varlen): one call per sequence
-        return per_sequence("chunk_gsa", chunk_gsa, dict(q=q, k=k, v=v, s=s, g=g), cu_seqlens, initial_state,
-                            output_final_state, scale=scale, chunk_size=chunk_size, bug=bug, launch=launch,
-                            later_rows_exponent=later_rows_exponent, **kwargs)
     check_bug(bug, "chunk_gsa")
-    s, g, hk0, hv0, scale = gsa_arguments("chunk_gsa", q, k, v, s, g, scale, initial_state, kwargs)
-    o, hkt, hvt = ChunkGSAFunction.apply(q, k, v, s, g, scale, hk0, hv0, output_final_state,
-                                         check_chunk_size(chunk_size, "chunk_gsa"), resolve(launch),
-                                         padded_rows_exponent(bug, later_rows_exponent))
+    BT = check_chunk_size(chunk_size, "chunk_gsa")
+    seqs = None
+    if cu_seqlens is not None:
+        contract.check_gsa_inputs("chunk_gsa", q, k, v, s, g, initial_state=initial_state, kwargs=kwargs, packed=True)
+        seqs = packed_batch("chunk_gsa", cu_seqlens, cu_seqlens_cpu, q, initial_state, BT)
+    s, g, hk0, hv0, scale = gsa_arguments("chunk_gsa", q, k, v, s, g, scale, initial_state, kwargs, seqs)
+    o, hkt, hvt = ChunkGSAFunction.apply(q, k, v, s, g, scale, hk0, hv0, output_final_state, BT, resolve(launch),
+                                         padded_rows_exponent(bug, later_rows_exponent), seqs)
     return o, ((hkt, hvt) if output_final_state else None)
