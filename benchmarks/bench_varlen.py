@@ -1,11 +1,11 @@
 """GPU benchmark: packed variable-length batches (`cu_seqlens`) beside flash-linear-attention 0.6.0, in one run.
 
 N sequences of random lengths (seeded) packed into B = 1, T tokens in all; bf16, H=16, K=V=64 (GSA M=64). For each
-op: forward and forward+backward `do_bench` medians of fla_lab's varlen call (one call of the op per sequence,
-`fla_lab/ops/common/conventions.py`), FLA's (one fused launch over the pack), and, as the floor fla_lab's per-sequence
-calls could reach, fla_lab on the same tokens as one dense batch of equal lengths (B = N, T / N each).
+op and N: forward and forward+backward `do_bench` medians of fla_lab's varlen call (one launch per kernel over the
+pack, `fla_lab.ops.common.conventions.Packed`), FLA's (the same), fla_lab called once per sequence (how fla_lab ran
+packed batches before), and fla_lab on the same tokens as one dense batch of equal lengths (B = N, T / N each).
 
-Usage on a GPU: python benchmarks/bench_varlen.py [--only chunk_gla chunk_rwkv7] [--out-dir DIR]
+Usage on a GPU: python benchmarks/bench_varlen.py [--only chunk_gla chunk_rwkv7] [--n-seqs 8 64] [--out-dir DIR]
 (writes varlen.json and varlen.md to DIR, default benchmarks/results)
 """
 import argparse
@@ -39,15 +39,27 @@ def time_call(fn, inputs, kwargs):
     return bench.forward_ms(fn, x, kwargs), bench.forward_backward_ms(fn, x, do, kwargs)
 
 
+def one_call_per_sequence(fn, offsets):
+    """fn on each packed sequence's rows alone, outputs joined (no states): fla_lab's varlen before one launch."""
+    bounds = list(zip(offsets[:-1].tolist(), offsets[1:].tolist()))
+
+    def run(*x, **kwargs):
+        outs = [fn(*[t[:, bos:eos] if t.dim() == 4 else t for t in x], **kwargs)[0] for bos, eos in bounds]
+        return torch.cat(outs, 1), None
+    return run
+
+
 def measure(name, ours, theirs, offsets):
     torch.manual_seed(SEED)
     packed = INPUTS[name](B=1, T=TOKENS)
     cu = offsets.cuda()
-    row = {"op": name, "lengths": offsets.diff().tolist()}
+    n = len(offsets) - 1
+    row = {"op": name, "N": n, "lengths": offsets.diff().tolist()}
     row["fla_lab"] = time_call(ours[name][0], packed, {**ours[name][2], "cu_seqlens": cu})
     if name in theirs:
         row["fla"] = time_call(theirs[name][0], packed, {**theirs[name][2], "cu_seqlens": cu})
-    dense = INPUTS[name](B=N_SEQS, T=TOKENS // N_SEQS)
+    row["fla_lab_loop"] = time_call(one_call_per_sequence(ours[name][0], offsets), packed, ours[name][2])
+    dense = INPUTS[name](B=n, T=TOKENS // n)
     row["fla_lab_dense"] = time_call(ours[name][0], dense, ours[name][2])
     print(row, flush=True)
     return row
@@ -58,28 +70,31 @@ def ratio(row, i):
 
 
 def table(rows, meta):
-    lines = [f"# Packed variable-length batches beside flash-linear-attention", "",
-             f"- {meta}", f"- lengths: {rows[0]['lengths']} (B = 1, T = {TOKENS}); bf16, H={bench.H}, K=V={bench.K}",
-             "- fla_lab runs one call of the op per sequence; FLA one fused launch over the pack; `dense`: fla_lab on "
-             f"B = {N_SEQS} sequences of {TOKENS // N_SEQS} tokens (the same token count, one call)", "",
-             "| op | fwd ms fla_lab | fwd ms FLA | fwd ratio | fwd+bwd ms fla_lab | fwd+bwd ms FLA | fwd+bwd ratio | "
-             "fwd+bwd ms fla_lab dense |", "|---|---|---|---|---|---|---|---|"]
+    lengths = "; ".join(f"N = {r['N']}: {r['lengths']}" for r in rows if r["op"] == rows[0]["op"])
+    lines = ["# Packed variable-length batches beside flash-linear-attention", "",
+             f"- {meta}", f"- B = 1, T = {TOKENS}; bf16, H={bench.H}, K=V={bench.K} (GSA M={bench.M}); lengths "
+             f"(seed {SEED}): {lengths}",
+             "- fla_lab and FLA: one launch per kernel over the pack; `loop`: fla_lab called once per sequence (its "
+             "varlen path before); `dense`: fla_lab on B = N sequences of T / N tokens (the same token count)", "",
+             "| op | N | fwd ms fla_lab | fwd ms FLA | fwd ratio | fwd+bwd ms fla_lab | fwd+bwd ms FLA | fwd+bwd ratio "
+             "| fwd+bwd ms loop | fwd+bwd ms dense |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         fla = r.get("fla", ("-", "-"))
-        fmt = [f"{v:.3f}" if isinstance(v, float) else v for v in (*r["fla_lab"], *fla, *r["fla_lab_dense"])]
-        lines.append(f"| {r['op']} | {fmt[0]} | {fmt[2]} | {ratio(r, 0)} | {fmt[1]} | {fmt[3]} | {ratio(r, 1)} | "
-                     f"{fmt[5]} |")
+        fmt = [f"{v:.3f}" if isinstance(v, float) else v
+               for v in (*r["fla_lab"], *fla, *r["fla_lab_loop"], *r["fla_lab_dense"])]
+        lines.append(f"| {r['op']} | {r['N']} | {fmt[0]} | {fmt[2]} | {ratio(r, 0)} | {fmt[1]} | {fmt[3]} | "
+                     f"{ratio(r, 1)} | {fmt[5]} | {fmt[7]} |")
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", nargs="+", default=list(OPS), choices=OPS)
+    p.add_argument("--n-seqs", nargs="+", type=int, default=[N_SEQS, 64])
     p.add_argument("--out-dir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     args = p.parse_args(argv)
     ours, theirs = bench.cases()
-    offsets = random_offsets()
-    rows = [measure(name, ours, theirs, offsets) for name in args.only]
+    rows = [measure(name, ours, theirs, random_offsets(n)) for name in args.only for n in args.n_seqs]
     import triton
     from datetime import date
     meta = (f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}, triton {triton.__version__}; "
