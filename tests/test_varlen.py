@@ -54,7 +54,7 @@ def test_packed_sequences_match_the_reference_per_sequence(name):
 
 
 # Ops whose packed batch runs as one launch per kernel (the rest call the op once per sequence, `per_sequence`).
-ONE_LAUNCH = ["chunk_gla", "chunk_rwkv6"]
+ONE_LAUNCH = ["chunk_gla", "chunk_rwkv6", "chunk_rwkv7"]
 
 
 def _run_with_grads(fn, x, seed=0):
