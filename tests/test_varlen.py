@@ -132,7 +132,7 @@ def test_malformed_offsets_are_refused(offsets, message):
         registry.get("chunk_gla").fn(**x, cu_seqlens=torch.tensor(offsets))
 
 
-@pytest.mark.parametrize("name", ["chunk_gla", "chunk_gsa"])
+@pytest.mark.parametrize("name", ["chunk_gla", "chunk_gsa", "chunk_rwkv7"])
 def test_an_empty_sequence_passes_its_initial_state_through(name):
     """FLA allows empty sequences (`[0, 0, 16]`): no rows, and the final state is the initial state, gradient
     included; the other sequences are the packed call without it, bit for bit."""
