@@ -54,7 +54,7 @@ def test_packed_sequences_match_the_reference_per_sequence(name):
 
 
 # Ops whose packed batch runs as one launch per kernel (the rest call the op once per sequence, `per_sequence`).
-ONE_LAUNCH = ["chunk_gla", "chunk_rwkv6", "chunk_gsa"]
+ONE_LAUNCH = ["chunk_gla", "chunk_rwkv6", "chunk_gsa", "chunk_rwkv7"]
 
 
 def _run_with_grads(fn, x, seed=0):
@@ -146,7 +146,7 @@ def test_malformed_offsets_are_refused(offsets, message):
         registry.get("chunk_gla").fn(**x, cu_seqlens=torch.tensor(offsets))
 
 
-@pytest.mark.parametrize("name", ["chunk_gla", "chunk_gsa"])
+@pytest.mark.parametrize("name", ["chunk_gla", "chunk_gsa", "chunk_rwkv7"])
 def test_an_empty_sequence_passes_its_initial_state_through(name):
     """FLA allows empty sequences (`[0, 0, 16]`): no rows, and the final state is the initial state, gradient
     included; the other sequences are the packed call without it, bit for bit."""

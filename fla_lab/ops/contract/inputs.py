@@ -30,8 +30,10 @@ def check_gated_inputs(op: str, q, k, v, g, *, names=("q", "k", "v", "g"), u=Non
     return _check_values(op, tensors, decay=ng, in_kernel=names if in_kernel else ())
 
 
-def check_rwkv7_inputs(op: str, r, w, k, v, a, b, initial_state=None, kwargs=None) -> None:
-    """The contract of RWKV-7 (DPLR) ops: r, w, k, a, b `[B, T, H, K]`, v `[B, T, H, V]`, h0 `[B, H, K, V]`.
+def check_rwkv7_inputs(op: str, r, w, k, v, a, b, initial_state=None, kwargs=None, packed: bool = False) -> None:
+    """The contract of RWKV-7 (DPLR) ops: r, w, k, a, b `[B, T, H, K]`, v `[B, T, H, V]`, h0 `[B, H, K, V]`
+    (`packed`, a batch of `cu_seqlens`: `[N, H, K, V]`, one per sequence, N checked against the offsets by
+    `check_cu_seqlens`).
 
     `w` is the natural-log decay (<= 0) and may be float32 while the rest is bf16 (the layer computes the decay
     in fp32, upstream #181). r, k, v, a, b share a dtype. Value checks (finite, w <= 0, and a `TransitionWarning`
@@ -43,7 +45,8 @@ def check_rwkv7_inputs(op: str, r, w, k, v, a, b, initial_state=None, kwargs=Non
         check_shape(op, name, tensors[name], (B, T, H, K), "like `r`, [B, T, H, K]")
     V = _check_value_shape(op, "v", v, B, T, H)
     if initial_state is not None:
-        check_shape(op, "initial_state", initial_state, (B, H, K, V), "[B, H, K, V]")
+        N = initial_state.shape[0] if packed and initial_state.dim() == 4 else B
+        check_shape(op, "initial_state", initial_state, (N, H, K, V), "[N, H, K, V]" if packed else "[B, H, K, V]")
     warn_if_head_first(op, "r", r)
     _check_values(op, tensors, decay="w", transition=("w", "a", "b"))
 

@@ -41,6 +41,11 @@ forward 2.29 -> 1.91 ms (scores split out, the solve at tf32x3) -> 1.54 ms (the 
 per-chunk kernel was one program per chunk at 255 registers with spills (12.5% occupancy, 3.8 ms) and is now
 0.43 + 2.55 ms with none; forward+backward 9.55 -> 8.40 -> 6.82 ms. The state pass is 0.44 ms of the forward:
 64-row chunks (four times fewer sequential steps, branch `experiment/rwkv7-64row`) were exact but made it 4.0 ms.
+
+Packed batches (`cu_seqlens`, B = 1): every kernel runs once for the whole batch, as FLA's. The per-chunk kernels
+take `chunk_indices` (each program's sequence and chunk within it), the two state passes one program per sequence
+and head with `chunk_offsets` (where its chunks start in `h`, `dh`, `bnd`); no chunk spans two sequences, so the
+values are those of the op called on each sequence alone, bit for bit (`tests/test_varlen.py`).
 """
 from __future__ import annotations
 
@@ -51,12 +56,14 @@ import triton.language as tl
 from fla_lab import runtime
 from fla_lab.bugs import check_bug
 from fla_lab.ops import contract
-from fla_lab.ops.common.chunk import boundary_share, boundary_term, chunk_cumsum, load_query_decay
+from fla_lab.ops.common.chunk import (boundary_share, boundary_term, chunk_cumsum, chunk_tables, chunks,
+                                      load_query_decay, sequence_tables, sequences)
 from fla_lab.ops.common.launch import check_chunk_size
-from fla_lab.ops.common.utils import (as_contiguous, batch_head, cast_grad, custom_bwd, custom_fwd, dot_dtype,
-                                      grid_size, kernel, mma, mma_split, next_pow2, state_tile)
+from fla_lab.ops.common.utils import (as_contiguous, batch_head, cast_grad, chunk_of_sequence, custom_bwd, custom_fwd,
+                                      dot_dtype, grid_size, kernel, mma, mma_split, next_pow2, sequence_chunks,
+                                      state_tile)
 from fla_lab.ops.rwkv7.fused_recurrent import check_key_width
-from fla_lab.ops.common.conventions import per_sequence
+from fla_lab.ops.common.conventions import packed_batch
 
 CHUNK = 16  # rows per chunk: the whole chunk is one pairwise tile and one 16x16 triangular solve
 FLA_CHUNK_SIZES = (CHUNK, 32, 64)  # what FLA 0.6.0's chunk_rwkv7 takes; every one of them runs as CHUNK rows
@@ -170,8 +177,8 @@ def pair_scores(r, k, a, b, gi, Arb, Ark, Aab, Aak, t, s, rows_t, rows_s, valid,
 
 
 @kernel
-def dplr_scores_kernel(r, k, a, b, gi, Arb, Ark, Aab, Aak, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
-                       BK: tl.constexpr):
+def dplr_scores_kernel(r, k, a, b, gi, Arb, Ark, Aab, Aak, cu_seqlens, chunk_indices, T, H: tl.constexpr,
+                       K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, VARLEN: tl.constexpr = False):
     """One chunk's four pairwise score matrices, `[BT, BT]` each (zeros right of the diagonal; A_ab and A_ak also on
     it), one exp per strictly causal pair.
 
@@ -180,11 +187,12 @@ def dplr_scores_kernel(r, k, a, b, gi, Arb, Ark, Aab, Aak, T, H: tl.constexpr, K
     """
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_bh, i_b, i_h = batch_head(i_bh, H)
+    bos, T, i_t, _ = chunk_of_sequence(i_t, i_b, T, 0, cu_seqlens, chunk_indices, VARLEN)
     HK: tl.constexpr = H * K
     t_first, o_c, o_t, m_t, t_last = chunk_rows(i_t, T, BT)
     o_k = tl.arange(0, BK)
     m_k = o_k < K
-    bos = i_b * T * H + i_h
+    bos = bos * H + i_h
     r, k, a, b, gi = r + bos * K, k + bos * K, a + bos * K, b + bos * K, gi + bos * K
     Arb, Ark, Aab, Aak = Arb + bos * BT, Ark + bos * BT, Aab + bos * BT, Aak + bos * BT
     p_tt = o_t[:, None] * H * BT + o_c[None, :]
@@ -204,19 +212,20 @@ def dplr_scores_kernel(r, k, a, b, gi, Arb, Ark, Aab, Aak, T, H: tl.constexpr, K
 
 
 @kernel
-def dplr_intra_kernel(a, b, v, gi, do, Arb, Aab, Aak, W, U0, Wb, dX0, scale, T, H: tl.constexpr, K: tl.constexpr,
-                      V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                      BACKWARD: tl.constexpr):
+def dplr_intra_kernel(a, b, v, gi, do, Arb, Aab, Aak, W, U0, Wb, dX0, scale, cu_seqlens, chunk_indices, T,
+                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                      BV: tl.constexpr, BACKWARD: tl.constexpr, VARLEN: tl.constexpr = False):
     """One chunk: `T = (I - A_ab)^-1`, `W = T Ã`, `U0 = T A_ak V`; BACKWARD also `Wb = T^T B̄` and
     `dX0 = T^T A_rb^T do'` (the pieces of the reverse pass). In fp32 (the products at `SOLVE_PRECISION`)."""
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_bh, i_b, i_h = batch_head(i_bh, H)
+    bos, T, i_t, _ = chunk_of_sequence(i_t, i_b, T, 0, cu_seqlens, chunk_indices, VARLEN)
     HK: tl.constexpr = H * K
     t_first, o_c, o_t, m_t, t_last = chunk_rows(i_t, T, BT)
     o_k = tl.arange(0, BK)
     m_k = o_k < K
     m_tk = m_t[:, None] & m_k[None, :]
-    bos = i_b * T * H + i_h
+    bos = bos * H + i_h
     p_tt = bos * BT + o_t[:, None] * H * BT + o_c[None, :]
     p_tk = bos * K + o_t[:, None] * HK + o_k[None, :]
     b_T = unit_lower_inverse(tl.load(Aab + p_tt, mask=m_t[:, None], other=0), o_c, BT)
@@ -239,21 +248,24 @@ def dplr_intra_kernel(a, b, v, gi, do, Arb, Aab, Aak, W, U0, Wb, dX0, scale, T, 
 
 
 @kernel
-def dplr_fwd_h_kernel(k, v, b, gi, W, U0, h, u, h0, ht, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
-                      USE_H0: tl.constexpr, STORE_HT: tl.constexpr, CAPSTONE_B: tl.constexpr = False):
+def dplr_fwd_h_kernel(k, v, b, gi, W, U0, h, u, h0, ht, cu_seqlens, chunk_offsets, T, H: tl.constexpr,
+                      K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                      DOT: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
+                      CAPSTONE_B: tl.constexpr = False, VARLEN: tl.constexpr = False):
     """The only loop over chunks of the forward: `h[n]` (the state entering chunk n, fp32) and
-    `u = W S_0 + U0` (the rows the transition removes, fp32), one `[K, BV]` state tile per program."""
+    `u = W S_0 + U0` (the rows the transition removes, fp32), one `[K, BV]` state tile of one sequence per
+    program."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
-    i_bh, i_b, i_h = batch_head(i_bh, H)
+    i_bh, i_n, i_h = batch_head(i_bh, H)
     HK: tl.constexpr = H * K
     o_k, o_v, m_k, m_v, m_kv, p_kv = state_tile(0, i_v, K, V, BK, BV)
-    bos = i_b * T * H + i_h
+    bos, T, NT, boc = sequence_chunks(i_n, T, BT, cu_seqlens, chunk_offsets, VARLEN)
+    bos = bos * H + i_h
     k, b, gi, W = k + bos * K, b + bos * K, gi + bos * K, W + bos * K
     v, U0, u = v + bos * V, U0 + bos * V, u + bos * V
     b_h = state_or_zeros(h0, i_bh, p_kv, m_kv, K, V, BK, BV, USE_H0)
     for i_t in range(0, NT):
-        tl.store(h + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_h, mask=m_kv)
+        tl.store(h + ((boc + i_t) * H + i_h) * K * V + p_kv, b_h, mask=m_kv)
         t_first, o_c, o_t, m_t, t_last = chunk_rows(i_t, T, BT)
         m_tk, m_tv, m_kt = m_t[:, None] & m_k[None, :], m_t[:, None] & m_v[None, :], m_k[:, None] & m_t[None, :]
         b_u = mma_split(load_rows(W, o_t, o_k, m_tk, HK), b_h, DOT) + load_rows(U0, o_t, o_v, m_tv, H * V)
@@ -272,20 +284,22 @@ def dplr_fwd_h_kernel(k, v, b, gi, W, U0, h, u, h0, ht, T, NT, H: tl.constexpr, 
 
 
 @kernel
-def dplr_fwd_o_kernel(r, v, gi, h, u, Arb, Ark, o, scale, T, NT, H: tl.constexpr, K: tl.constexpr,
-                      V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr):
+def dplr_fwd_o_kernel(r, v, gi, h, u, Arb, Ark, o, scale, cu_seqlens, chunk_indices, T, NT, H: tl.constexpr,
+                      K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                      DOT: tl.constexpr, VARLEN: tl.constexpr = False):
     """`o = scale * ((r e^G) h_n + A_rb U + A_rk V)`, one `[BT, BV]` tile per program."""
     i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_bh, i_b, i_h = batch_head(i_bh, H)
+    bos, T, i_t, boc = chunk_of_sequence(i_t, i_b, T, NT, cu_seqlens, chunk_indices, VARLEN)
     HK: tl.constexpr = H * K
     t_first, o_c, o_t, m_t, t_last = chunk_rows(i_t, T, BT)
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_k, m_v = o_k < K, o_v < V
     m_tk, m_tv = m_t[:, None] & m_k[None, :], m_t[:, None] & m_v[None, :]
-    bos = i_b * T * H + i_h
+    bos = bos * H + i_h
     b_rg = load_rows(r + bos * K, o_t, o_k, m_tk, HK) * tl.exp(load_rows(gi + bos * K, o_t, o_k, m_tk, HK))
-    b_h = tl.load(h + ((i_b * NT + i_t) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :],
+    b_h = tl.load(h + ((boc + i_t) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :],
                   mask=m_k[:, None] & m_v[None, :], other=0)
     p_tt = bos * BT + o_t[:, None] * H * BT + o_c[None, :]
     b_Arb = tl.load(Arb + p_tt, mask=m_t[:, None], other=0)
@@ -300,28 +314,30 @@ def dplr_fwd_o_kernel(r, v, gi, h, u, Arb, Ark, o, scale, T, NT, H: tl.constexpr
 
 
 @kernel
-def dplr_bwd_dh_kernel(r, a, gi, do, Wb, dX0, h, ht, dh, dX, dht, dh0, bnd, scale, T, NT, H: tl.constexpr,
-                       K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                       DOT: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr):
+def dplr_bwd_dh_kernel(r, a, gi, do, Wb, dX0, h, ht, dh, dX, dht, dh0, bnd, scale, cu_seqlens, chunk_offsets, T,
+                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                       BV: tl.constexpr, DOT: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
+                       VARLEN: tl.constexpr = False):
     """The state adjoint in reverse: `dh[n]` = dL/dS at the end of chunk n, `dX = dX0 + Wb dh[n]` (the adjoint of
     `Ã S_0 + A_ak V`), and `dS_0 = e^{G_C} dS_C + (r e^G)^T do' + Ã^T dX` carried to the chunk before.
     Also each chunk's boundary term of dw, `bnd[n] = rowsum(S_{n+1} * dh[n])` (one partial per value block), the
-    whole future's share (see `dplr_dw_kernel`)."""
+    whole future's share (see `dplr_dw_kernel`). One program per (sequence, head, value block)."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
-    i_bh, i_b, i_h = batch_head(i_bh, H)
+    i_bh, i_n, i_h = batch_head(i_bh, H)
     HK: tl.constexpr = H * K
     o_k, o_v, m_k, m_v, m_kv, p_kv = state_tile(0, i_v, K, V, BK, BV)
-    bos = i_b * T * H + i_h
+    bos, T, NT, boc = sequence_chunks(i_n, T, BT, cu_seqlens, chunk_offsets, VARLEN)
+    bos = bos * H + i_h
     r, a, gi, Wb = r + bos * K, a + bos * K, gi + bos * K, Wb + bos * K
     do, dX0, dX = do + bos * V, dX0 + bos * V, dX + bos * V
     b_dh = state_or_zeros(dht, i_bh, p_kv, m_kv, K, V, BK, BV, USE_DHT)
     b_hn = state_or_zeros(ht, i_bh, p_kv, m_kv, K, V, BK, BV, USE_DHT)  # after the last chunk (dh is 0 without dht)
     for i_r in range(0, NT):
         i_t = NT - 1 - i_r
-        tl.store(dh + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv, b_dh, mask=m_kv)
+        tl.store(dh + ((boc + i_t) * H + i_h) * K * V + p_kv, b_dh, mask=m_kv)
         if i_r > 0:
-            b_hn = tl.load(h + ((i_b * NT + i_t + 1) * H + i_h) * K * V + p_kv, mask=m_kv, other=0)
-        boundary_share(b_hn, b_dh, bnd, i_b * NT + i_t, i_h, 0, i_v, o_k, o_v, m_k, m_v, H, K, V, BK, BV, False)
+            b_hn = tl.load(h + ((boc + i_t + 1) * H + i_h) * K * V + p_kv, mask=m_kv, other=0)
+        boundary_share(b_hn, b_dh, bnd, boc + i_t, i_h, 0, i_v, o_k, o_v, m_k, m_v, H, K, V, BK, BV, False)
         t_first, o_c, o_t, m_t, t_last = chunk_rows(i_t, T, BT)
         m_tk, m_tv, m_kt = m_t[:, None] & m_k[None, :], m_t[:, None] & m_v[None, :], m_k[:, None] & m_t[None, :]
         b_dx = mma_split(load_rows(Wb, o_t, o_k, m_tk, HK), b_dh, DOT) + load_rows(dX0, o_t, o_v, m_tv, H * V)
@@ -388,25 +404,26 @@ def writer_grads(r, a, gi, dArb, dArk, dAab, dAak, b_db, b_dk, b_g, t_first, o_c
 
 
 @kernel
-def dplr_bwd_dv_kernel(k, v, gi, dh, u, dX, do, Arb, Ark, Aab, Aak, dv, scale, T, NT, H: tl.constexpr,
-                       K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                       DOT: tl.constexpr):
+def dplr_bwd_dv_kernel(k, v, gi, dh, u, dX, do, Arb, Ark, Aab, Aak, dv, scale, cu_seqlens, chunk_indices, T, NT,
+                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                       BV: tl.constexpr, DOT: tl.constexpr, VARLEN: tl.constexpr = False):
     """One chunk: `dv = A_rk^T do' + A_ak^T dX + K̄ dS_C^T` and the four score gradients `dA_rb = do' U^T`,
     `dA_rk = do' V^T`, `dA_ab = dX U^T`, `dA_ak = dX V^T`, which overwrite this chunk's rows of `Arb, Ark, Aab,
     Aak` once every thread has read A_rk and A_ak (A_rb and A_ab are spent by then)."""
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_bh, i_b, i_h = batch_head(i_bh, H)
+    bos, T, i_t, boc = chunk_of_sequence(i_t, i_b, T, NT, cu_seqlens, chunk_indices, VARLEN)
     HK: tl.constexpr = H * K
     HBT: tl.constexpr = H * BT
     t_first, o_c, o_t, m_t, t_last = chunk_rows(i_t, T, BT)
     o_k = tl.arange(0, BK)
     m_k = o_k < K
     m_tk = m_t[:, None] & m_k[None, :]
-    bos = i_b * T * H + i_h
+    bos = bos * H + i_h
     k, gi = k + bos * K, gi + bos * K
     v, u, dX, do, dv = v + bos * V, u + bos * V, dX + bos * V, do + bos * V, dv + bos * V
     Arb, Ark, Aab, Aak = Arb + bos * BT, Ark + bos * BT, Aab + bos * BT, Aak + bos * BT
-    p_h = ((i_b * NT + i_t) * H + i_h) * K * V
+    p_h = ((boc + i_t) * H + i_h) * K * V
     _, _, b_gend, _ = chunk_decays(gi, o_t, o_k, m_tk, t_first, t_last, m_k, HK)
     b_kbar = load_rows(k, o_t, o_k, m_tk, HK) * tl.exp(b_gend)
     p_tt = o_t[:, None] * HBT + o_c[None, :]
@@ -438,9 +455,10 @@ def dplr_bwd_dv_kernel(k, v, gi, dh, u, dX, do, Arb, Ark, Aab, Aak, dv, scale, T
 
 
 @kernel
-def dplr_bwd_kernel(r, k, v, a, b, gi, h, dh, u, dX, do, dArb, dArk, dAab, dAak, dr, dk, da, db, x, scale, T, NT,
-                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                    BV: tl.constexpr, DOT: tl.constexpr):
+def dplr_bwd_kernel(r, k, v, a, b, gi, h, dh, u, dX, do, dArb, dArk, dAab, dAak, dr, dk, da, db, x, scale,
+                    cu_seqlens, chunk_indices, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
+                    VARLEN: tl.constexpr = False):
     """One chunk and BK channels: dr, da, db, dk through the state and through the scores (`reader_grads`,
     `writer_grads`, from the score gradients of `dplr_bwd_dv_kernel`), and `x = r dr - b db - k dk` for the decay
     gradient.
@@ -449,6 +467,7 @@ def dplr_bwd_kernel(r, k, v, a, b, gi, h, dh, u, dX, do, dArb, dArk, dAab, dAak,
     has no earlier key in the chunk), so a_{t+1} and r_t share one weight exp(G_t - G_j)."""
     i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_bh, i_b, i_h = batch_head(i_bh, H)
+    bos, T, i_t, boc = chunk_of_sequence(i_t, i_b, T, NT, cu_seqlens, chunk_indices, VARLEN)
     HK: tl.constexpr = H * K
     HBT: tl.constexpr = H * BT
     t_first, o_c, o_t, m_t, t_last = chunk_rows(i_t, T, BT)
@@ -457,11 +476,11 @@ def dplr_bwd_kernel(r, k, v, a, b, gi, h, dh, u, dX, do, dArb, dArk, dAab, dAak,
     o_k = i_k * BK + tl.arange(0, BK)
     m_k = o_k < K
     m_tk, m_nk = m_t[:, None] & m_k[None, :], m_n[:, None] & m_k[None, :]
-    bos = i_b * T * H + i_h
+    bos = bos * H + i_h
     r, k, a, b, gi = r + bos * K, k + bos * K, a + bos * K, b + bos * K, gi + bos * K
     v, u, dX, do = v + bos * V, u + bos * V, dX + bos * V, do + bos * V
     dArb, dArk, dAab, dAak = dArb + bos * BT, dArk + bos * BT, dAab + bos * BT, dAak + bos * BT
-    p_h = ((i_b * NT + i_t) * H + i_h) * K * V
+    p_h = ((boc + i_t) * H + i_h) * K * V
     b_g, _, b_gend, _ = chunk_decays(gi, o_t, o_k, m_tk, t_first, t_last, m_k, HK)
     b_dr = tl.zeros([BT, BK], dtype=tl.float32)  # the state terms: do' h^T, dX h^T (a side), U dh^T, V dh^T
     b_da = tl.zeros([BT, BK], dtype=tl.float32)
@@ -498,18 +517,19 @@ def dplr_bwd_kernel(r, k, v, a, b, gi, h, dh, u, dX, do, dArb, dArk, dAab, dAak,
 
 
 @kernel
-def dplr_dw_kernel(x, a, da, bnd, dw, T, NT, H: tl.constexpr, K: tl.constexpr, NP: tl.constexpr, BT: tl.constexpr,
-                   BK: tl.constexpr):
+def dplr_dw_kernel(x, a, da, bnd, dw, cu_seqlens, chunk_indices, T, NT, H: tl.constexpr, K: tl.constexpr,
+                   NP: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, VARLEN: tl.constexpr = False):
     """dw of one chunk: `dw_t = sum_{t' >= t in the chunk} (x + a da)_t' - a_t da_t + bnd[n]` (x = r dr - b db -
     k dk), the boundary term the future's
     share (no sum longer than a chunk: a cumulative sum over the sequence keeps every rounding of x); `dw` may be
     `x` itself (each tile is read, then written by the same program)."""
     i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_bh, i_b, i_h = batch_head(i_bh, H)
+    bos, T, i_t, boc = chunk_of_sequence(i_t, i_b, T, NT, cu_seqlens, chunk_indices, VARLEN)
     o_k = i_k * BK + tl.arange(0, BK)
     m_k = o_k < K
-    bos = i_b * T * H + i_h
-    b_bnd = boundary_term(bnd, i_b * NT + i_t, i_h, o_k, m_k, H, K, NP, BK)
+    bos = bos * H + i_h
+    b_bnd = boundary_term(bnd, boc + i_t, i_h, o_k, m_k, H, K, NP, BK)
     o_t = i_t * BT + tl.arange(0, BT)
     m = (o_t < T)[:, None] & m_k[None, :]
     p = bos * K + o_t[:, None] * H * K + o_k[None, :]
@@ -527,33 +547,35 @@ def _value_block(V: int) -> int:
     return max(16, min(next_pow2(V), MAX_BV))
 
 
-def _shapes(r, v):
+def _shapes(r, v, seqs=None):
+    """B, T, H, K, V, the chunks per batch row (of every sequence together when packed), BK, BV."""
     B, T, H, K = r.shape
     V = v.shape[-1]
-    return B, T, H, K, V, grid_size(T, CHUNK), max(16, next_pow2(K)), _value_block(V)
+    return B, T, H, K, V, chunks(T, CHUNK, seqs), max(16, next_pow2(K)), _value_block(V)
 
 
 def _f32(x, *shape):
     return torch.empty(*shape, dtype=torch.float32, device=x.device)
 
 
-def _scores(r, k, a, b, gi):
+def _scores(r, k, a, b, gi, seqs=None):
     """The chunk's four pairwise score matrices `A_rb, A_rk, A_ab, A_ak`, `[B, T, H, CHUNK]` fp32."""
-    B, T, H, K, V, NT, BK, _ = _shapes(r, r)
+    B, T, H, K, V, NT, BK, _ = _shapes(r, r, seqs)
     Arb, Ark, Aab, Aak = (_f32(r, B, T, H, CHUNK) for _ in range(4))
-    dplr_scores_kernel[(NT, B * H)](r, k, a, b, gi, Arb, Ark, Aab, Aak, T, H=H, K=K, BT=CHUNK, BK=BK,
-                                    num_warps=WARPS["scores"])
+    dplr_scores_kernel[(NT, B * H)](r, k, a, b, gi, Arb, Ark, Aab, Aak, *chunk_tables(seqs), T, H=H, K=K, BT=CHUNK,
+                                    BK=BK, VARLEN=seqs is not None, num_warps=WARPS["scores"])
     return Arb, Ark, Aab, Aak
 
 
-def _intra(a, b, v, gi, do, Arb, Aab, Aak, scale, backward):
+def _intra(a, b, v, gi, do, Arb, Aab, Aak, scale, backward, seqs=None):
     """W and U0 (the forward's `u = W S_0 + U0`); backward also Wb and dX0 (`dX = dX0 + Wb dS_C`)."""
-    B, T, H, K, V, NT, BK, BV = _shapes(a, v)
+    B, T, H, K, V, NT, BK, BV = _shapes(a, v, seqs)
     rows = (B, T, H)
     W, U0 = _f32(a, *rows, K), _f32(a, *rows, V)
     Wb, dX0 = (_f32(a, *rows, K), _f32(a, *rows, V)) if backward else (None, None)
-    dplr_intra_kernel[(NT, B * H)](a, b, v, gi, do, Arb, Aab, Aak, W, U0, Wb, dX0, scale, T, H=H, K=K, V=V, BT=CHUNK,
-                                   BK=BK, BV=BV, BACKWARD=backward, num_warps=WARPS["intra"])
+    dplr_intra_kernel[(NT, B * H)](a, b, v, gi, do, Arb, Aab, Aak, W, U0, Wb, dX0, scale, *chunk_tables(seqs), T,
+                                   H=H, K=K, V=V, BT=CHUNK, BK=BK, BV=BV, BACKWARD=backward, VARLEN=seqs is not None,
+                                   num_warps=WARPS["intra"])
     return W, U0, Wb, dX0
 
 
@@ -561,76 +583,83 @@ def _state_block(V: int) -> int:
     return min(_value_block(V), STATE_BV)
 
 
-def _states(k, v, b, gi, W, U0, h0, store_ht, dot, bug=None):
-    B, T, H, K, V, NT, BK, _ = _shapes(k, v)
-    BV = _state_block(V)
+def _states(k, v, b, gi, W, U0, h0, store_ht, dot, bug=None, seqs=None):
+    """`h [B, NT, H, K, V]`, `u [B, T, H, V]` and the final states `[N, H, K, V]` (one per batch row or sequence)."""
+    B, T, H, K, V, NT, BK, _ = _shapes(k, v, seqs)
+    BV, N = _state_block(V), sequences(B, seqs)
     h, u = _f32(k, B, NT, H, K, V), _f32(k, B, T, H, V)
-    ht = _f32(k, B, H, K, V) if store_ht else None
-    dplr_fwd_h_kernel[(grid_size(V, BV), B * H)](k, v, b, gi, W, U0, h, u, h0, ht, T, NT, H=H, K=K, V=V, BT=CHUNK,
-                                                 BK=BK, BV=BV, DOT=dot, USE_H0=h0 is not None, STORE_HT=store_ht,
-                                                 CAPSTONE_B=bug == "capstone_b", num_warps=WARPS["fwd_h"])
+    ht = _f32(k, N, H, K, V) if store_ht else None
+    dplr_fwd_h_kernel[(grid_size(V, BV), N * H)](k, v, b, gi, W, U0, h, u, h0, ht, *sequence_tables(seqs), T, H=H,
+                                                 K=K, V=V, BT=CHUNK, BK=BK, BV=BV, DOT=dot, USE_H0=h0 is not None,
+                                                 STORE_HT=store_ht, CAPSTONE_B=bug == "capstone_b",
+                                                 VARLEN=seqs is not None, num_warps=WARPS["fwd_h"])
     return h, u, ht
 
 
-def _forward(r, w, k, v, a, b, scale, h0, output_final_state, keep=False, bug=None):
-    """o, the final state, and (keep=True) the intermediates by name; otherwise each is dropped after its use."""
-    B, T, H, K, V, NT, BK, BV = _shapes(r, v)
+def _forward(r, w, k, v, a, b, scale, h0, output_final_state, keep=False, bug=None, seqs=None):
+    """o, the final state, and (keep=True) the intermediates by name; otherwise each is dropped after its use.
+    `seqs`: a packed batch's tables (`conventions.Packed`, 16-row chunks), else dense."""
+    B, T, H, K, V, NT, BK, BV = _shapes(r, v, seqs)
     dot = dot_dtype(r.dtype)
-    gi = chunk_cumsum(w, CHUNK)
-    Arb, Ark, Aab, Aak = _scores(r, k, a, b, gi)
-    W, U0, _, _ = _intra(a, b, v, gi, None, Arb, Aab, Aak, scale, backward=False)
+    gi = chunk_cumsum(w, CHUNK, seqs=seqs)
+    Arb, Ark, Aab, Aak = _scores(r, k, a, b, gi, seqs)
+    W, U0, _, _ = _intra(a, b, v, gi, None, Arb, Aab, Aak, scale, backward=False, seqs=seqs)
     del Aab, Aak
-    h, u, ht = _states(k, v, b, gi, W, U0, h0, output_final_state, dot, bug)
+    h, u, ht = _states(k, v, b, gi, W, U0, h0, output_final_state, dot, bug, seqs)
     kept = {"G": gi, "A_rb": Arb, "A_rk": Ark, "W": W, "U0": U0, "u": u, "h": h} if keep else {}
     del W, U0
     o = torch.empty(B, T, H, V, dtype=r.dtype, device=r.device)
-    dplr_fwd_o_kernel[(grid_size(V, BV), NT, B * H)](r, v, gi, h, u, Arb, Ark, o, scale, T, NT, H=H, K=K, V=V,
-                                                     BT=CHUNK, BK=BK, BV=BV, DOT=dot, num_warps=WARPS["fwd_o"])
+    dplr_fwd_o_kernel[(grid_size(V, BV), NT, B * H)](r, v, gi, h, u, Arb, Ark, o, scale, *chunk_tables(seqs), T, NT,
+                                                     H=H, K=K, V=V, BT=CHUNK, BK=BK, BV=BV, DOT=dot,
+                                                     VARLEN=seqs is not None, num_warps=WARPS["fwd_o"])
     return o, ht, kept
 
 
-def _backward(r, w, k, v, a, b, scale, h0, ht, do, dht, bug=None):
+def _backward(r, w, k, v, a, b, scale, h0, ht, do, dht, bug=None, seqs=None):
     """Recomputes the forward's intermediates, drops each after its last use."""
-    B, T, H, K, V, NT, BK, BV = _shapes(r, v)
-    dot = dot_dtype(r.dtype)
-    gi = chunk_cumsum(w, CHUNK)
-    Arb, Ark, Aab, Aak = _scores(r, k, a, b, gi)
-    W, U0, Wb, dX0 = _intra(a, b, v, gi, do, Arb, Aab, Aak, scale, backward=True)
-    h, u, _ = _states(k, v, b, gi, W, U0, h0, False, dot, bug)
+    B, T, H, K, V, NT, BK, BV = _shapes(r, v, seqs)
+    dot, varlen, chunk_args = dot_dtype(r.dtype), seqs is not None, chunk_tables(seqs)
+    gi = chunk_cumsum(w, CHUNK, seqs=seqs)
+    Arb, Ark, Aab, Aak = _scores(r, k, a, b, gi, seqs)
+    W, U0, Wb, dX0 = _intra(a, b, v, gi, do, Arb, Aab, Aak, scale, backward=True, seqs=seqs)
+    h, u, _ = _states(k, v, b, gi, W, U0, h0, False, dot, bug, seqs)
     del W, U0
+    N = sequences(B, seqs)
     dh, dX = _f32(r, B, NT, H, K, V), _f32(r, B, T, H, V)
-    dh0 = _f32(r, B, H, K, V) if h0 is not None else None
+    dh0 = _f32(r, N, H, K, V) if h0 is not None else None
     SBV = _state_block(V)
     bnd = _f32(r, B, NT, H, grid_size(V, SBV), K)
-    dplr_bwd_dh_kernel[(grid_size(V, SBV), B * H)](r, a, gi, do, Wb, dX0, h, ht, dh, dX, dht, dh0, bnd, scale, T,
-                                                   NT, H=H, K=K, V=V, BT=CHUNK, BK=BK, BV=SBV, DOT=dot,
-                                                   USE_DHT=dht is not None, STORE_DH0=h0 is not None,
-                                                   num_warps=WARPS["bwd_dh"])
+    dplr_bwd_dh_kernel[(grid_size(V, SBV), N * H)](r, a, gi, do, Wb, dX0, h, ht, dh, dX, dht, dh0, bnd, scale,
+                                                   *sequence_tables(seqs), T, H=H, K=K, V=V, BT=CHUNK, BK=BK, BV=SBV,
+                                                   DOT=dot, USE_DHT=dht is not None, STORE_DH0=h0 is not None,
+                                                   VARLEN=varlen, num_warps=WARPS["bwd_dh"])
     del Wb, dX0
     dv = _f32(r, B, T, H, V)
-    dplr_bwd_dv_kernel[(NT, B * H)](k, v, gi, dh, u, dX, do, Arb, Ark, Aab, Aak, dv, scale, T, NT, H=H, K=K, V=V,
-                                    BT=CHUNK, BK=BK, BV=min(BV, BWD_BV), DOT=dot, num_warps=WARPS["bwd_dv"])
+    dplr_bwd_dv_kernel[(NT, B * H)](k, v, gi, dh, u, dX, do, Arb, Ark, Aab, Aak, dv, scale, *chunk_args, T, NT, H=H,
+                                    K=K, V=V, BT=CHUNK, BK=BK, BV=min(BV, BWD_BV), DOT=dot, VARLEN=varlen,
+                                    num_warps=WARPS["bwd_dv"])
     dr, dk, da, db, x = (_f32(r, B, T, H, K) for _ in range(5))
     PBK = min(BK, BWD_BK)
     dplr_bwd_kernel[(grid_size(K, PBK), NT, B * H)](r, k, v, a, b, gi, h, dh, u, dX, do, Arb, Ark, Aab, Aak, dr, dk,
-                                                    da, db, x, scale, T, NT, H=H, K=K, V=V, BT=CHUNK, BK=PBK,
-                                                    BV=min(BV, BWD_BV), DOT=dot, num_warps=WARPS["bwd"])
+                                                    da, db, x, scale, *chunk_args, T, NT, H=H, K=K, V=V, BT=CHUNK,
+                                                    BK=PBK, BV=min(BV, BWD_BV), DOT=dot, VARLEN=varlen,
+                                                    num_warps=WARPS["bwd"])
     del h, dh, u, dX, Arb, Ark, Aab, Aak
     dw = x if w.dtype == torch.float32 else torch.empty_like(w)
     BKw = min(BK, 32)
-    dplr_dw_kernel[(grid_size(K, BKw), NT, B * H)](x, a, da, bnd, dw, T, NT, H=H, K=K, NP=bnd.shape[3], BT=CHUNK,
-                                                   BK=BKw)
+    dplr_dw_kernel[(grid_size(K, BKw), NT, B * H)](x, a, da, bnd, dw, *chunk_args, T, NT, H=H, K=K, NP=bnd.shape[3],
+                                                   BT=CHUNK, BK=BKw, VARLEN=varlen)
     return dr, dw, dk, dv, da, db, dh0
 
 
 class ChunkRWKV7Function(torch.autograd.Function):
     @staticmethod
     @custom_fwd
-    def forward(ctx, r, w, k, v, a, b, scale, h0, output_final_state, bug=None):
+    def forward(ctx, r, w, k, v, a, b, scale, h0, output_final_state, bug=None, seqs=None):
         r, w, k, v, a, b, h0 = as_contiguous(r, w, k, v, a, b, h0)
-        o, ht, _ = _forward(r, w, k, v, a, b, scale, h0, output_final_state, bug=bug)
+        o, ht, _ = _forward(r, w, k, v, a, b, scale, h0, output_final_state, bug=bug, seqs=seqs)
         ctx.save_for_backward(r, w, k, v, a, b, h0, ht)
-        ctx.scale, ctx.bug = scale, bug
+        ctx.scale, ctx.bug, ctx.seqs = scale, bug, seqs
         return o, ht
 
     @staticmethod
@@ -638,9 +667,9 @@ class ChunkRWKV7Function(torch.autograd.Function):
     def backward(ctx, do, dht):
         r, w, k, v, a, b, h0, ht = ctx.saved_tensors
         do, dht = as_contiguous(do, dht)
-        dr, dw, dk, dv, da, db, dh0 = _backward(r, w, k, v, a, b, ctx.scale, h0, ht, do, dht, ctx.bug)
+        dr, dw, dk, dv, da, db, dh0 = _backward(r, w, k, v, a, b, ctx.scale, h0, ht, do, dht, ctx.bug, ctx.seqs)
         return (cast_grad(dr, r), cast_grad(dw, w), cast_grad(dk, k), cast_grad(dv, v), cast_grad(da, a),
-                cast_grad(db, b), None, cast_grad(dh0, h0), None, None)
+                cast_grad(db, b), None, cast_grad(dh0, h0), None, None, None)
 
 
 @torch.no_grad()
@@ -666,19 +695,18 @@ def chunk_rwkv7(r, w, k, v, a, b, scale=1.0, initial_state=None, output_final_st
     rest is bf16), k, a, b; v `[B, T, H, V]`; `initial_state [B, H, K, V]`. Returns `(o, final_state or None)`,
     the state in fp32. K <= 128. `chunk_size`: None, 16, 32 or 64, FLA's choices, all computed in 16-row chunks
     (one pairwise tile each: the same recurrence, exact at any decay; 64-row chunks measured slower, see the module
-    docstring). flash-linear-attention 0.6.0's
+    docstring). `cu_seqlens`: FLA's packed batches (B = 1, states `[N, H, K, V]`), one launch per kernel for the
+    whole batch (`fla_lab.ops.common.conventions`). flash-linear-attention 0.6.0's
     `chunk_rwkv7` has the same signature and `scale=1.0` default; its `safe_gate`/`lower_bound` fast path has no
     counterpart here (nothing to promise about the decay).
     """
-    if cu_seqlens is not None:  # packed sequences (FLA's varlen): one call per sequence
-        return per_sequence("chunk_rwkv7", chunk_rwkv7, dict(r=r, w=w, k=k, v=v, a=a, b=b), cu_seqlens, initial_state,
-                            output_final_state, scale=scale, chunk_size=chunk_size, bug=bug, **kwargs)
     op = "chunk_rwkv7"
     check_bug(bug, op)
-    contract.check_rwkv7_inputs(op, r, w, k, v, a, b, initial_state, kwargs)
+    contract.check_rwkv7_inputs(op, r, w, k, v, a, b, initial_state, kwargs, packed=cu_seqlens is not None)
     check_key_width(op, r.shape[-1])
     check_chunk_size(chunk_size, op, allowed=FLA_CHUNK_SIZES, why="FLA's tilings; each runs as 16-row chunks")
     contract.check_kernel_device(op, dict(r=r, w=w, k=k, v=v, a=a, b=b, initial_state=initial_state))
     scale = r.shape[-1] ** -0.5 if scale is None else scale
-    o, ht = ChunkRWKV7Function.apply(r, w, k, v, a, b, scale, initial_state, output_final_state, bug)
+    seqs = None if cu_seqlens is None else packed_batch(op, cu_seqlens, None, r, initial_state, CHUNK)
+    o, ht = ChunkRWKV7Function.apply(r, w, k, v, a, b, scale, initial_state, output_final_state, bug, seqs)
     return o, (ht if output_final_state else None)
