@@ -10,6 +10,7 @@ import torch
 
 from fla_lab import harness, registry, runtime
 from fla_lab.ops import contract
+from fla_lab.ops.common import conventions
 from fla_lab.ops.common.conventions import per_sequence
 
 # A sequence shorter than a chunk, one an exact multiple of the chunk (64), one with a partial last chunk.
@@ -236,3 +237,23 @@ def test_the_host_copy_of_the_offsets_is_read_instead():
     assert torch.equal(o, o_cpu)
     with pytest.raises(ValueError, match="host copy"):
         spec.fn(**x, cu_seqlens_cpu=cu.cpu())
+
+
+def test_the_tables_of_a_recent_offsets_tensor_are_reused():
+    """Every layer of a model reads the same `cu_seqlens` in a step: the second call reuses the first's tables (no
+    host read), a tensor written in place since is read again, and the contract still checks the call's shapes."""
+    spec = registry.get("chunk_gla")
+    x = spec.inputs(registry.Shape(1, 30, 1, 16, 16), initial_state=False)
+    x = {n: t.to(runtime.device()) for n, t in x.items()}
+    cu = torch.tensor([0, 7, 30], device=runtime.device())
+    first = conventions.packed_batch("chunk_gla", cu, None, x["q"], None, 64)
+    assert conventions.packed_batch("chunk_gla", cu, None, x["q"], None, 64) is first
+    assert conventions.packed_batch("chunk_gla", cu, None, x["q"], None, 16) is not first  # other chunks
+    cu[1] = 9
+    moved = conventions.packed_batch("chunk_gla", cu, None, x["q"], None, 64)
+    assert moved is not first and moved.bounds == ((0, 9), (9, 30))
+    with pytest.raises(ValueError, match="end at T = 29"):
+        conventions.packed_batch("chunk_gla", cu, None, x["q"][:, :29], None, 64)
+    o, _ = spec.fn(**x, cu_seqlens=cu)
+    o_fresh, _ = spec.fn(**x, cu_seqlens=cu.clone())
+    assert torch.equal(o, o_fresh)

@@ -91,11 +91,12 @@ def _check_value_shape(op: str, nv: str, v: torch.Tensor, B: int, T: int, H: int
     return v.shape[-1]
 
 
-def check_cu_seqlens(op: str, cu_seqlens, B: int, T: int, initial_state=None) -> list[tuple[int, int]]:
+def check_cu_seqlens(op: str, cu_seqlens, B: int, T: int, initial_state=None,
+                     bounds: list | None = None) -> list[tuple[int, int]]:
     """A packed batch's offsets, as flash-linear-attention takes them: B = 1, `cu_seqlens` a 1-D integer tensor
     `[0, ..., T]`, non-decreasing (an empty sequence, as FLA allows, passes its initial state through), one initial
     state per sequence (`[N, H, K, V]`). Returns each sequence's `(bos, eos)`. Reads the offsets on the host: one
-    sync on a GPU."""
+    sync on a GPU, unless `bounds` holds what an earlier read of the same tensor returned."""
     if not isinstance(cu_seqlens, torch.Tensor):
         raise TypeError(f"{op}: `cu_seqlens` must be a 1-D integer torch.Tensor [0, ..., T], got "
                         f"{type(cu_seqlens).__name__}")
@@ -106,7 +107,7 @@ def check_cu_seqlens(op: str, cu_seqlens, B: int, T: int, initial_state=None) ->
     if B != 1:
         raise ValueError(f"{op}: with `cu_seqlens` the sequences are packed along T, so B must be 1, got B = {B}. "
                          f"Pack them: x.reshape(1, B * T, H, D) with cu_seqlens = [0, T, 2T, ...]")
-    offsets = [int(x) for x in cu_seqlens.tolist()]
+    offsets = [int(x) for x in cu_seqlens.tolist()] if bounds is None else [0, *(eos for _, eos in bounds)]
     if offsets[0] != 0 or offsets[-1] != T or T == 0:
         raise ValueError(f"{op}: `cu_seqlens` must start at 0 and end at T = {T} > 0, got {offsets[0]} ... "
                          f"{offsets[-1]}")

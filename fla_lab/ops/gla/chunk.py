@@ -382,10 +382,10 @@ def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=Fal
         return o, v_first(ht)
     checks = contract.check_gated_inputs("chunk_gla", q, k, v, g, initial_state=initial_state, kwargs=kwargs,
                                          in_kernel=True, packed=cu_seqlens is not None)
-    contract.check_kernel_device("chunk_gla", dict(q=q, k=k, v=v, g=g, initial_state=initial_state))
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
     BT = check_chunk_size(chunk_size)
     seqs = None if cu_seqlens is None else packed_batch("chunk_gla", cu_seqlens, cu_seqlens_cpu, q, initial_state, BT)
+    contract.check_kernel_device("chunk_gla", dict(q=q, k=k, v=v, g=g, initial_state=initial_state))
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
     o, ht = ChunkGLAFunction.apply(q, k, v, g, None, scale, initial_state, output_final_state, BT, resolve(launch),
                                    reference_row, checks, ("q", "k", "v", "g"), seqs)
     return o, (ht if output_final_state else None)

@@ -32,12 +32,12 @@ def chunk_rwkv6(r, k, v, w, u, scale=None, initial_state=None, output_final_stat
     names = ("r", "k", "v", "w")
     checks = contract.check_gated_inputs("chunk_rwkv6", r, k, v, w, names=names, u=u, initial_state=initial_state,
                                          kwargs=kwargs, in_kernel=True, packed=cu_seqlens is not None)
-    contract.check_kernel_device("chunk_rwkv6", dict(r=r, k=k, v=v, w=w, u=u, initial_state=initial_state))
-    scale = r.shape[-1] ** -0.5 if scale is None else scale
-    row = pick_reference_row(bug == "exclusive_reference", reference_row)
     BT = check_chunk_size(chunk_size)
     seqs = None if cu_seqlens is None else packed_batch("chunk_rwkv6", cu_seqlens, cu_seqlens_cpu, r, initial_state,
                                                         BT)
+    contract.check_kernel_device("chunk_rwkv6", dict(r=r, k=k, v=v, w=w, u=u, initial_state=initial_state))
+    scale = r.shape[-1] ** -0.5 if scale is None else scale
+    row = pick_reference_row(bug == "exclusive_reference", reference_row)
     o, ht = ChunkGLAFunction.apply(r, k, v, w, u, scale, initial_state, output_final_state, BT, resolve(launch), row,
                                    checks, names, seqs)
     return o, (ht if output_final_state else None)

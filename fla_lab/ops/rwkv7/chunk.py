@@ -688,16 +688,16 @@ def chunk_rwkv7_intermediates(r, w, k, v, a, b, scale=1.0, initial_state=None, b
 
 
 def chunk_rwkv7(r, w, k, v, a, b, scale=1.0, initial_state=None, output_final_state=False, chunk_size=None, bug=None,
-                cu_seqlens=None, **kwargs):
+                cu_seqlens=None, cu_seqlens_cpu=None, **kwargs):
     """Chunked RWKV-7 (DPLR), forward and backward in Triton, exact at any decay (see the module docstring).
 
     Same inputs as `fused_recurrent_rwkv7`: `[B, T, H, K]` r, w (natural-log decay <= 0, may be fp32 while the
     rest is bf16), k, a, b; v `[B, T, H, V]`; `initial_state [B, H, K, V]`. Returns `(o, final_state or None)`,
     the state in fp32. K <= 128. `chunk_size`: None, 16, 32 or 64, FLA's choices, all computed in 16-row chunks
     (one pairwise tile each: the same recurrence, exact at any decay; 64-row chunks measured slower, see the module
-    docstring). `cu_seqlens`: FLA's packed batches (B = 1, states `[N, H, K, V]`), one launch per kernel for the
-    whole batch (`fla_lab.ops.common.conventions`). flash-linear-attention 0.6.0's
-    `chunk_rwkv7` has the same signature and `scale=1.0` default; its `safe_gate`/`lower_bound` fast path has no
+    docstring). `cu_seqlens` (and its host copy `cu_seqlens_cpu`): FLA's packed batches (B = 1, states
+    `[N, H, K, V]`), one launch per kernel for the whole batch (`fla_lab.ops.common.conventions`).
+    flash-linear-attention 0.6.0's `chunk_rwkv7` has the same signature and `scale=1.0` default; its `safe_gate`/`lower_bound` fast path has no
     counterpart here (nothing to promise about the decay).
     """
     op = "chunk_rwkv7"
@@ -705,8 +705,8 @@ def chunk_rwkv7(r, w, k, v, a, b, scale=1.0, initial_state=None, output_final_st
     contract.check_rwkv7_inputs(op, r, w, k, v, a, b, initial_state, kwargs, packed=cu_seqlens is not None)
     check_key_width(op, r.shape[-1])
     check_chunk_size(chunk_size, op, allowed=FLA_CHUNK_SIZES, why="FLA's tilings; each runs as 16-row chunks")
+    seqs = None if cu_seqlens is None else packed_batch(op, cu_seqlens, cu_seqlens_cpu, r, initial_state, CHUNK)
     contract.check_kernel_device(op, dict(r=r, w=w, k=k, v=v, a=a, b=b, initial_state=initial_state))
     scale = r.shape[-1] ** -0.5 if scale is None else scale
-    seqs = None if cu_seqlens is None else packed_batch(op, cu_seqlens, None, r, initial_state, CHUNK)
     o, ht = ChunkRWKV7Function.apply(r, w, k, v, a, b, scale, initial_state, output_final_state, bug, seqs)
     return o, (ht if output_final_state else None)
