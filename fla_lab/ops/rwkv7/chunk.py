@@ -697,8 +697,8 @@ def chunk_rwkv7(r, w, k, v, a, b, scale=1.0, initial_state=None, output_final_st
     (one pairwise tile each: the same recurrence, exact at any decay; 64-row chunks measured slower, see the module
     docstring). `cu_seqlens` (and its host copy `cu_seqlens_cpu`): FLA's packed batches (B = 1, states
     `[N, H, K, V]`), one launch per kernel for the whole batch (`fla_lab.ops.common.conventions`).
-    flash-linear-attention 0.6.0's `chunk_rwkv7` has the same signature and `scale=1.0` default; its `safe_gate`/`lower_bound` fast path has no
-    counterpart here (nothing to promise about the decay).
+    flash-linear-attention 0.6.0's `chunk_rwkv7` has the same signature and `scale=1.0` default; its
+    `safe_gate`/`lower_bound` fast path has no counterpart here (nothing to promise about the decay).
     """
     op = "chunk_rwkv7"
     check_bug(bug, op)
