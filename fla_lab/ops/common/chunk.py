@@ -246,8 +246,8 @@ def chunk_fwd_h_kernel(k, v, gi, h, h0, ht, cu_seqlens, chunk_offsets, T, H: tl.
                        V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
                        GATE_V: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
                        VARLEN: tl.constexpr = False):
-    """The state before every chunk, `h [B, NT, H, K, V]` fp32: the only loop over chunks of the forward, one
-    program per (sequence, head, state tile)."""
+    """The state before every chunk, `h [B, NT, H, K, V]` (accumulated in fp32, stored in h's dtype): the only loop
+    over chunks of the forward, one program per (sequence, head, state tile)."""
     i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_bh, i_n, i_h = batch_head(i_bh, H)
     o_k, o_v, m_k, m_v, m_kv, p_kv = state_tile(i_k, i_v, K, V, BK, BV)
@@ -258,7 +258,7 @@ def chunk_fwd_h_kernel(k, v, gi, h, h0, ht, cu_seqlens, chunk_offsets, T, H: tl.
     if USE_H0:
         b_h += tl.load(h0 + i_bh * K * V + p_kv, mask=m_kv, other=0).to(tl.float32)
     for i_t in range(0, NT):
-        tl.store(h + ((boc + i_t) * H + i_h) * K * V + p_kv, b_h, mask=m_kv)
+        tl.store(h + ((boc + i_t) * H + i_h) * K * V + p_kv, b_h.to(h.dtype.element_ty), mask=m_kv)
         o_t = i_t * BT + tl.arange(0, BT)
         m_t = o_t < T
         t_last = tl.minimum(i_t * BT + BT, T) - 1
@@ -497,6 +497,11 @@ def dot_of(launch: ChunkLaunch, x: torch.Tensor):
     return dot_dtype(launch.dot_dtype or x.dtype)
 
 
+def dot_operand_dtype(launch: ChunkLaunch, x: torch.Tensor) -> torch.dtype:
+    """`dot_of` as a torch dtype: a tensor read only as a `tl.dot` operand loses nothing stored in it."""
+    return {tl.float32: torch.float32, tl.bfloat16: torch.bfloat16, tl.float16: torch.float16}[dot_of(launch, x)]
+
+
 def check_slot(checks: contract.KernelChecks | None, name: str) -> int:
     return -1 if checks is None else checks.slot(name)
 
@@ -538,11 +543,12 @@ def chunk_cumsum(g: torch.Tensor, BT: int, checks=None, name="g", also=None, als
     return gi
 
 
-def forward_states(k, v, gi, h0, output_final_state, BT, launch, gate_v, seqs=None):
+def forward_states(k, v, gi, h0, output_final_state, BT, launch, gate_v, seqs=None, h_dtype=torch.float32):
+    """h, the state before each chunk (in `h_dtype`), and the final state (fp32) when asked for."""
     B, T, H, K = k.shape
     V = v.shape[-1]
     BK, BV, N = tile_width(K), min(tile_width(V), launch.state_BV), sequences(B, seqs)
-    h = empty_f32(k, B, chunks(T, BT, seqs), H, K, V)
+    h = torch.empty(B, chunks(T, BT, seqs), H, K, V, dtype=h_dtype, device=k.device)
     ht = empty_f32(k, N, H, K, V) if output_final_state else None
     chunk_fwd_h_kernel[(grid_size(K, BK), grid_size(V, BV), N * H)](
         k, v, gi, h, h0, ht, *sequence_tables(seqs), T, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, DOT=dot_of(launch, k),

@@ -22,7 +22,7 @@ import triton.language as tl
 
 from fla_lab.ops import contract
 from fla_lab.ops.common.chunk import (BC, channel_block, check_flags, check_slot, chunk_cumsum, chunk_tables, chunks,
-                                      cols_from_later_subchunks, decay_grad, diagonal_tile, dot_of,
+                                      cols_from_later_subchunks, decay_grad, diagonal_tile, dot_of, dot_operand_dtype,
                                       empty_f32, forward_states, later_rows_exponent, load_bonus, load_query_decay,
                                       load_reference_decay, pick_reference_row, plain_rows, plain_scores, reference_row,
                                       rows_from_earlier_subchunks, state_adjoints, subchunk, tile_width)
@@ -258,11 +258,14 @@ def chunk_gla_fwd(q, k, v, gi, u, scale, h0, output_final_state, BT, launch, out
     `u`: RWKV6's bonus (None for GLA); `row`: the scores' REFERENCE_ROW helper (RWKV6's, see `pick_reference_row`);
     `checks` (`contract.KernelChecks`): the value checks of q and v (argument names `names[0]`, `names[2]`) in the
     output kernel; k's is the cumulative decay's (`chunk_cumsum`). `seqs`: a packed batch's tables
-    (`conventions.Packed`; every kernel of the pass runs once for the whole batch), else dense."""
+    (`conventions.Packed`; every kernel of the pass runs once for the whole batch), else dense.
+    h is stored in the dot dtype: the output kernel reads it only as a tensor-core operand, so a 16-bit h changes
+    no bit of o and halves its traffic (the backward, which needs it in fp32, recomputes it, as upstream does)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     NT, nq, nv = chunks(T, BT, seqs), names[0], names[2]
-    h, ht = forward_states(k, v, gi, h0, output_final_state, BT, launch, gate_v=False, seqs=seqs)
+    h, ht = forward_states(k, v, gi, h0, output_final_state, BT, launch, gate_v=False, seqs=seqs,
+                           h_dtype=dot_operand_dtype(launch, q))
     A = empty_f32(q, B, T, H, BT)
     gated_scores_kernel[(NT * score_pairs(BT), B * H)](
         q, k, gi, u, A, 1.0, *chunk_tables(seqs), T, H=H, K=K, BT=BT, BC=BC, BK=min(tile_width(K), launch.scores_BK),
@@ -337,7 +340,8 @@ def key_side_scores(q, k, g, u=None, chunk_size=64, launch=None, bug_exclusive_r
 
 
 class ChunkGLAFunction(torch.autograd.Function):
-    """GLA (`u=None`) and RWKV6 (`u` the bonus): saves the inputs, the cumulative decay, the states and the scores."""
+    """GLA (`u=None`) and RWKV6 (`u` the bonus): saves the inputs, the cumulative decay and the scores; the backward
+    recomputes the states in fp32 (the forward keeps them only in the dot dtype)."""
     @staticmethod
     @custom_fwd
     def forward(ctx, q, k, v, g, u, scale, h0, output_final_state, chunk_size, launch, row, checks, names, seqs=None):
@@ -347,18 +351,18 @@ class ChunkGLAFunction(torch.autograd.Function):
                                     checks, names[:3], seqs)
         if checks is not None:
             checks.submit()
-        ctx.save_for_backward(q, k, v, g, u, h0, ht, gi, h, A)
+        ctx.save_for_backward(q, k, v, g, u, h0, ht, gi, A)
         ctx.scale, ctx.chunk_size, ctx.launch, ctx.row, ctx.seqs = scale, chunk_size, launch, row, seqs
         return o, ht
 
     @staticmethod
     @custom_bwd
     def backward(ctx, do, dht):
-        q, k, v, g, u, h0, ht, gi, h, A = ctx.saved_tensors
+        q, k, v, g, u, h0, ht, gi, A = ctx.saved_tensors
         do, dht = as_contiguous(do, dht)
         # dq, dk, dv in their inputs' dtype straight from the kernels when q, k, v, g share it (no cast pass)
         same = q.dtype == k.dtype == v.dtype == g.dtype
-        dq, dk, dv, dg, du, dh0 = chunk_gla_bwd(q, k, v, gi, u, ctx.scale, h0, ht, h, A, do, dht, ctx.chunk_size,
+        dq, dk, dv, dg, du, dh0 = chunk_gla_bwd(q, k, v, gi, u, ctx.scale, h0, ht, None, A, do, dht, ctx.chunk_size,
                                                 ctx.launch, g.dtype, ctx.row,
                                                 grad_dtype=g.dtype if same else torch.float32, seqs=ctx.seqs)
         return (cast_grad(dq, q), cast_grad(dk, k), cast_grad(dv, v), dg, cast_grad(du, u), None,
