@@ -1,10 +1,13 @@
 """flash-linear-attention's calling conventions that fla_lab maps onto its kernels in PyTorch.
 
 Packed variable-length batches, `cu_seqlens`: B = 1, sequence n is rows `cu_seqlens[n]:cu_seqlens[n + 1]` of the
-time axis, with its own initial and final state (`[N, H, K, V]`). Every op takes `cu_seqlens=` and hands it here:
+time axis, with its own initial and final state (`[N, H, K, V]`). chunk_gla, chunk_rwkv6 and the fused recurrent ops
+(GLA, RWKV6, GSA, RWKV-7) run each kernel once for the whole packed batch, as FLA does (`packed_batch`, `Packed`:
+their kernels index each sequence's rows, chunks and states). chunk_gsa and chunk_rwkv7 hand it to `per_sequence`:
 each sequence runs as its own call of the op, the same kernels forward and backward (autograd joins the slices), so
-no state or chunk ever spans two sequences. The cost is N calls instead of one: fine for a few long sequences,
-launch-bound for many short ones (one launch per kernel for the whole packed batch, as FLA does it, is not built).
+no state or chunk ever spans two sequences; the cost is N calls instead of one, fine for a few long sequences,
+launch-bound for many short ones. The one-launch ops are bit for bit the op called per sequence
+(tests/test_varlen.py), but for sums over sequences (RWKV6's bonus gradient).
 `cu_seqlens_cpu`, where FLA takes it, is a host copy of the offsets: read instead of `cu_seqlens`, it saves the one
 sync.
 

@@ -30,8 +30,9 @@ def check_gated_inputs(op: str, q, k, v, g, *, names=("q", "k", "v", "g"), u=Non
     return _check_values(op, tensors, decay=ng, in_kernel=names if in_kernel else ())
 
 
-def check_rwkv7_inputs(op: str, r, w, k, v, a, b, initial_state=None, kwargs=None) -> None:
-    """The contract of RWKV-7 (DPLR) ops: r, w, k, a, b `[B, T, H, K]`, v `[B, T, H, V]`, h0 `[B, H, K, V]`.
+def check_rwkv7_inputs(op: str, r, w, k, v, a, b, initial_state=None, kwargs=None, packed: bool = False) -> None:
+    """The contract of RWKV-7 (DPLR) ops: r, w, k, a, b `[B, T, H, K]`, v `[B, T, H, V]`, h0 `[B, H, K, V]`
+    (`packed`: `[N, H, K, V]`, as `check_gated_inputs`).
 
     `w` is the natural-log decay (<= 0) and may be float32 while the rest is bf16 (the layer computes the decay
     in fp32, upstream #181). r, k, v, a, b share a dtype. Value checks (finite, w <= 0, and a `TransitionWarning`
@@ -43,15 +44,17 @@ def check_rwkv7_inputs(op: str, r, w, k, v, a, b, initial_state=None, kwargs=Non
         check_shape(op, name, tensors[name], (B, T, H, K), "like `r`, [B, T, H, K]")
     V = _check_value_shape(op, "v", v, B, T, H)
     if initial_state is not None:
-        check_shape(op, "initial_state", initial_state, (B, H, K, V), "[B, H, K, V]")
+        N = initial_state.shape[0] if packed and initial_state.dim() == 4 else B
+        check_shape(op, "initial_state", initial_state, (N, H, K, V), "[N, H, K, V]" if packed else "[B, H, K, V]")
     warn_if_head_first(op, "r", r)
     _check_values(op, tensors, decay="w", transition=("w", "a", "b"))
 
 
-def check_gsa_inputs(op: str, q, k, v, s, g, initial_state=None, kwargs=None) -> None:
+def check_gsa_inputs(op: str, q, k, v, s, g, initial_state=None, kwargs=None, packed: bool = False) -> None:
     """The contract of GSA: q, k `[B, T, H, K]`, v `[B, T, H, V]`, s, g `[B, T, H, M]` (g may be None: vanilla
-    ABC), `initial_state` the pair `(Hk0 [B, H, K, M], Hv0 [B, H, M, V])`. q, k, v, s share a dtype; g is a
-    natural-log forget gate (<= 0) in any supported dtype. Value checks follow `value_check_mode`."""
+    ABC), `initial_state` the pair `(Hk0 [B, H, K, M], Hv0 [B, H, M, V])` (`packed`: N states each, as
+    `check_gated_inputs`). q, k, v, s share a dtype; g is a natural-log forget gate (<= 0) in any supported dtype.
+    Value checks follow `value_check_mode`."""
     if initial_state is not None and not (isinstance(initial_state, (tuple, list)) and len(initial_state) == 2):
         raise TypeError(f"{op}: `initial_state` is the pair (Hk0 [B, H, K, M], Hv0 [B, H, M, V]), "
                         f"got {type(initial_state).__name__}")
@@ -68,7 +71,9 @@ def check_gsa_inputs(op: str, q, k, v, s, g, initial_state=None, kwargs=None) ->
     if hk0 is not None or hv0 is not None:
         if hk0 is None or hv0 is None:
             raise ValueError(f"{op}: `initial_state` needs both Hk0 and Hv0 (pass zeros for the one you lack)")
-        check_shape(op, "initial_state[0]", hk0, (B, H, K, M), "Hk0 [B, H, K, M]")
-        check_shape(op, "initial_state[1]", hv0, (B, H, M, V), "Hv0 [B, H, M, V]")
+        N = hk0.shape[0] if packed and hk0.dim() == 4 else B
+        n = "N" if packed else "B"
+        check_shape(op, "initial_state[0]", hk0, (N, H, K, M), f"Hk0 [{n}, H, K, M]")
+        check_shape(op, "initial_state[1]", hv0, (N, H, M, V), f"Hv0 [{n}, H, M, V]")
     warn_if_head_first(op, "q", q)
     _check_values(op, tensors, decay="g")

@@ -238,20 +238,40 @@ class ChunkGSAFunction(torch.autograd.Function):
                 dhv0, None, None, None, None)
 
 
-def additive_gates(s):
+def additive_gates(s, seqs=None):
     """Without a forget gate GSA is vanilla ABC: slot writes normalised by a running logsumexp over time, and the
-    matching log-decay `z_{t-1} - z_t` (as upstream's `fused_additive_gate`; torch ops, differentiable)."""
+    matching log-decay `z_{t-1} - z_t` (as upstream's `fused_additive_gate`; torch ops, differentiable).
+    `seqs` (`conventions.Packed`): each sequence's logsumexp runs over its own rows only."""
+    if seqs is not None:
+        return _packed_additive_gates(s, seqs)
     z = s.float().logcumsumexp(1)
     g = torch.cat((z[:, :1], z[:, :-1]), 1) - z
     return (s.float() - z).exp().to(s.dtype), g
 
 
-def gsa_arguments(op, q, k, v, s, g, scale, initial_state, kwargs):
+def _packed_additive_gates(s, seqs):
+    """`additive_gates` per sequence in one pass: the rows padded to `[N, longest, H, M]` with -inf after each
+    sequence's end (they add nothing to the running logsumexp of the rows before), then picked back. The padding
+    costs N * longest rows of fp32: a segmented scan kernel would spare it for very uneven lengths."""
+    lengths = [eos - bos for bos, eos in seqs.bounds]
+    L = max(lengths)
+    cols = torch.arange(L)
+    rows = torch.tensor([bos for bos, _ in seqs.bounds])[:, None] + cols  # [N, L]
+    real = (cols < torch.tensor(lengths)[:, None]).to(s.device)
+    rows = rows.clamp(max=s.shape[1] - 1).to(s.device)
+    padded = s[0].float()[rows].masked_fill(~real[..., None, None], float("-inf"))
+    z = padded.logcumsumexp(1)
+    g = torch.cat((z[:, :1], z[:, :-1]), 1) - z
+    z, g = z[real][None], g[real][None]  # [1, T, H, M]: the sequences' rows in order
+    return (s.float() - z).exp().to(s.dtype), g
+
+
+def gsa_arguments(op, q, k, v, s, g, scale, initial_state, kwargs, seqs=None):
     """Both GSA ops' checked arguments: `(s, g, hk0, hv0, scale)`, with ABC's gates for `g=None` and the default
-    scale K^-0.5."""
-    contract.check_gsa_inputs(op, q, k, v, s, g, initial_state=initial_state, kwargs=kwargs)
+    scale K^-0.5. `seqs`: a packed batch (`conventions.Packed`), one pair of initial states per sequence."""
+    contract.check_gsa_inputs(op, q, k, v, s, g, initial_state=initial_state, kwargs=kwargs, packed=seqs is not None)
     if g is None:
-        s, g = additive_gates(s)
+        s, g = additive_gates(s, seqs)
     hk0, hv0 = initial_state if initial_state is not None else (None, None)
     contract.check_kernel_device(op, dict(q=q, k=k, v=v, s=s, g=g, hk0=hk0, hv0=hv0))
     return s, g, hk0, hv0, (q.shape[-1] ** -0.5 if scale is None else scale)
