@@ -1,7 +1,7 @@
 """fused_recurrent_gsa against the float64 reference: output, both final states and every gradient (both final-state
 cotangents), over odd lengths, K != V != M, initial states, dtypes and decays from 1e-3 to 1e4; vanilla ABC
 (`g=None`), `reverse=True`, and several state blocks in both passes (the value-side decay gradient kernel over
-several slot blocks, pass 2's decay gradient in its torch fallback)."""
+several slot blocks, pass 2's decay gradient in its fallback)."""
 import functools
 
 import pytest
@@ -35,7 +35,7 @@ def test_fused_recurrent_gsa(B, T, H, K, V, M, dtype, decay, h0):
 @pytest.mark.parametrize("state_grad", [True, False], ids=["dht", "no_dht"])
 def test_several_state_blocks(state_grad):
     """M = 80 > DKV_BV slots: pass 1's dkv kernel and its value-side decay gradient run over two slot blocks; V = 96:
-    pass 2's dg comes from the torch fallback (`decay_and_bonus_grads`)."""
+    pass 2's dg comes from the fallback (`decay_and_bonus_grads`)."""
     x = harness.gsa_inputs(1, 12, 1, 40, 96, 80, decay=3.0, initial_state=True, seed=5)
     result = harness.compare(fused_recurrent_gsa, reference.recurrent_gsa, x, state_grad=state_grad)
     assert result.ok, f"{result.failures()} | {result}"

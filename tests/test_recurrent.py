@@ -56,7 +56,8 @@ def test_explicit_scale_and_no_final_state():
 
 
 # The dkv kernel's tile is at most [DKV_BK, DKV_BV]: several key blocks keep dg and the bonus in the kernel,
-# several value blocks (V > DKV_BV = 64) send them to the torch fallback (`decay_and_bonus_grads`).
+# several value blocks (V > DKV_BV = 64) send them to the fallback (`decay_and_bonus_grads`: dg in
+# `decay_grad_kernel`, the bonus in torch).
 WIDE = [  # B, T, H, K, V
     (1, 9, 2, 128, 64),   # several key blocks: fused, dv summed over key blocks
     (1, 9, 1, 32, 96),    # two value blocks: fallback, K != V
@@ -91,10 +92,11 @@ def test_in_kernel_decay_grad_matches_the_torch_fallback(monkeypatch, bonus, out
     x = harness.gated_inputs(2, 11, 2, 48, 40, initial_state=True, bonus=bonus, names=names)
     op = fused_recurrent_rwkv6 if bonus else fused_recurrent_gla
     in_kernel = _grads_of(op, x, output_final_state)
-    monkeypatch.setattr(fused_recurrent, "DKV_BV", 16)  # three value blocks: dg and the bonus in torch
+    monkeypatch.setattr(fused_recurrent, "DKV_BV", 16)  # three value blocks: dg and the bonus in the fallback
     fallback = _grads_of(op, x, output_final_state)
-    # The two paths sum the same terms in different orders (a reverse cumsum in registers against torch's), so
-    # they agree to rounding at the scale of the summed terms, not of each element: on an H200, dw's worst
+    # The two paths sum the same terms in different orders (the final state's term first or last; the bonus of dk
+    # and dv added in torch), so they agree to rounding at the scale of the summed terms, not of each element:
+    # with torch's reverse cumsum as the fallback (before decay_grad_kernel), on an H200, dw's worst
     # element differs by 1.1e-5 where max|dw| = 28 (4e-7 of the scale). A missing or doubled term is O(1).
     for name, grad in fallback.items():
         diff = float((in_kernel[name] - grad).abs().max())

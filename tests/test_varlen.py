@@ -55,7 +55,12 @@ def test_packed_sequences_match_the_reference_per_sequence(name):
 
 
 # Ops whose packed batch runs as one launch per kernel (the rest call the op once per sequence, `per_sequence`).
-ONE_LAUNCH = ["chunk_gla", "chunk_rwkv6", "chunk_gsa", "chunk_rwkv7"]
+ONE_LAUNCH = ["chunk_gla", "chunk_rwkv6", "chunk_gsa", "chunk_rwkv7", "fused_recurrent_gla", "fused_recurrent_rwkv6",
+              "fused_recurrent_gsa", "fused_recurrent_rwkv7"]
+# Chunked ops: shorter than a chunk, empty, a multiple of the chunk (64), two chunks and a part, a part. Recurrent
+# ops (a program walks its sequence one step at a time): a few steps, empty, one step, several of RWKV-7's
+# 16-step checkpoint segments and a part, a part.
+ONE_LAUNCH_LENGTHS = {"chunk": (5, 0, 64, 130, 19), "fused_recurrent": (5, 0, 1, 37, 19)}
 
 
 def _run_with_grads(fn, x, seed=0):
@@ -82,45 +87,61 @@ def _leaf(t):
     return t.clone().requires_grad_() if torch.is_tensor(t) and t.is_floating_point() else t
 
 
-@pytest.mark.parametrize("name", ONE_LAUNCH)
-def test_one_launch_is_the_op_called_per_sequence(name):
-    """The packed batch in one launch per kernel against the op on each sequence alone: the same kernels on the same
-    rows, so the output, the final states and every gradient (initial states and final-state cotangents included)
-    agree bit for bit. Lengths: shorter than a chunk, empty, a multiple of the chunk (64), two chunks and a part,
-    a part. RWKV6's bonus gradient is summed over the chunks in another order: equal to rounding."""
+def _check_one_launch(name, drop=(), u_tol=(1e-6, 1e-7), **options):
+    """`name` on a packed batch (`ONE_LAUNCH_LENGTHS`) against the op on each sequence alone, bit for bit but for
+    the bonus gradient `u` (to `u_tol`, (rtol, atol); see `test_one_launch_is_the_op_called_per_sequence`).
+    `drop`: inputs left out."""
     spec = registry.get(name)
-    x = _packed_inputs(spec, (5, 0, 64, 130, 19))
-    cu = torch.tensor(_offsets((5, 0, 64, 130, 19)), dtype=torch.int32, device=runtime.device())
+    lengths = ONE_LAUNCH_LENGTHS["chunk" if name.startswith("chunk") else "fused_recurrent"]
+    x = {n: t for n, t in _packed_inputs(spec, lengths).items() if n not in drop}
+    cu = torch.tensor(_offsets(lengths), dtype=torch.int32, device=runtime.device())
 
     def one_sequence_at_a_time(initial_state=None, output_final_state=False, **x):
         rows = {n: t for n, t in x.items() if torch.is_tensor(t) and t.dim() == 4}
         rest = {n: t for n, t in x.items() if n not in rows}
-        return per_sequence(name, spec.fn, rows, cu.cpu(), initial_state, output_final_state, **rest)
+        return per_sequence(name, spec.fn, rows, cu.cpu(), initial_state, output_final_state, **rest, **options)
 
-    o, finals, grads = _run_with_grads(functools.partial(spec.fn, cu_seqlens=cu), x)
+    o, finals, grads = _run_with_grads(functools.partial(spec.fn, cu_seqlens=cu, **options), x)
     o_loop, finals_loop, grads_loop = _run_with_grads(one_sequence_at_a_time, x)
     assert torch.equal(o, o_loop)
     assert all(torch.equal(a, b) for a, b in zip(finals, finals_loop))
     for n in grads:
         for a, b in zip(grads[n], grads_loop[n]):
             if n == "u":
-                torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+                torch.testing.assert_close(a, b, rtol=u_tol[0], atol=u_tol[1])
             else:
                 assert torch.equal(a, b), n
 
 
-def test_abc_gates_restart_with_each_sequence():
-    """chunk_gsa without a forget gate (vanilla ABC): the running logsumexp of the slot writes starts again at each
-    packed sequence, as in the op called on each sequence alone."""
-    spec = registry.get("chunk_gsa")
-    lengths = (5, 70, 19)
-    x = {n: t.to(runtime.device()) for n, t in _packed_inputs(spec, lengths).items() if n not in ("g", "initial_state")}
-    cu = torch.tensor(_offsets(lengths), device=runtime.device())
-    o, _ = spec.fn(**x, g=None, cu_seqlens=cu)
-    rows = {n: t for n, t in x.items() if torch.is_tensor(t) and t.dim() == 4}
-    o_loop, _ = per_sequence("chunk_gsa", spec.fn, rows, cu.cpu(), None, False, g=None,
-                             **{n: t for n, t in x.items() if n not in rows})
-    assert torch.equal(o, o_loop)
+@pytest.mark.filterwarnings("ignore::fla_lab.ops.LayoutWarning")  # the one-step sequence alone: T = 1 < H = 2
+@pytest.mark.parametrize("name", ONE_LAUNCH)
+def test_one_launch_is_the_op_called_per_sequence(name):
+    """The packed batch in one launch per kernel against the op on each sequence alone: the same kernels on the same
+    rows, so the output, the final states and every gradient (initial states and final-state cotangents included)
+    agree bit for bit, the empty sequence's too (its state passed straight through). The one sum over sequences is
+    RWKV6's bonus gradient `u`, summed over the chunks (chunk_rwkv6) or the sequences' partials (fused_recurrent_rwkv6)
+    in another order than autograd adds the per-sequence calls' up: equal to rounding."""
+    _check_one_launch(name)
+
+
+@pytest.mark.filterwarnings("ignore::fla_lab.ops.LayoutWarning")
+@pytest.mark.parametrize("name", ["fused_recurrent_gla", "fused_recurrent_rwkv6", "fused_recurrent_gsa"])
+def test_one_launch_decay_grad_fallback(monkeypatch, name):
+    """Several value blocks (V = 32 > DKV_BV = 16): dg's reverse cumulative sum in `decay_grad_kernel` (GSA: pass 2)
+    and the bonus in torch must stop at the sequences' boundaries too. There `u`'s gradient is one torch sum over
+    every row of the batch, against a sum per sequence then autograd's: 1.3e-6 relative seen, so 1e-5."""
+    from fla_lab.ops.rwkv6 import fused_recurrent
+    monkeypatch.setattr(fused_recurrent, "DKV_BV", 16)
+    _check_one_launch(name, u_tol=(1e-5, 1e-6))
+
+
+@pytest.mark.filterwarnings("ignore::fla_lab.ops.LayoutWarning")
+def test_one_launch_gsa_reverse_and_vanilla_abc():
+    """fused_recurrent_gsa's `reverse=True` (the flipped batch holds the sequences in reverse order, their states
+    with them) and both GSA ops' `g=None` (ABC's running logsumexp restarts at each sequence)."""
+    _check_one_launch("fused_recurrent_gsa", reverse=True)
+    _check_one_launch("fused_recurrent_gsa", drop=("g",))
+    _check_one_launch("chunk_gsa", drop=("g",))
 
 
 @pytest.mark.parametrize("name", ["chunk_gla", "chunk_rwkv7"])

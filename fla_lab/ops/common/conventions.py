@@ -1,12 +1,11 @@
 """flash-linear-attention's calling conventions that fla_lab maps onto its kernels in PyTorch.
 
 Packed variable-length batches, `cu_seqlens`: B = 1, sequence n is rows `cu_seqlens[n]:cu_seqlens[n + 1]` of the
-time axis, with its own initial and final state (`[N, H, K, V]`). Every op takes `cu_seqlens=`. chunk_gla,
-chunk_rwkv6 and chunk_rwkv7 run the packed batch as FLA does, one launch per kernel for the whole batch
-(`packed_batch`: the offsets checked, the `Packed` tables the kernels index by). The other ops hand it to
-`per_sequence`: each sequence runs as its own call of the op, the same kernels forward and backward (autograd joins
-the slices). Either way no state or chunk ever spans two sequences; N calls instead of one is fine for a few long
-sequences, launch-bound for many short ones.
+time axis, with its own initial and final state (`[N, H, K, V]`). Every op takes `cu_seqlens=` and runs each kernel
+once for the whole packed batch, as FLA does (`packed_batch`: the offsets checked, the `Packed` tables by which the
+kernels find each sequence's rows, chunks and states), so no state or chunk ever spans two sequences. The result is
+bit for bit the op called on each sequence alone (`per_sequence`, which the float64 references and the tests use;
+tests/test_varlen.py), but for sums over sequences (RWKV6's bonus gradient).
 `cu_seqlens_cpu`, where FLA takes it, is a host copy of the offsets: read instead of `cu_seqlens`, it saves the one
 sync.
 

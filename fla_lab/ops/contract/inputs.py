@@ -32,8 +32,7 @@ def check_gated_inputs(op: str, q, k, v, g, *, names=("q", "k", "v", "g"), u=Non
 
 def check_rwkv7_inputs(op: str, r, w, k, v, a, b, initial_state=None, kwargs=None, packed: bool = False) -> None:
     """The contract of RWKV-7 (DPLR) ops: r, w, k, a, b `[B, T, H, K]`, v `[B, T, H, V]`, h0 `[B, H, K, V]`
-    (`packed`, a batch of `cu_seqlens`: `[N, H, K, V]`, one per sequence, N checked against the offsets by
-    `check_cu_seqlens`).
+    (`packed`: `[N, H, K, V]`, as `check_gated_inputs`).
 
     `w` is the natural-log decay (<= 0) and may be float32 while the rest is bf16 (the layer computes the decay
     in fp32, upstream #181). r, k, v, a, b share a dtype. Value checks (finite, w <= 0, and a `TransitionWarning`

@@ -242,28 +242,29 @@ class ChunkGSAFunction(torch.autograd.Function):
                 dhv0, None, None, None, None, None)
 
 
-def additive_gates(s, bounds=None):
+def additive_gates(s, seqs=None):
     """Without a forget gate GSA is vanilla ABC: slot writes normalised by a running logsumexp over time, and the
-    matching log-decay `z_{t-1} - z_t` (as upstream's `fused_additive_gate`; torch ops, differentiable). `bounds`:
-    a packed batch's (bos, eos) per sequence, each with its own running logsumexp."""
-    if bounds is not None:
-        parts = [additive_gates(s[:, bos:eos]) for bos, eos in bounds if eos > bos]
+    matching log-decay `z_{t-1} - z_t` (as upstream's `fused_additive_gate`; torch ops, differentiable).
+    `seqs` (`conventions.Packed`): each packed sequence's logsumexp runs over its own rows only."""
+    if seqs is not None:
+        parts = [additive_gates(s[:, bos:eos]) for bos, eos in seqs.bounds if eos > bos]
         return torch.cat([w for w, _ in parts], 1), torch.cat([g for _, g in parts], 1)
     z = s.float().logcumsumexp(1)
     g = torch.cat((z[:, :1], z[:, :-1]), 1) - z
     return (s.float() - z).exp().to(s.dtype), g
 
 
-def gsa_arguments(op, q, k, v, s, g, scale, initial_state, kwargs, seqs=None):
-    """Both GSA ops' checked arguments: `(s, g, hk0, hv0, scale)`, with ABC's gates for `g=None` and the default
-    scale K^-0.5. `seqs`: a packed batch (`conventions.Packed`), whose offsets are checked already."""
-    if seqs is None:
-        contract.check_gsa_inputs(op, q, k, v, s, g, initial_state=initial_state, kwargs=kwargs)
+def gsa_arguments(op, q, k, v, s, g, scale, initial_state, kwargs, BT, cu_seqlens=None, cu_seqlens_cpu=None):
+    """Both GSA ops' checked arguments: `(s, g, hk0, hv0, scale, seqs)`, with ABC's gates for `g=None`, the default
+    scale K^-0.5 and a packed batch's tables (`conventions.Packed` in chunks of BT rows, None when dense)."""
+    contract.check_gsa_inputs(op, q, k, v, s, g, initial_state=initial_state, kwargs=kwargs,
+                              packed=cu_seqlens is not None)
+    seqs = None if cu_seqlens is None else packed_batch(op, cu_seqlens, cu_seqlens_cpu, q, initial_state, BT)
     if g is None:
-        s, g = additive_gates(s, None if seqs is None else seqs.bounds)
+        s, g = additive_gates(s, seqs)
     hk0, hv0 = initial_state if initial_state is not None else (None, None)
     contract.check_kernel_device(op, dict(q=q, k=k, v=v, s=s, g=g, hk0=hk0, hv0=hv0))
-    return s, g, hk0, hv0, (q.shape[-1] ** -0.5 if scale is None else scale)
+    return s, g, hk0, hv0, (q.shape[-1] ** -0.5 if scale is None else scale), seqs
 
 
 def padded_rows_exponent(bug=None, helper=None):
@@ -282,15 +283,15 @@ def chunk_gsa(q, k, v, s, g=None, scale=None, initial_state=None, output_final_s
     `(o [B, T, H, V], (HkT, HvT) in fp32 or None)`. `chunk_size` a power of two >= 16; `launch` a
     `fla_lab.ops.ChunkLaunch`. `bug="unmasked_padding"`: upstream #77's NaN gradients of s and g when the last
     chunk is partial and the slot decay is strong. `later_rows_exponent`: a `@triton.jit` helper for the EXPONENT
-    slot of pass 1's dv kernel instead of `later_rows_exponent` (notebook 03b's exercise).
+    slot of pass 1's dv kernel instead of `later_rows_exponent` (notebook 03b's exercise). `cu_seqlens` (and its
+    host copy `cu_seqlens_cpu`): FLA's packed batches, states `[N, ...]`, one launch per kernel for the whole batch
+    (`fla_lab.ops.common.conventions`); each sequence's last chunk is partial unless its length is a multiple of
+    chunk_size, which is where #77's padded rows live.
     """
     check_bug(bug, "chunk_gsa")
     BT = check_chunk_size(chunk_size, "chunk_gsa")
-    seqs = None
-    if cu_seqlens is not None:
-        contract.check_gsa_inputs("chunk_gsa", q, k, v, s, g, initial_state=initial_state, kwargs=kwargs, packed=True)
-        seqs = packed_batch("chunk_gsa", cu_seqlens, cu_seqlens_cpu, q, initial_state, BT)
-    s, g, hk0, hv0, scale = gsa_arguments("chunk_gsa", q, k, v, s, g, scale, initial_state, kwargs, seqs)
+    s, g, hk0, hv0, scale, seqs = gsa_arguments("chunk_gsa", q, k, v, s, g, scale, initial_state, kwargs, BT,
+                                                cu_seqlens, cu_seqlens_cpu)
     o, hkt, hvt = ChunkGSAFunction.apply(q, k, v, s, g, scale, hk0, hv0, output_final_state, BT, resolve(launch),
                                          padded_rows_exponent(bug, later_rows_exponent), seqs)
     return o, ((hkt, hvt) if output_final_state else None)

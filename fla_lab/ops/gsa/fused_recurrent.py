@@ -8,16 +8,16 @@
 Both passes run the GLA kernels of `fla_lab/ops/rwkv6/fused_recurrent.py` (pass 1 with GATE_V, value-side decay
 only; pass 2 with the key-side decay, the slots as keys); the softmax between them is `chunk.py`'s slot softmax
 kernels. The slot scores and weights stay fp32 between the passes (as upstream's `qv`). g's gradient is the sum of
-the two passes' decay gradients (pass 1's from `value_decay_grad_kernel`), s's the sum of pass 1's dv and pass 2's
-dk. Reference: `fla_lab.reference.recurrent_gsa`. flash-linear-attention 0.6.0's `fused_recurrent_gsa` signature
+the two passes' decay gradients (pass 1's from `decay_grad_kernel`'s value side), s's the sum of pass 1's dv and
+pass 2's dk. Reference: `fla_lab.reference.recurrent_gsa`. flash-linear-attention 0.6.0's `fused_recurrent_gsa` signature
 (`fla/ops/gsa/fused_recurrent.py`); its single-token inference kernel is not separate here (T = 1 runs the same
-kernels).
+kernels). A packed batch (`cu_seqlens`) runs every kernel of both passes once for all its sequences.
 """
 from __future__ import annotations
 
 import torch
 
-from fla_lab.ops.common.conventions import per_sequence
+from fla_lab.ops.common.conventions import packed
 from fla_lab.ops.common.utils import as_contiguous, cast_grad, custom_bwd, custom_fwd
 from fla_lab.ops.gsa.chunk import gsa_arguments, slot_softmax, slot_softmax_backward
 from fla_lab.ops.rwkv6.fused_recurrent import DEFAULT_DQ_TILES, _backward, _forward, h0_mask
@@ -39,13 +39,14 @@ class FusedRecurrentGSAFunction(torch.autograd.Function):
 
     @staticmethod
     @custom_fwd
-    def forward(ctx, q, k, v, s, g, scale, hk0, hv0, output_final_state):
+    def forward(ctx, q, k, v, s, g, scale, hk0, hv0, output_final_state, seqs=None):
         q, k, v, s, g, hk0, hv0 = as_contiguous(q, k, v, s, g, hk0, hv0)
-        scores, hkt = _forward(q, k, s, None, None, scale, hk0, output_final_state, gv=g, o_dtype=torch.float32)
+        scores, hkt = _forward(q, k, s, None, None, scale, hk0, output_final_state, gv=g, o_dtype=torch.float32,
+                               seqs=seqs)
         p = slot_softmax(scores, torch.float32)
-        o, hvt = _forward(p, s, v, g, None, 1.0, hv0, output_final_state, o_dtype=v.dtype)
+        o, hvt = _forward(p, s, v, g, None, 1.0, hv0, output_final_state, o_dtype=v.dtype, seqs=seqs)
         ctx.save_for_backward(q, k, v, s, g, hk0, hv0, hkt, hvt, scores, p)
-        ctx.scale = scale
+        ctx.scale, ctx.seqs = scale, seqs
         return o, hkt, hvt
 
     @staticmethod
@@ -54,38 +55,46 @@ class FusedRecurrentGSAFunction(torch.autograd.Function):
         q, k, v, s, g, hk0, hv0, hkt, hvt, scores, p = ctx.saved_tensors
         do, dhkt, dhvt = as_contiguous(do, dhkt, dhvt)
         dp, ds_keys, dv, dg_keys, _, dhv0, _ = _backward(p, s, v, g, None, 1.0, hv0, hvt, do, dhvt,
-                                                         DEFAULT_DQ_TILES, h0_mask)
+                                                         DEFAULT_DQ_TILES, h0_mask, seqs=ctx.seqs)
         dscores = slot_softmax_backward(scores, dp, out=dp)
         dq, dk, ds_values, _, _, dhk0, dg_values = _backward(q, k, s, None, None, ctx.scale, hk0, hkt, dscores,
-                                                             dhkt, DEFAULT_DQ_TILES, h0_mask, gv=g, o=scores)
+                                                             dhkt, DEFAULT_DQ_TILES, h0_mask, gv=g, o=scores,
+                                                             seqs=ctx.seqs)
         return (cast_grad(dq, q), cast_grad(dk, k), cast_grad(dv, v), cast_grad(ds_keys + ds_values, s),
-                cast_grad(dg_keys + dg_values, g), None, cast_grad(dhk0, hk0), cast_grad(dhv0, hv0), None)
+                cast_grad(dg_keys + dg_values, g), None, cast_grad(dhk0, hk0), cast_grad(dhv0, hv0), None, None)
 
 
 def fused_recurrent_gsa(q, k, v, s, g=None, scale=None, initial_state=None, output_final_state=False, reverse=False,
-                        cu_seqlens=None, **kwargs):
+                        cu_seqlens=None, cu_seqlens_cpu=None, **kwargs):
     """Fused recurrent Gated Slot Attention, forward and backward in Triton; the same function as `chunk_gsa`.
 
     q `[B, T, HQ, K]`, k `[B, T, H, K]`, v `[B, T, H, V]`, s (slot writes) and g (natural-log forget gate <= 0)
     `[B, T, H, M]`; `g=None` is vanilla ABC. HQ a multiple of H: grouped query heads (FLA's decode path), query
     head i reading head i // (HQ / H) of everything else. `initial_state` is the pair `(Hk0 [N, H, K, M],
-    Hv0 [N, H, M, V])`. Returns `(o [B, T, HQ, V], (HkT, HvT) in fp32 or None)`, as fla_lab's `chunk_gsa` (upstream's fused op returns the
-    pair as a list, `[None, None]` without `output_final_state`). `reverse=True` runs both recurrences from the
-    last step to the first (the gates of `g=None` still accumulate forwards, as upstream's). `cu_seqlens`: FLA's
-    packed batches (`fla_lab.ops.common.conventions`).
+    Hv0 [N, H, M, V])`. Returns `(o [B, T, HQ, V], (HkT, HvT) in fp32 or None)`, as fla_lab's `chunk_gsa`
+    (upstream's fused op returns the pair as a list, `[None, None]` without `output_final_state`). `reverse=True`
+    runs both recurrences from the last step to the first (the gates of `g=None` still accumulate forwards, as
+    upstream's); each sequence of a packed batch from its own last step. `cu_seqlens` (and its host copy
+    `cu_seqlens_cpu`): FLA's packed batches, one launch per kernel for the whole batch
+    (`fla_lab.ops.common.conventions`).
     """
-    if cu_seqlens is not None:  # packed sequences (FLA's varlen): one call per sequence
-        return per_sequence("fused_recurrent_gsa", fused_recurrent_gsa, dict(q=q, k=k, v=v, s=s, g=g), cu_seqlens,
-                            initial_state, output_final_state, scale=scale, reverse=reverse, **kwargs)
-    groups = query_groups("fused_recurrent_gsa", q, k)
+    op = "fused_recurrent_gsa"
+    groups = query_groups(op, q, k)
     if groups > 1:  # each group of query heads reads one head's k, v, s, g and states: that head, once per query
         spread = lambda t, dim=2: None if t is None else t.repeat_interleave(groups, dim=dim)  # noqa: E731
         h0 = None if initial_state is None else tuple(spread(t, 1) for t in initial_state)
         o, ht = fused_recurrent_gsa(q, spread(k), spread(v), spread(s), spread(g), scale, h0, output_final_state,
-                                    reverse, **kwargs)
+                                    reverse, cu_seqlens, cu_seqlens_cpu, **kwargs)
         return o, (None if ht is None else tuple(t[:, ::groups] for t in ht))  # the copies of a group are equal
-    s, g, hk0, hv0, scale = gsa_arguments("fused_recurrent_gsa", q, k, v, s, g, scale, initial_state, kwargs)
+    s, g, hk0, hv0, scale, seqs = gsa_arguments(op, q, k, v, s, g, scale, initial_state, kwargs, 64, cu_seqlens,
+                                                cu_seqlens_cpu)
     if reverse:  # the time axis flipped on the way in and out: the kernels always step forwards
         q, k, v, s, g = (t.flip(1) for t in (q, k, v, s, g))
-    o, hkt, hvt = FusedRecurrentGSAFunction.apply(q, k, v, s, g, scale, hk0, hv0, output_final_state)
+        if seqs is not None:  # the flip reverses the order of the sequences too: their offsets and states with it
+            T = q.shape[1]
+            seqs = packed(tuple((T - eos, T - bos) for bos, eos in reversed(seqs.bounds)), seqs.BT, q.device)
+            hk0, hv0 = (None if h is None else h.flip(0) for h in (hk0, hv0))
+    o, hkt, hvt = FusedRecurrentGSAFunction.apply(q, k, v, s, g, scale, hk0, hv0, output_final_state, seqs)
+    if reverse and seqs is not None and output_final_state:
+        hkt, hvt = hkt.flip(0), hvt.flip(0)
     return (o.flip(1) if reverse else o), ((hkt, hvt) if output_final_state else None)

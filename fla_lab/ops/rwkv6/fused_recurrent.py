@@ -1,6 +1,11 @@
 """Fused recurrent RWKV6 (and GLA, and both passes of GSA): one time step per loop iteration, the state in registers.
 Top to bottom: the forward kernel, the backward kernels (#18's initial-state mask is the dq kernel's H0_MASK slot),
-their launchers (`decay_and_bonus_grads`: the backward's torch fallback), the autograd function, the op.
+their launchers (`decay_and_bonus_grads`: the backward's fallback for several value blocks), the autograd function,
+the op.
+
+Packed batches (`cu_seqlens`, FLA's varlen): every kernel runs once for the whole batch, as FLA's. With VARLEN the
+grid's batch axis runs over the N sequences, a program steps through its own sequence's rows (`sequence_rows`) and
+indexes the `[N, H, K, V]` states by sequence; an empty sequence runs no step (its state passes through).
 
 GLA and RWKV6 differ in one constexpr, `RWKV6`: RWKV6 reads the state *before* this step's decay and adds the
 bonus `diag(u) k_t v_t^T` for the current token; GLA reads the state after the update. GLA's state may decay on
@@ -15,8 +20,8 @@ import triton.language as tl
 from fla_lab.bugs import check_bug
 from fla_lab.ops import contract
 from fla_lab.ops.common.utils import (as_contiguous, batch_head, cast_grad, custom_bwd, custom_fwd, grid_size,
-                                      kernel, next_pow2, reverse_cumsum, slot_helper, state_tile)
-from fla_lab.ops.common.conventions import per_sequence
+                                      kernel, next_pow2, sequence_rows, slot_helper, state_tile)
+from fla_lab.ops.common.conventions import packed_batch
 
 FWD_BK = 256  # keys per forward program; a larger K splits into blocks whose outputs add up (FLA 0.6.0 splits at 64:
 #             `_fused_recurrent_tiling`, `o.sum(0)`, fla/ops/common/fused_recurrent.py)
@@ -25,14 +30,17 @@ FWD_BV = 16  # value columns per forward program: more programs (H200, B=8, T=40
 
 
 @kernel
-def fused_recurrent_fwd_kernel(q, k, v, g, gv, u, o, h0, ht, scale, B, T,
+def fused_recurrent_fwd_kernel(q, k, v, g, gv, u, o, h0, ht, scale, cu_seqlens, B, T,
                                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                                BK: tl.constexpr, BV: tl.constexpr, RWKV6: tl.constexpr, GATE_K: tl.constexpr,
                                GATE_V: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
-                               SPLIT_K: tl.constexpr):
+                               SPLIT_K: tl.constexpr, VARLEN: tl.constexpr = False):
+    """One program per (value block, key block, sequence * head): B * T rows dense; packed (VARLEN, B = 1), the
+    batch axis runs over the sequences of `cu_seqlens` and each program steps through its own sequence's rows."""
     i_v, i_bh = tl.program_id(0), tl.program_id(2)
     i_k = tl.program_id(1) if SPLIT_K else 0  # one key block: a constant, so the key masks fold away (7% on an H200)
     i_bh, i_b, i_h = batch_head(i_bh, H)
+    bos, T_seq = sequence_rows(i_b, T, cu_seqlens, VARLEN)  # T stays the batch's rows: the partials' stride
     o_k, o_v, m_k, m_v, m_kv, p_kv = state_tile(i_k, i_v, K, V, BK, BV)
     o += i_k * B * T * H * V  # this key block's partial output, [NK, B, T, H, V]
     b_h = tl.zeros([BK, BV], dtype=tl.float32)  # key-major state tile, fp32
@@ -41,8 +49,8 @@ def fused_recurrent_fwd_kernel(q, k, v, g, gv, u, o, h0, ht, scale, B, T,
     if RWKV6:
         b_u = tl.load(u + i_h * K + o_k, mask=m_k, other=0).to(tl.float32)
     b_g = tl.zeros([BK], dtype=tl.float32)  # no key-side gate: exp(0) = 1
-    for t in range(0, T):
-        row = (i_b * T + t) * H + i_h
+    for t in range(0, T_seq):
+        row = (bos + t) * H + i_h
         if GATE_V:  # GLA only (the decay before the read): it commutes with the key side's below
             b_h *= value_decay(gv, row, o_v, m_v, V)[None, :]
         b_q = tl.load(q + row * K + o_k, mask=m_k, other=0).to(tl.float32) * scale
@@ -84,25 +92,28 @@ def value_decay(gv, row, o_v, m_v, V: tl.constexpr):
 # a key-major `[BK, BV]` tile. When one value block covers V, the dkv kernel's dk_t is complete, so it also reads
 # dq_t (the dq kernel runs first), accumulates the key-side decay gradient dg (a reverse cumulative sum) in
 # registers and adds the RWKV6 bonus terms: no extra pass over [B, T, H, K]. With several value blocks
-# (V > DKV_BV) the same quantities come from `decay_and_bonus_grads`, closed forms in torch over the summed
-# partials. The value-side decay gradient (GATE_V) has its own kernel, `value_decay_grad_kernel`.
+# (V > DKV_BV) the same quantities come from `decay_and_bonus_grads` over the summed partials: dg's reverse
+# cumulative sum in `decay_grad_kernel` (it must stop at a packed batch's sequence boundaries), the bonus in torch.
+# The value-side decay gradient (GATE_V) is that kernel's other side.
 @kernel
-def fused_recurrent_bwd_dq_kernel(k, v, g, gv, do, dq, h0, scale, B, T,
+def fused_recurrent_bwd_dq_kernel(k, v, g, gv, do, dq, h0, scale, cu_seqlens, B, T,
                                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                                   BK: tl.constexpr, BV: tl.constexpr, RWKV6: tl.constexpr, GATE_K: tl.constexpr,
-                                  GATE_V: tl.constexpr, USE_H0: tl.constexpr, H0_MASK: tl.constexpr = h0_mask):
+                                  GATE_V: tl.constexpr, USE_H0: tl.constexpr, H0_MASK: tl.constexpr = h0_mask,
+                                  VARLEN: tl.constexpr = False):
     """dq_t = scale * S S do_t (S_t for GLA, S_{t-1} for RWKV6), one partial sum per value block.
     H0_MASK(m_k, m_v): a `@triton.jit` helper that returns the mask of the initial-state load."""
     i_v, i_k, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_bh, i_b, i_h = batch_head(i_bh, H)
+    bos, T_seq = sequence_rows(i_b, T, cu_seqlens, VARLEN)
     o_k, o_v, m_k, m_v, m_kv, p_kv = state_tile(i_k, i_v, K, V, BK, BV)
     b_h = tl.zeros([BV, BK], dtype=tl.float32)  # value-major state tile: rows are values, columns keys
     if USE_H0:
         p_h0 = h0 + i_bh * K * V + o_k[None, :] * V + o_v[:, None]  # h0 is stored key-major, [K, V] per head
         b_h += tl.load(p_h0, mask=H0_MASK(m_k, m_v), other=0).to(tl.float32)
     b_g = tl.zeros([BK], dtype=tl.float32)
-    for t in range(0, T):
-        row = (i_b * T + t) * H + i_h
+    for t in range(0, T_seq):
+        row = (bos + t) * H + i_h
         b_k = tl.load(k + row * K + o_k, mask=m_k, other=0).to(tl.float32)
         if GATE_K:
             b_g = tl.load(g + row * K + o_k, mask=m_k, other=0).to(tl.float32)
@@ -130,20 +141,21 @@ def rwkv6_bonus_grads(b_q, b_k, b_v, b_do, b_u, b_dq, b_dk, b_dv, scale):
 
 
 @kernel
-def fused_recurrent_bwd_dkv_kernel(q, k, v, g, gv, u, do, dq, dk, dv, dg, du, ht, dht, dh0, scale, B, T,
+def fused_recurrent_bwd_dkv_kernel(q, k, v, g, gv, u, do, dq, dk, dv, dg, du, ht, dht, dh0, scale, cu_seqlens, B, T,
                                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                                    BK: tl.constexpr, BV: tl.constexpr, RWKV6: tl.constexpr,
                                    GATE_K: tl.constexpr, GATE_V: tl.constexpr,
                                    USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
-                                   FUSE_DG: tl.constexpr, DG_HT: tl.constexpr):
+                                   FUSE_DG: tl.constexpr, DG_HT: tl.constexpr, VARLEN: tl.constexpr = False):
     """The state adjoint dS runs backwards in time; dk_t = dS v_t and dv_t = dS^T k_t (partial sums per block).
 
     FUSE_DG (one value block, so dk_t is complete): also dg_t = sum_{s>=t}(q_s dq_s - k_s dk_s) + rowsum(ht dht)
     from the state-path dq and dk (RWKV6's query term one step later: it reads S_{t-1}), then the RWKV6 bonus is
-    added to dq, dk, dv, and du's partial for this (batch, head) is stored. Same semantics as
-    `decay_and_bonus_grads`."""
+    added to dq, dk, dv, and du's partial for this (sequence, head) is stored. Same semantics as
+    `decay_and_bonus_grads`. Packed (VARLEN): every sum runs over the program's own sequence only."""
     i_v, i_k, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_bh, i_b, i_h = batch_head(i_bh, H)
+    bos, T_seq = sequence_rows(i_b, T, cu_seqlens, VARLEN)
     o_k, o_v, m_k, m_v, m_kv, p_kv = state_tile(i_k, i_v, K, V, BK, BV)
     b_dh = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_DHT:
@@ -157,9 +169,9 @@ def fused_recurrent_bwd_dkv_kernel(q, k, v, g, gv, u, do, dq, dk, dv, dg, du, ht
         b_u = tl.load(u + i_h * K + o_k, mask=m_k, other=0).to(tl.float32)
         b_du = tl.zeros([BK], dtype=tl.float32)
     b_g = tl.zeros([BK], dtype=tl.float32)
-    for i in range(0, T):
-        t = T - 1 - i
-        row = (i_b * T + t) * H + i_h
+    for i in range(0, T_seq):
+        t = T_seq - 1 - i
+        row = (bos + t) * H + i_h
         b_q_raw = tl.load(q + row * K + o_k, mask=m_k, other=0).to(tl.float32)
         b_q = b_q_raw * scale
         b_k = tl.load(k + row * K + o_k, mask=m_k, other=0).to(tl.float32)
@@ -194,51 +206,86 @@ def fused_recurrent_bwd_dkv_kernel(q, k, v, g, gv, u, do, dq, dk, dv, dg, du, ht
     if STORE_DH0:
         tl.store(dh0 + i_bh * K * V + p_kv, b_dh, mask=m_kv)
     if FUSE_DG and RWKV6:
-        tl.store(du + i_bh * K + o_k, b_du, mask=m_k)  # [B, H, K]: summed over the batch in torch
+        tl.store(du + i_bh * K + o_k, b_du, mask=m_k)  # [B or N, H, K]: summed over the batch in torch
 
 
 @kernel
-def value_decay_grad_kernel(o, do, v, dv, ht, dht, dgv, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                            BK: tl.constexpr, BV: tl.constexpr, USE_DHT: tl.constexpr):
-    """GATE_V's decay gradient, the key side's transposed: dgv_t = sum_{s>=t}(o_s do_s - v_s dv_s) + colsum(ht dht).
+def decay_grad_rows(a, da, b, db, dg, b_dg, o_c, m_c, bos, T_seq, i_h, H: tl.constexpr, C: tl.constexpr,
+                    SHIFT: tl.constexpr):
+    """The reverse cumulative sum of `decay_grad_kernel` over one sequence's rows (C channels per row), from b_dg."""
+    b_later = tl.zeros_like(b_dg)  # SHIFT: a_{t+1} da_{t+1}; none past the sequence's last row
+    for i in range(0, T_seq):
+        p_c = ((bos + T_seq - 1 - i) * H + i_h) * C + o_c
+        b_a = tl.load(a + p_c, mask=m_c, other=0).to(tl.float32)
+        b_da = tl.load(da + p_c, mask=m_c, other=0).to(tl.float32)
+        b_b = tl.load(b + p_c, mask=m_c, other=0).to(tl.float32)
+        if SHIFT:
+            b_dg += b_later - b_b * tl.load(db + p_c, mask=m_c, other=0).to(tl.float32)
+            b_later = b_a * b_da
+        else:
+            b_dg += b_a * b_da - b_b * tl.load(db + p_c, mask=m_c, other=0).to(tl.float32)
+        tl.store(dg + p_c, b_dg, mask=m_c)
 
+
+@kernel
+def decay_grad_kernel(a, da, b, db, ht, dht, dg, cu_seqlens, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                      BK: tl.constexpr, BV: tl.constexpr, KEY_SIDE: tl.constexpr, SHIFT: tl.constexpr,
+                      USE_DHT: tl.constexpr, VARLEN: tl.constexpr = False):
+    """A decay gradient, one program per (channel block, sequence * head), as a reverse cumulative sum over the
+    program's own sequence: dg_t = sum_{s>=t}(a_{s+SHIFT} da_{s+SHIFT} - b_s db_s) + the final state's term.
+
+    Value side (GATE_V; a, da, b, db = o, do, v, dv over V): dgv_t = sum_{s>=t}(o_s do_s - v_s dv_s) + colsum(ht dht).
     With Gv the cumulative value-side log-decay, o_s[j] holds exp(Gv_s[j]) in every term (the query side), v_s[j]
     enters every later output and the final state with exp(-Gv_s[j]) (the key side), and the final state holds
-    exp(Gv_{T-1}[j]) in every term. `o` is the op's (scaled) output, `dv` the complete gradient of v."""
-    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    exp(Gv_{T-1}[j]) in every term. `o` is the op's (scaled) output, `dv` the complete gradient of v.
+    Key side (KEY_SIDE; a, da, b, db = q, dq, k, dk over K, the state-path gradients): the dkv kernel's FUSE_DG sum
+    with rowsum(ht dht), for several value blocks; SHIFT (RWKV6, whose query reads S_{t-1}) takes the query term
+    one row later."""
+    i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_bh, i_b, i_h = batch_head(i_bh, H)
-    b_dg = tl.zeros([BV], dtype=tl.float32)
-    if USE_DHT:
-        for i_k in range(0, tl.cdiv(K, BK)):
-            o_k, o_v, m_k, m_v, m_kv, p_kv = state_tile(i_k, i_v, K, V, BK, BV)
-            b_ht = tl.load(ht + i_bh * K * V + p_kv, mask=m_kv, other=0).to(tl.float32)
-            b_dg += tl.sum(b_ht * tl.load(dht + i_bh * K * V + p_kv, mask=m_kv, other=0).to(tl.float32), axis=0)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_v = o_v < V
-    for i in range(0, T):
-        p_v = ((i_b * T + T - 1 - i) * H + i_h) * V + o_v
-        b_o = tl.load(o + p_v, mask=m_v, other=0).to(tl.float32)
-        b_do = tl.load(do + p_v, mask=m_v, other=0).to(tl.float32)
-        b_v = tl.load(v + p_v, mask=m_v, other=0).to(tl.float32)
-        b_dg += b_o * b_do - b_v * tl.load(dv + p_v, mask=m_v, other=0).to(tl.float32)
-        tl.store(dgv + p_v, b_dg, mask=m_v)
+    bos, T_seq = sequence_rows(i_b, T, cu_seqlens, VARLEN)
+    if KEY_SIDE:
+        b_dg = tl.zeros([BK], dtype=tl.float32)
+        if USE_DHT:
+            for i_v in range(0, tl.cdiv(V, BV)):
+                o_k, o_v, m_k, m_v, m_kv, p_kv = state_tile(i_c, i_v, K, V, BK, BV)
+                b_ht = tl.load(ht + i_bh * K * V + p_kv, mask=m_kv, other=0).to(tl.float32)
+                b_dg += tl.sum(b_ht * tl.load(dht + i_bh * K * V + p_kv, mask=m_kv, other=0).to(tl.float32), axis=1)
+        o_k = i_c * BK + tl.arange(0, BK)
+        decay_grad_rows(a, da, b, db, dg, b_dg, o_k, o_k < K, bos, T_seq, i_h, H, K, SHIFT)
+    else:
+        b_dg = tl.zeros([BV], dtype=tl.float32)
+        if USE_DHT:
+            for i_k in range(0, tl.cdiv(K, BK)):
+                o_k, o_v, m_k, m_v, m_kv, p_kv = state_tile(i_k, i_c, K, V, BK, BV)
+                b_ht = tl.load(ht + i_bh * K * V + p_kv, mask=m_kv, other=0).to(tl.float32)
+                b_dg += tl.sum(b_ht * tl.load(dht + i_bh * K * V + p_kv, mask=m_kv, other=0).to(tl.float32), axis=0)
+        o_v = i_c * BV + tl.arange(0, BV)
+        decay_grad_rows(a, da, b, db, dg, b_dg, o_v, o_v < V, bos, T_seq, i_h, H, V, SHIFT)
 
 
-def _forward(q, k, v, g, u, scale, h0, output_final_state, gv=None, o_dtype=None):
+def _launch(B: int, seqs):
+    """Batch size of the grid and the kernels' packed-batch arguments: (B, None) dense, (N, cu_seqlens) packed, where
+    one program per (sequence, head) runs over that sequence's rows."""
+    return (B, None) if seqs is None else (seqs.N, seqs.cu_seqlens)
+
+
+def _forward(q, k, v, g, u, scale, h0, output_final_state, gv=None, o_dtype=None, seqs=None):
     """`g` (key side) and `gv` (value side, GLA-mode only) may each be None: no decay on that side. The output in
-    `o_dtype` (default q's)."""
+    `o_dtype` (default q's). `seqs`: a packed batch (`conventions.Packed`: B = 1, states `[N, H, K, V]`)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
+    N, cu_seqlens = _launch(B, seqs)
     o_dtype = q.dtype if o_dtype is None else o_dtype
     BK, BV = min(next_pow2(K), FWD_BK), min(next_pow2(V), FWD_BV)
     NK = grid_size(K, BK)
     # one key block writes the output in place; several write fp32 partials (each a sum over its keys) to add up
     o = torch.empty(NK, B, T, H, V, dtype=o_dtype if NK == 1 else torch.float32, device=q.device)
-    ht = q.new_empty(B, H, K, V, dtype=torch.float32) if output_final_state else None
-    fused_recurrent_fwd_kernel[(grid_size(V, BV), NK, B * H)](
-        q, k, v, g, gv, u, o, h0, ht, scale, B, T, H=H, K=K, V=V, BK=BK, BV=BV, RWKV6=u is not None,
+    ht = q.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
+    fused_recurrent_fwd_kernel[(grid_size(V, BV), NK, N * H)](
+        q, k, v, g, gv, u, o, h0, ht, scale, cu_seqlens, B, T, H=H, K=K, V=V, BK=BK, BV=BV, RWKV6=u is not None,
         GATE_K=g is not None, GATE_V=gv is not None, USE_H0=h0 is not None, STORE_HT=output_final_state,
-        SPLIT_K=NK > 1)
+        SPLIT_K=NK > 1, VARLEN=seqs is not None)
     return sum_partials(o).to(o_dtype), ht
 
 
@@ -254,18 +301,20 @@ def sum_partials(x):
     return x[0] if x.shape[0] == 1 else x.sum(0)
 
 
-def _backward(q, k, v, g, u, scale, h0, ht, do, dht, dq_tiles, h0_mask_fn, gv=None, o=None):
-    """dq, dk, dv, dg, du, dh0 and dgv (None where the input is): `o`, the forward's output, only with `gv`."""
+def _backward(q, k, v, g, u, scale, h0, ht, do, dht, dq_tiles, h0_mask_fn, gv=None, o=None, seqs=None):
+    """dq, dk, dv, dg, du, dh0 and dgv (None where the input is): `o`, the forward's output, only with `gv`.
+    `seqs`: a packed batch, as `_forward`."""
     B, T, H, K = q.shape
     V = v.shape[-1]
+    N, cu_seqlens = _launch(B, seqs)
     rwkv6 = u is not None
-    gates = dict(GATE_K=g is not None, GATE_V=gv is not None)
+    gates = dict(GATE_K=g is not None, GATE_V=gv is not None, VARLEN=seqs is not None)
     f32 = dict(dtype=torch.float32, device=q.device)
     BKq, BVq = dq_tiles
     NVq = grid_size(V, BVq)
     dq = torch.empty(NVq, B, T, H, K, **f32)
-    fused_recurrent_bwd_dq_kernel[(NVq, grid_size(K, BKq), B * H)](
-        k, v, g, gv, do, dq, h0, scale, B, T, H=H, K=K, V=V, BK=BKq, BV=BVq, RWKV6=rwkv6, **gates,
+    fused_recurrent_bwd_dq_kernel[(NVq, grid_size(K, BKq), N * H)](
+        k, v, g, gv, do, dq, h0, scale, cu_seqlens, B, T, H=H, K=K, V=V, BK=BKq, BV=BVq, RWKV6=rwkv6, **gates,
         USE_H0=h0 is not None, H0_MASK=h0_mask_fn)
     dq = sum_partials(dq)  # the dkv kernel reads the complete dq_t
     BK, BV = min(next_pow2(K), DKV_BK), min(next_pow2(V), DKV_BV)
@@ -275,48 +324,56 @@ def _backward(q, k, v, g, u, scale, h0, ht, do, dht, dq_tiles, h0_mask_fn, gv=No
     dg_ht = dht is not None and ht is not None
     dk, dv = torch.empty(NV, B, T, H, K, **f32), torch.empty(NK, B, T, H, V, **f32)
     dg = torch.empty(B, T, H, K, **f32) if fuse_dg else None
-    du = torch.empty(B, H, K, **f32) if fuse_dg and rwkv6 else None
-    dh0 = torch.empty(B, H, K, V, **f32) if h0 is not None else None
-    fused_recurrent_bwd_dkv_kernel[(NV, NK, B * H)](
-        q, k, v, g, gv, u, do, dq, dk, dv, dg, du, ht, dht, dh0, scale, B, T, H=H, K=K, V=V, BK=BK, BV=BV,
-        RWKV6=rwkv6, **gates, USE_DHT=dht is not None, STORE_DH0=h0 is not None, FUSE_DG=fuse_dg,
+    du = torch.empty(N, H, K, **f32) if fuse_dg and rwkv6 else None
+    dh0 = torch.empty(N, H, K, V, **f32) if h0 is not None else None
+    fused_recurrent_bwd_dkv_kernel[(NV, NK, N * H)](
+        q, k, v, g, gv, u, do, dq, dk, dv, dg, du, ht, dht, dh0, scale, cu_seqlens, B, T, H=H, K=K, V=V, BK=BK,
+        BV=BV, RWKV6=rwkv6, **gates, USE_DHT=dht is not None, STORE_DH0=h0 is not None, FUSE_DG=fuse_dg,
         DG_HT=fuse_dg and dg_ht)
     dk, dv = sum_partials(dk), sum_partials(dv)
-    dgv = value_decay_grad(o, do, v, dv, ht, dht) if gv is not None else None
+    dgv = value_decay_grad(o, do, v, dv, ht, dht, seqs) if gv is not None else None
     if fuse_dg:
         return dq, dk, dv, dg, (du.sum(0) if rwkv6 else None), dh0, dgv
-    dg, du = decay_and_bonus_grads(q, k, v, u, scale, dq, dk, dv, do, ht, dht) if g is not None else (None, None)
+    dg, du = (decay_and_bonus_grads(q, k, v, u, scale, dq, dk, dv, do, ht, dht, seqs) if g is not None
+              else (None, None))
     return dq, dk, dv, dg, du, dh0, dgv
 
 
-def value_decay_grad(o, do, v, dv, ht, dht):
-    B, T, H, V = v.shape
-    K = ht.shape[-2] if ht is not None else 1  # the final state's keys (only with its cotangent)
+def _decay_grad(a, da, b, db, ht, dht, key_side: bool, shift: bool, seqs):
+    """`decay_grad_kernel` over `[B, T, H, C]` rows: the key side (C = K) or the value side (C = V) of the state."""
+    B, T, H, C = a.shape
+    N, cu_seqlens = _launch(B, seqs)
+    use_dht = dht is not None and ht is not None
+    K, V = tuple(ht.shape[-2:]) if use_dht else (C, C)  # the final state's other side (only with its cotangent)
+    BK = min(next_pow2(K), DKV_BK) if key_side else DKV_BK
     BV = min(next_pow2(V), DKV_BV)
-    dgv = torch.empty(B, T, H, V, dtype=torch.float32, device=v.device)
-    value_decay_grad_kernel[(grid_size(V, BV), B * H)](o, do, v, dv, ht, dht, dgv, T, H=H, K=K, V=V, BK=DKV_BK,
-                                                        BV=BV, USE_DHT=dht is not None and ht is not None)
-    return dgv
+    dg = torch.empty(B, T, H, C, dtype=torch.float32, device=a.device)
+    decay_grad_kernel[(grid_size(C, BK if key_side else BV), N * H)](
+        a, da, b, db, ht, dht, dg, cu_seqlens, T, H=H, K=K, V=V, BK=BK, BV=BV, KEY_SIDE=key_side, SHIFT=shift,
+        USE_DHT=use_dht, VARLEN=seqs is not None)
+    return dg
 
 
-def decay_and_bonus_grads(q, k, v, u, scale, dq, dk, dv, do, ht, dht):
-    """Closed forms on top of the state-path gradients (updates dq, dk, dv in place for the RWKV6 bonus): the
-    fallback for several value blocks, and the spec of the dkv kernel's FUSE_DG path.
+def value_decay_grad(o, do, v, dv, ht, dht, seqs=None):
+    """GATE_V's decay gradient (`decay_grad_kernel`'s value side)."""
+    return _decay_grad(o, do, v, dv, ht, dht, key_side=False, shift=False, seqs=seqs)
+
+
+def decay_and_bonus_grads(q, k, v, u, scale, dq, dk, dv, do, ht, dht, seqs=None):
+    """The fallback of the dkv kernel's FUSE_DG path for several value blocks, on top of the summed state-path
+    gradients (updates dq, dk, dv in place for the RWKV6 bonus).
 
     With G the cumulative log-decay, the output depends on G through exp(G_query - G_key), so
-    dL/dG_t = q_t * dq_t (query side) - k_t * dk_t (key side), and dg is its reverse cumulative sum.
-    RWKV6's query side is exclusive (G_{t-1}), which shifts its term by one step. The final state depends on
-    G_{T-1} as a whole: rowsum(ht * dht) joins every step. The bonus path has no decay and is added after.
+    dL/dG_t = q_t * dq_t (query side) - k_t * dk_t (key side), and dg is its reverse cumulative sum over the
+    sequence (`decay_grad_kernel`, which stops at a packed batch's sequence boundaries). RWKV6's query side is
+    exclusive (G_{t-1}), which shifts its term by one step. The final state depends on G_{T-1} as a whole:
+    rowsum(ht * dht) joins every step. The bonus path has no decay and is added after, row by row (du sums over
+    every row of the batch).
     """
-    qf, kf = q.float(), k.float()
-    query_side, key_side = qf * dq, kf * dk
-    if u is not None:
-        query_side = torch.cat([query_side[:, 1:], torch.zeros_like(query_side[:, :1])], 1)
-    dg = reverse_cumsum(query_side - key_side, 1)
-    if dht is not None and ht is not None:
-        dg = dg + (ht * dht.float()).sum(-1)[:, None]
+    dg = _decay_grad(q, dq, k, dk, ht, dht, key_side=True, shift=u is not None, seqs=seqs)
     du = None
     if u is not None:
+        qf, kf = q.float(), k.float()
         dov = (do.float() * v.float()).sum(-1, keepdim=True)  # do_t . v_t
         uf = u.float()[None, None]
         dq += scale * uf * kf * dov
@@ -329,11 +386,11 @@ def decay_and_bonus_grads(q, k, v, u, scale, dq, dk, dv, do, ht, dht):
 class FusedRecurrentFunction(torch.autograd.Function):
     @staticmethod
     @custom_fwd
-    def forward(ctx, q, k, v, g, u, scale, h0, output_final_state, dq_tiles, h0_mask_fn):
+    def forward(ctx, q, k, v, g, u, scale, h0, output_final_state, dq_tiles, h0_mask_fn, seqs=None):
         q, k, v, g, u, h0 = as_contiguous(q, k, v, g, u, h0)
-        o, ht = _forward(q, k, v, g, u, scale, h0, output_final_state)
+        o, ht = _forward(q, k, v, g, u, scale, h0, output_final_state, seqs=seqs)
         ctx.save_for_backward(q, k, v, g, u, h0, ht)
-        ctx.scale, ctx.dq_tiles, ctx.h0_mask_fn = scale, dq_tiles, h0_mask_fn
+        ctx.scale, ctx.dq_tiles, ctx.h0_mask_fn, ctx.seqs = scale, dq_tiles, h0_mask_fn, seqs
         return o, ht
 
     @staticmethod
@@ -342,36 +399,34 @@ class FusedRecurrentFunction(torch.autograd.Function):
         q, k, v, g, u, h0, ht = ctx.saved_tensors
         do, dht = as_contiguous(do, dht)
         dq, dk, dv, dg, du, dh0, _ = _backward(q, k, v, g, u, ctx.scale, h0, ht, do, dht, ctx.dq_tiles,
-                                               ctx.h0_mask_fn)
+                                               ctx.h0_mask_fn, seqs=ctx.seqs)
         return (cast_grad(dq, q), cast_grad(dk, k), cast_grad(dv, v), cast_grad(dg, g), cast_grad(du, u), None,
-                cast_grad(dh0, h0), None, None, None)
+                cast_grad(dh0, h0), None, None, None, None)
 
 
 DEFAULT_DQ_TILES = (16, 64)  # (BK, BV) of the dq kernel: upstream's non-square tiles, where #18 showed
 
 
 def fused_recurrent_rwkv6(r, k, v, w, u, scale=None, initial_state=None, output_final_state=False, bug=None,
-                          dq_tiles=None, h0_mask_fn=None, cu_seqlens=None, **kwargs):
+                          dq_tiles=None, h0_mask_fn=None, cu_seqlens=None, cu_seqlens_cpu=None, **kwargs):
     """Fused recurrent RWKV6, forward and backward in Triton.
 
     `w` is the `[B, T, H, K]` natural-log decay (<= 0), `u` the `[H, K]` bonus. `dq_tiles=(BK, BV)` sets the tile
     of the dq backward kernel (default upstream's (16, 64)); notebook 04 sweeps it.
     `bug="transposed_h0_mask"` turns on upstream #18's initial-state mask in that kernel (its H0_MASK slot takes
     `h0_mask_transposed` instead of `h0_mask`); `h0_mask_fn`: a `@triton.jit` helper for that slot instead of the
-    shipped one (notebook 04's exercise).
+    shipped one (notebook 04's exercise). `cu_seqlens` (and its host copy `cu_seqlens_cpu`): FLA's packed batches,
+    one launch per kernel for the whole batch (`fla_lab.ops.common.conventions`).
     """
-    if cu_seqlens is not None:  # packed sequences (FLA's varlen): one call per sequence
-        return per_sequence("fused_recurrent_rwkv6", fused_recurrent_rwkv6, dict(r=r, k=k, v=v, w=w), cu_seqlens,
-                            initial_state, output_final_state, u=u, scale=scale, bug=bug, dq_tiles=dq_tiles,
-                            h0_mask_fn=h0_mask_fn, **kwargs)
-    check_bug(bug, "fused_recurrent_rwkv6")
-    contract.check_gated_inputs("fused_recurrent_rwkv6", r, k, v, w, names=("r", "k", "v", "w"), u=u,
-                                initial_state=initial_state, kwargs=kwargs)
-    contract.check_kernel_device("fused_recurrent_rwkv6", dict(r=r, k=k, v=v, w=w, u=u, initial_state=initial_state))
+    op = "fused_recurrent_rwkv6"
+    check_bug(bug, op)
+    contract.check_gated_inputs(op, r, k, v, w, names=("r", "k", "v", "w"), u=u, initial_state=initial_state,
+                                kwargs=kwargs, packed=cu_seqlens is not None)
+    contract.check_kernel_device(op, dict(r=r, k=k, v=v, w=w, u=u, initial_state=initial_state))
     scale = r.shape[-1] ** -0.5 if scale is None else scale
     dq_tiles = tuple(dq_tiles) if dq_tiles is not None else DEFAULT_DQ_TILES
-    h0_mask_fn = slot_helper("fused_recurrent_rwkv6", "H0_MASK", bug == "transposed_h0_mask", h0_mask_transposed,
-                             h0_mask, h0_mask_fn)
+    h0_mask_fn = slot_helper(op, "H0_MASK", bug == "transposed_h0_mask", h0_mask_transposed, h0_mask, h0_mask_fn)
+    seqs = None if cu_seqlens is None else packed_batch(op, cu_seqlens, cu_seqlens_cpu, r, initial_state, 64)
     o, ht = FusedRecurrentFunction.apply(r, k, v, w, u, scale, initial_state, output_final_state, dq_tiles,
-                                         h0_mask_fn)
+                                         h0_mask_fn, seqs)
     return o, (ht if output_final_state else None)

@@ -10,6 +10,11 @@ in reverse, replays each segment forward from its checkpoint into a small scratc
 backwards through it. It never divides by the decay to step backwards: that is unstable once decays leave
 RWKV-7's range (-e^-0.5, 0).
 
+A packed batch (`cu_seqlens`, B = 1) runs both kernels once for all its sequences: a program per (value block,
+sequence * head) over its own sequence's rows, the segments counted per sequence (`hc` is `[segments of all
+sequences, H, K, V]`, sequence n's from `chunk_offsets[n]`, FLA's `prepare_chunk_offsets` for chunks of 16), so no
+segment spans two sequences.
+
 Adjoint of one step, with dS the adjoint of S_t (o_t adds `scale * r_t do_t^T` to it) and sa_t = a_t^T S_{t-1}:
     dr_t = scale * S_t do_t,  dk_t = dS v_t,  dv_t = dS^T k_t,  db_t = dS sa_t,  dsa_t = dS^T b_t,
     da_t = S_{t-1} dsa_t,  dw_t = exp(w_t) * rowsum(S_{t-1} * dS),  dS_{t-1} = diag(exp w_t) dS + a_t dsa_t^T.
@@ -22,8 +27,8 @@ import triton.language as tl
 
 from fla_lab.ops import contract
 from fla_lab.ops.common.utils import (as_contiguous, batch_head, cast_grad, custom_bwd, custom_fwd, grid_size,
-                                      kernel, next_pow2, state_tile)
-from fla_lab.ops.common.conventions import per_sequence
+                                      kernel, next_pow2, sequence_chunks, state_tile)
+from fla_lab.ops.common.conventions import packed_batch
 
 MAX_K = 128  # a program keeps the whole key dimension of its state tile in registers
 CHECKPOINT_EVERY = 16  # steps per segment; the official RWKV-7 kernels' CHUNK_LEN
@@ -50,23 +55,41 @@ def transition(b_h, b_d, b_k, b_v, b_a, b_b):
 
 
 @kernel
-def fused_recurrent_rwkv7_fwd_kernel(r, w, k, v, a, b, o, h0, ht, hc, scale, T,
+def checkpoint(hc, i_bh, i_h, boc, NS, H: tl.constexpr, KV: tl.constexpr, VARLEN: tl.constexpr):
+    """Where the program's checkpoints start and the stride between them: `hc[b, h, s]` dense (`[B, H, NS, K, V]`),
+    `hc[boc + s, h]` packed (`[segments of all sequences, H, K, V]`). 64-bit, offsets and stride: B * H * NS * K * V
+    passes 2**31 on long sequences."""
+    if VARLEN:
+        p_hc = hc + (boc * H + i_h) * KV
+        stride = tl.full([], H * KV, tl.int64)
+    else:
+        p_hc = hc + i_bh.to(tl.int64) * NS * KV
+        stride = tl.full([], KV, tl.int64)
+    return p_hc, stride
+
+
+@kernel
+def fused_recurrent_rwkv7_fwd_kernel(r, w, k, v, a, b, o, h0, ht, hc, scale, cu_seqlens, chunk_offsets, T,
                                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                                      BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
-                                     USE_H0: tl.constexpr, STORE_HT: tl.constexpr, STORE_HC: tl.constexpr):
-    """One step per iteration, segments of BT steps; `hc[b, h, s]` is the state entering segment s."""
+                                     USE_H0: tl.constexpr, STORE_HT: tl.constexpr, STORE_HC: tl.constexpr,
+                                     VARLEN: tl.constexpr = False):
+    """One step per iteration, segments of BT steps; `hc[b, h, s]` is the state entering segment s (packed:
+    `hc[chunk_offsets[n] + s, h]`)."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_bh, i_b, i_h = batch_head(i_bh, H)
+    bos, T, NS, boc = sequence_chunks(i_b, T, BT, cu_seqlens, chunk_offsets, VARLEN)
     o_k, o_v, m_k, m_v, m_kv, p_kv = state_tile(0, i_v, K, V, BK, BV)
-    NS = tl.cdiv(T, BT)
+    if STORE_HC:  # hc is None without it
+        p_hc, s_hc = checkpoint(hc, i_bh, i_h, boc, NS, H, K * V, VARLEN)
     b_h = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_H0:
         b_h += tl.load(h0 + i_bh * K * V + p_kv, mask=m_kv, other=0).to(tl.float32)
     for i_s in range(0, NS):
-        if STORE_HC:  # int64: B * H * NS * K * V passes 2**31 on long sequences
-            tl.store(hc + (i_bh.to(tl.int64) * NS + i_s) * K * V + p_kv, b_h, mask=m_kv)
+        if STORE_HC:
+            tl.store(p_hc + i_s * s_hc + p_kv, b_h, mask=m_kv)
         for t in range(i_s * BT, tl.minimum(i_s * BT + BT, T)):
-            row = (i_b * T + t) * H + i_h
+            row = (bos + t) * H + i_h
             b_r, b_d, b_k, b_v, b_a, b_b = load_step(r, w, k, v, a, b, row, o_k, o_v, m_k, m_v, K, V)
             b_h, b_sa = transition(b_h, b_d, b_k, b_v, b_a, b_b)
             b_o = tl.sum(b_h * b_r[:, None], axis=0) * scale
@@ -77,9 +100,9 @@ def fused_recurrent_rwkv7_fwd_kernel(r, w, k, v, a, b, o, h0, ht, hc, scale, T,
 
 @kernel
 def fused_recurrent_rwkv7_bwd_kernel(r, w, k, v, a, b, do, dht, hc, scratch, dr, dw, dk, dv, da, db, dh0,
-                                     scale, B, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                                     BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
-                                     USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr):
+                                     scale, cu_seqlens, chunk_offsets, B, T, H: tl.constexpr, K: tl.constexpr,
+                                     V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
+                                     USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, VARLEN: tl.constexpr = False):
     """Segments in reverse: replay S_{t-1} for the segment's steps into `scratch`, then the adjoint backwards.
 
     Gradients that contract over values (dr, dw, dk, da, db) are partial sums per value block
@@ -88,26 +111,27 @@ def fused_recurrent_rwkv7_bwd_kernel(r, w, k, v, a, b, do, dht, hc, scratch, dr,
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_bh, i_b, i_h = batch_head(i_bh, H)
     NV = tl.num_programs(0)
+    bos, T_seq, NS, boc = sequence_chunks(i_b, T, BT, cu_seqlens, chunk_offsets, VARLEN)  # T: the partials' stride
     o_k, o_v, m_k, m_v, m_kv, p_kv = state_tile(0, i_v, K, V, BK, BV)
     p_scratch = scratch + (i_bh * NV + i_v).to(tl.int64) * BT * BK * BV + o_k[:, None] * BV + tl.arange(0, BV)[None, :]
-    NS = tl.cdiv(T, BT)
+    p_hc, s_hc = checkpoint(hc, i_bh, i_h, boc, NS, H, K * V, VARLEN)
     b_dh = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_DHT:
         b_dh += tl.load(dht + i_bh * K * V + p_kv, mask=m_kv, other=0).to(tl.float32)
     for i in range(0, NS):
         i_s = NS - 1 - i
         t0 = i_s * BT
-        n = tl.minimum(BT, T - t0)
-        b_h = tl.load(hc + (i_bh.to(tl.int64) * NS + i_s) * K * V + p_kv, mask=m_kv, other=0)
+        n = tl.minimum(BT, T_seq - t0)
+        b_h = tl.load(p_hc + i_s * s_hc + p_kv, mask=m_kv, other=0)
         for j in range(0, n):  # replay: scratch[j] = S_{t0+j-1}
-            row = (i_b * T + t0 + j) * H + i_h
+            row = (bos + t0 + j) * H + i_h
             tl.store(p_scratch + j * BK * BV, b_h, mask=m_kv)
             b_r, b_d, b_k, b_v, b_a, b_b = load_step(r, w, k, v, a, b, row, o_k, o_v, m_k, m_v, K, V)
             b_h, b_sa = transition(b_h, b_d, b_k, b_v, b_a, b_b)
         tl.debug_barrier()  # the replay's stores must land before the adjoint reads them
         for jj in range(0, n):
             j = n - 1 - jj
-            row = (i_b * T + t0 + j) * H + i_h
+            row = (bos + t0 + j) * H + i_h
             b_hp = tl.load(p_scratch + j * BK * BV, mask=m_kv, other=0)  # S_{t-1}
             b_r, b_d, b_k, b_v, b_a, b_b = load_step(r, w, k, v, a, b, row, o_k, o_v, m_k, m_v, K, V)
             b_do = tl.load(do + row * V + o_v, mask=m_v, other=0).to(tl.float32)
@@ -131,45 +155,58 @@ def _value_block(V: int) -> int:
     return min(next_pow2(V), MAX_BV)
 
 
-def _forward(r, w, k, v, a, b, scale, h0, output_final_state, save_checkpoints):
+def _sequences(B: int, seqs):
+    """The grid's batch size and the kernels' packed-batch arguments: (B, None, None) dense, (N, cu_seqlens,
+    chunk_offsets) packed (`seqs`, a `conventions.Packed` in segments of CHECKPOINT_EVERY steps)."""
+    return (B, None, None) if seqs is None else (seqs.N, seqs.cu_seqlens, seqs.chunk_offsets)
+
+
+def _forward(r, w, k, v, a, b, scale, h0, output_final_state, save_checkpoints, seqs=None):
     B, T, H, K = r.shape
     V = v.shape[-1]
+    N, cu_seqlens, chunk_offsets = _sequences(B, seqs)
     BK, BV = next_pow2(K), _value_block(V)
     f32 = dict(dtype=torch.float32, device=r.device)
     o = torch.empty(B, T, H, V, dtype=r.dtype, device=r.device)
-    ht = torch.empty(B, H, K, V, **f32) if output_final_state else None
-    hc = torch.empty(B, H, triton.cdiv(T, CHECKPOINT_EVERY), K, V, **f32) if save_checkpoints else None
-    fused_recurrent_rwkv7_fwd_kernel[(grid_size(V, BV), B * H)](
-        r, w, k, v, a, b, o, h0, ht, hc, scale, T, H=H, K=K, V=V, BK=BK, BV=BV, BT=CHECKPOINT_EVERY,
-        USE_H0=h0 is not None, STORE_HT=output_final_state, STORE_HC=save_checkpoints)
+    ht = torch.empty(N, H, K, V, **f32) if output_final_state else None
+    hc = None
+    if save_checkpoints:  # dense [B, H, NS, K, V]; packed [NS of all sequences, H, K, V]
+        hc_shape = (B, H, triton.cdiv(T, CHECKPOINT_EVERY)) if seqs is None else (seqs.NT, H)
+        hc = torch.empty(*hc_shape, K, V, **f32)
+    fused_recurrent_rwkv7_fwd_kernel[(grid_size(V, BV), N * H)](
+        r, w, k, v, a, b, o, h0, ht, hc, scale, cu_seqlens, chunk_offsets, T, H=H, K=K, V=V, BK=BK, BV=BV,
+        BT=CHECKPOINT_EVERY, USE_H0=h0 is not None, STORE_HT=output_final_state, STORE_HC=save_checkpoints,
+        VARLEN=seqs is not None)
     return o, ht, hc
 
 
-def _backward(r, w, k, v, a, b, scale, h0, hc, do, dht):
+def _backward(r, w, k, v, a, b, scale, h0, hc, do, dht, seqs=None):
     B, T, H, K = r.shape
     V = v.shape[-1]
+    N, cu_seqlens, chunk_offsets = _sequences(B, seqs)
     BK, BV = next_pow2(K), _value_block(V)
     NV = grid_size(V, BV)
     f32 = dict(dtype=torch.float32, device=r.device)
     dr, dw, dk, da, db = (torch.empty(NV, B, T, H, K, **f32) for _ in range(5))
     dv = torch.empty(B, T, H, V, **f32)
-    dh0 = torch.empty(B, H, K, V, **f32) if h0 is not None else None
-    scratch = torch.empty(B * H * NV, CHECKPOINT_EVERY, BK, BV, **f32)
-    fused_recurrent_rwkv7_bwd_kernel[(NV, B * H)](
-        r, w, k, v, a, b, do, dht, hc, scratch, dr, dw, dk, dv, da, db, dh0, scale, B, T,
-        H=H, K=K, V=V, BK=BK, BV=BV, BT=CHECKPOINT_EVERY, USE_DHT=dht is not None, STORE_DH0=h0 is not None)
+    dh0 = torch.empty(N, H, K, V, **f32) if h0 is not None else None
+    scratch = torch.empty(N * H * NV, CHECKPOINT_EVERY, BK, BV, **f32)
+    fused_recurrent_rwkv7_bwd_kernel[(NV, N * H)](
+        r, w, k, v, a, b, do, dht, hc, scratch, dr, dw, dk, dv, da, db, dh0, scale, cu_seqlens, chunk_offsets, B, T,
+        H=H, K=K, V=V, BK=BK, BV=BV, BT=CHECKPOINT_EVERY, USE_DHT=dht is not None, STORE_DH0=h0 is not None,
+        VARLEN=seqs is not None)
     return dr.sum(0), dw.sum(0), dk.sum(0), dv, da.sum(0), db.sum(0), dh0
 
 
 class FusedRecurrentRWKV7Function(torch.autograd.Function):
     @staticmethod
     @custom_fwd
-    def forward(ctx, r, w, k, v, a, b, scale, h0, output_final_state):
+    def forward(ctx, r, w, k, v, a, b, scale, h0, output_final_state, seqs=None):
         r, w, k, v, a, b, h0 = as_contiguous(r, w, k, v, a, b, h0)
         needs_grad = any(ctx.needs_input_grad[:6]) or ctx.needs_input_grad[7]
-        o, ht, hc = _forward(r, w, k, v, a, b, scale, h0, output_final_state, save_checkpoints=needs_grad)
+        o, ht, hc = _forward(r, w, k, v, a, b, scale, h0, output_final_state, save_checkpoints=needs_grad, seqs=seqs)
         ctx.save_for_backward(r, w, k, v, a, b, h0, hc)
-        ctx.scale = scale
+        ctx.scale, ctx.seqs = scale, seqs
         return o, ht
 
     @staticmethod
@@ -177,9 +214,9 @@ class FusedRecurrentRWKV7Function(torch.autograd.Function):
     def backward(ctx, do, dht):
         r, w, k, v, a, b, h0, hc = ctx.saved_tensors
         do, dht = as_contiguous(do, dht)
-        dr, dw, dk, dv, da, db, dh0 = _backward(r, w, k, v, a, b, ctx.scale, h0, hc, do, dht)
+        dr, dw, dk, dv, da, db, dh0 = _backward(r, w, k, v, a, b, ctx.scale, h0, hc, do, dht, ctx.seqs)
         return (cast_grad(dr, r), cast_grad(dw, w), cast_grad(dk, k), cast_grad(dv, v), cast_grad(da, a),
-                cast_grad(db, b), None, cast_grad(dh0, h0), None)
+                cast_grad(db, b), None, cast_grad(dh0, h0), None, None)
 
 
 def check_key_width(op: str, K: int) -> None:
@@ -189,13 +226,15 @@ def check_key_width(op: str, K: int) -> None:
 
 
 def fused_recurrent_rwkv7(r, w, k, v, a, b, scale=1.0, initial_state=None, output_final_state=False, cu_seqlens=None,
-                          **kwargs):
+                          cu_seqlens_cpu=None, **kwargs):
     """Fused recurrent RWKV-7, forward and backward in Triton.
 
     `w` is the `[B, T, H, K]` natural-log decay (<= 0; RWKV-7 keeps it in (-e^-0.5, 0)); `a, b` the removal
     vectors (RWKV-7: `a = -kk`, `b = kk * a_gate`, see `fla_lab.harness.rwkv7_inputs`). The state is
     `[B, H, K, V]` fp32. `w` may be float32 while the rest is bf16 (the layer keeps the decay in fp32, upstream
-    #181). Returns `(o, final_state or None)`; K <= MAX_K = 128.
+    #181). Returns `(o, final_state or None)`; K <= MAX_K = 128. `cu_seqlens` (and its host copy
+    `cu_seqlens_cpu`): FLA's packed batches, one launch per kernel for the whole batch
+    (`fla_lab.ops.common.conventions`).
 
     Differences from flash-linear-attention 0.6.0:
     - upstream's `fused_recurrent_rwkv7` defaults to `scale=None`, meaning `K ** -0.5`, and
@@ -204,13 +243,12 @@ def fused_recurrent_rwkv7(r, w, k, v, a, b, scale=1.0, initial_state=None, outpu
     - upstream's fused recurrent RWKV7 is inference only (its backward raises `NotImplementedError`);
       this one has a backward, with one state checkpoint every `CHECKPOINT_EVERY` = 16 steps.
     """
-    if cu_seqlens is not None:  # packed sequences (FLA's varlen): one call per sequence
-        return per_sequence("fused_recurrent_rwkv7", fused_recurrent_rwkv7, dict(r=r, w=w, k=k, v=v, a=a, b=b),
-                            cu_seqlens, initial_state, output_final_state, scale=scale, **kwargs)
     op = "fused_recurrent_rwkv7"
-    contract.check_rwkv7_inputs(op, r, w, k, v, a, b, initial_state, kwargs)
+    contract.check_rwkv7_inputs(op, r, w, k, v, a, b, initial_state, kwargs, packed=cu_seqlens is not None)
     check_key_width(op, r.shape[-1])
     contract.check_kernel_device(op, dict(r=r, w=w, k=k, v=v, a=a, b=b, initial_state=initial_state))
     scale = r.shape[-1] ** -0.5 if scale is None else scale
-    o, ht = FusedRecurrentRWKV7Function.apply(r, w, k, v, a, b, scale, initial_state, output_final_state)
+    seqs = None if cu_seqlens is None else packed_batch(op, cu_seqlens, cu_seqlens_cpu, r, initial_state,
+                                                        CHECKPOINT_EVERY)  # chunk_offsets: each one's first segment
+    o, ht = FusedRecurrentRWKV7Function.apply(r, w, k, v, a, b, scale, initial_state, output_final_state, seqs)
     return o, (ht if output_final_state else None)
