@@ -62,9 +62,10 @@ from __future__ import annotations
 import torch
 import triton.language as tl
 
+from fla_lab import runtime
 from fla_lab.ops import contract
 from fla_lab.ops.common.conventions import Packed
-from fla_lab.ops.common.launch import ChunkLaunch
+from fla_lab.ops.common.launch import MIN_DOT, ChunkLaunch
 from fla_lab.ops.common.utils import (batch_head, chunk_of_sequence, dot_dtype, grid_size, kernel, mma, mma_split,
                                       next_pow2, sequence_chunks, slot_helper, state_tile)
 from fla_lab.ops.common.value_flags import nonfinite_probe, or_nonfinite_bit, or_positive_decay_bit
@@ -529,6 +530,34 @@ def sequence_tables(seqs: Packed | None):
     return (None, None) if seqs is None else (seqs.cu_seqlens, seqs.chunk_offsets)
 
 
+def state_width(launch: ChunkLaunch, x: torch.Tensor, V: int, H: int, seqs: Packed | None) -> int:
+    """The state passes' value tile: `launch.state_BV`, or (None) 64 halved down to 16 while the passes' programs,
+    one per sequence, head and tile, would fill less than half the GPU's SMs. The passes run each sequence's chunks
+    one after another, so a packed batch counts as T / (its longest sequence) sequences: the longest one is the
+    critical path."""
+    width = tile_width(V)
+    if launch.state_BV is not None:
+        return min(width, launch.state_BV)
+    if x.device.type != "cuda" or runtime.interpreting():
+        return width
+    rows = parallel_sequences(*x.shape[:2], seqs) * H
+    return filling_width(width, V, rows, torch.cuda.get_device_properties(x.device).multi_processor_count)
+
+
+def parallel_sequences(B: int, T: int, seqs: Packed | None) -> float:
+    """How many sequences' worth of chunks the state passes walk side by side: B, or T over the longest packed
+    sequence."""
+    return B if seqs is None else T / max(eos - bos for bos, eos in seqs.bounds)
+
+
+def filling_width(width: int, V: int, rows: float, sms: int) -> int:
+    """`width` halved (down to 16) while `rows` programs per value tile, `V / width` tiles each, fill less than
+    half of `sms`."""
+    while width > MIN_DOT and rows * grid_size(V, width) < sms // 2:
+        width //= 2
+    return width
+
+
 def chunk_cumsum(g: torch.Tensor, BT: int, checks=None, name="g", also=None, also_name="k",
                  seqs: Packed | None = None) -> torch.Tensor:
     """Chunk-local inclusive cumulative log-decay, fp32, same shape as g. `checks` (`contract.KernelChecks`):
@@ -547,7 +576,8 @@ def forward_states(k, v, gi, h0, output_final_state, BT, launch, gate_v, seqs=No
     """h, the state before each chunk (in `h_dtype`), and the final state (fp32) when asked for."""
     B, T, H, K = k.shape
     V = v.shape[-1]
-    BK, BV, N = tile_width(K), min(tile_width(V), launch.state_BV), sequences(B, seqs)
+    BK, N = tile_width(K), sequences(B, seqs)
+    BV = state_width(launch, k, V, H, seqs)
     h = torch.empty(B, chunks(T, BT, seqs), H, K, V, dtype=h_dtype, device=k.device)
     ht = empty_f32(k, N, H, K, V) if output_final_state else None
     chunk_fwd_h_kernel[(grid_size(K, BK), grid_size(V, BV), N * H)](
@@ -562,7 +592,8 @@ def state_adjoints(q, do, gi, h, ht, dht, need_dh0, scale, BT, launch, gate_v, r
     [B, NT, H, NP, D]` (D the gated channels, NP partials over the other axis); `h`, `ht`: the forward's states."""
     B, T, H, K = q.shape
     V = do.shape[-1]
-    BK, BV, NT, N = tile_width(K), min(tile_width(V), launch.state_BV), chunks(T, BT, seqs), sequences(B, seqs)
+    BK, NT, N = tile_width(K), chunks(T, BT, seqs), sequences(B, seqs)
+    BV = state_width(launch, q, V, H, seqs)
     dh = empty_f32(q, B, NT, H, K, V)
     dh0 = empty_f32(q, N, H, K, V) if need_dh0 else None
     if dht is not None and ht is None:
