@@ -103,14 +103,23 @@ def _check_one_launch(name, drop=(), u_tol=(1e-6, 1e-7), **options):
 
     o, finals, grads = _run_with_grads(functools.partial(spec.fn, cu_seqlens=cu, **options), x)
     o_loop, finals_loop, grads_loop = _run_with_grads(one_sequence_at_a_time, x)
-    assert torch.equal(o, o_loop)
-    assert all(torch.equal(a, b) for a, b in zip(finals, finals_loop))
+    assert _same(o, o_loop)
+    assert all(_same(a, b) for a, b in zip(finals, finals_loop))
     for n in grads:
         for a, b in zip(grads[n], grads_loop[n]):
             if n == "u":
                 torch.testing.assert_close(a, b, rtol=u_tol[0], atol=u_tol[1])
             else:
-                assert torch.equal(a, b), n
+                assert _same(a, b), n
+
+
+def _same(a, b) -> bool:
+    """Bit for bit under the interpreter. Compiled for a GPU the packed kernels (VARLEN=True) and the dense ones
+    are different binaries, whose multiply-adds may fuse into FMAs differently: fp32 rounding, 3e-8 of the largest
+    value measured on the H200 (fused_recurrent_gla's and GSA's dq, dk); a value from another sequence is O(1)."""
+    if a.device.type != "cuda":
+        return torch.equal(a, b)
+    return torch.allclose(a, b, rtol=1e-6, atol=1e-6 * b.abs().max().item())
 
 
 @pytest.mark.filterwarnings("ignore::fla_lab.ops.LayoutWarning")  # the one-step sequence alone: T = 1 < H = 2
