@@ -142,10 +142,6 @@ def grid_size(n: int, block: int) -> int:
     return triton.cdiv(n, block)
 
 
-def reverse_cumsum(x: torch.Tensor, dim: int) -> torch.Tensor:
-    return x.flip(dim).cumsum(dim).flip(dim)
-
-
 def as_contiguous(*xs):
     return [None if x is None else x.contiguous() for x in xs]
 
