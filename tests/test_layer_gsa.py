@@ -279,10 +279,16 @@ def test_unsupported_options_raise(kwargs, error, match):
         layer(**kwargs)
 
 
-def test_cache_mask_and_varlen_raise():
+def test_cache_and_mask_raise():
     m = layer()
     x = inputs(1, 4)
-    for kwargs in (dict(attention_mask=torch.ones(1, 4)), dict(use_cache=True), dict(past_key_values=object()),
-                   dict(cu_seqlens=torch.tensor([0, 4]))):
+    for kwargs in (dict(attention_mask=torch.ones(1, 4)), dict(use_cache=True), dict(past_key_values=object())):
         with pytest.raises(NotImplementedError):
             m(x, **kwargs)
+
+
+def test_malformed_offsets_reach_the_contract():
+    """A packed batch goes to the op (tests/test_layers.py compares it with each sequence alone); offsets that do
+    not end at T are the contract's error."""
+    with pytest.raises(ValueError, match="end at T = 4"):
+        layer()(inputs(1, 4), cu_seqlens=torch.tensor([0, 3], device=DEV))

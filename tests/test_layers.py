@@ -412,3 +412,38 @@ def test_rwkv6_bf16_forward_backward_finite():
     out, grads = bf16_forward_backward(layer, torch.randn(2, 24, 64, generator=gen(9)))
     assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
     assert all(g is not None and torch.isfinite(g).all() for g in grads.values())
+
+
+def _packed_layers():
+    from fla_lab.layers import GatedSlotAttention
+    return {"RWKV6Attention": lambda: trained_(RWKV6Attention("chunk", hidden_size=64, num_heads=2, layer_idx=0,
+                                                              num_hidden_layers=2)),
+            "RWKV7Attention": lambda: trained_(RWKV7Attention("chunk", hidden_size=64, head_dim=32, layer_idx=0,
+                                                              num_hidden_layers=2)),
+            "GatedSlotAttention": lambda: GatedSlotAttention(hidden_size=32, num_heads=2, num_slots=16)}
+
+
+@pytest.mark.parametrize("name", ["RWKV6Attention", "RWKV7Attention", "GatedSlotAttention"])
+def test_a_packed_batch_is_each_sequence_alone(name):
+    """`layer(x, cu_seqlens=...)` (FLA's varlen, B = 1) against the layer on each sequence alone, output and every
+    parameter's gradient: the token shift and the state restart at each sequence (lengths 20 and 75: one below the
+    chunk, one with a partial chunk). Without the offsets the second sequence reads the first: it differs."""
+    torch.manual_seed(0)
+    layer = _packed_layers()[name]().to(DEV)
+    lengths = (20, 75)
+    x = torch.randn(1, sum(lengths), layer.hidden_size, generator=gen(1)).to(DEV)
+    cu = torch.tensor([0, 20, 95], device=DEV)
+
+    def run(pieces):
+        layer.zero_grad()
+        o = torch.cat([layer(part, **kw)[0] for part, kw in pieces], dim=1)
+        o.square().sum().backward()
+        return o.detach(), {n: p.grad.clone() for n, p in layer.named_parameters() if p.grad is not None}
+
+    o, grads = run([(x, {"cu_seqlens": cu})])
+    o_alone, grads_alone = run([(x[:, :20], {}), (x[:, 20:], {})])
+    torch.testing.assert_close(o, o_alone, rtol=1e-5, atol=1e-5)
+    for n in grads_alone:
+        torch.testing.assert_close(grads[n], grads_alone[n], rtol=1e-4, atol=1e-5, msg=n)
+    o_leaking, _ = run([(x, {})])
+    assert not torch.allclose(o_leaking[:, 20:], o_alone[:, 20:], rtol=1e-3, atol=1e-3)

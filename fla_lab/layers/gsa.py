@@ -44,7 +44,7 @@ class GatedSlotAttention(nn.Module):
     """GSA with upstream 0.6.0's constructor, parameter names and return convention `(o, None, past_key_values)`.
 
     Differences from flash-linear-attention 0.6.0, each raising a clear error rather than diverging silently:
-    no cache, attention mask or varlen (`cu_seqlens`); no short convolution; no grouped keys/values
+    no cache or attention mask (a packed batch, `cu_seqlens=` with B = 1, as upstream's); no short convolution; no grouped keys/values
     (`num_kv_heads` must equal `num_heads`); feature maps 'swish' and 'relu' only (not 't2r'); with a `bug=`
     switch the chunk kernel at every length (upstream runs `fused_recurrent_gsa` for T <= 64, as this layer does
     without one); `use_output_gate=True` and `use_norm=False` are
@@ -141,8 +141,6 @@ class GatedSlotAttention(nn.Module):
                 output_attentions=False, **kwargs):
         if past_key_values is not None or use_cache or attention_mask is not None:
             raise NotImplementedError("GatedSlotAttention: fla_lab layers have no cache and no attention mask")
-        if kwargs.get("cu_seqlens") is not None:
-            raise NotImplementedError("GatedSlotAttention: fla_lab layers have no varlen (cu_seqlens) path")
         x = hidden_states
         B, T, _ = x.shape
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
@@ -151,18 +149,18 @@ class GatedSlotAttention(nn.Module):
         q, k = (phi(split_heads(t, self.head_k_dim)).to(dtype) for t in (q, k))
         v = F.silu(split_heads(v, self.head_v_dim)).to(dtype)
         f, s = self.gates(x)
-        o = self._attend(q, k, v, s.to(dtype), f)
+        o = self._attend(q, k, v, s.to(dtype), f, kwargs.get("cu_seqlens"))
         o = F.silu(o.reshape(B, T, self.value_dim))
         weight = None if self.g_norm.weight is None else self.g_norm.weight.float()
         o = F.rms_norm(o.float(), (self.value_dim,), weight, self.g_norm.eps).to(o.dtype)
         return self.o_proj(o), None, past_key_values
 
-    def _attend(self, q, k, v, s, f):
+    def _attend(self, q, k, v, s, f, cu_seqlens=None):
         from fla_lab import ops  # looked up at call time, so a wrapper (a spy, the NaN locator) sees the call
 
         if self.mode == "fused_recurrent" or (self.bug is None and q.shape[1] <= FUSED_MAX_T):
-            o, _ = ops.fused_recurrent_gsa(q, k, v, s, g=f, scale=self.scale)
+            o, _ = ops.fused_recurrent_gsa(q, k, v, s, g=f, scale=self.scale, cu_seqlens=cu_seqlens)
         else:
             bug = None if self.bug in LAYER_SWITCHES else self.bug
-            o, _ = ops.chunk_gsa(q, k, v, s, g=f, scale=self.scale, bug=bug)
+            o, _ = ops.chunk_gsa(q, k, v, s, g=f, scale=self.scale, bug=bug, cu_seqlens=cu_seqlens)
         return o

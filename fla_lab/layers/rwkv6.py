@@ -23,9 +23,16 @@ from fla_lab.bugs import check_bug, for_op
 FUSED_RECURRENT_MAX_T = 64  # like upstream: launching the chunk kernels for a few tokens is slower
 
 
-def token_shift(x: torch.Tensor) -> torch.Tensor:
-    """`shift(x) - x` along time, with a zero before the first token."""
-    return F.pad(x, (0, 0, 1, -1)) - x
+def token_shift(x: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+    """`shift(x) - x` along time, with a zero before the first token; before each packed sequence's first token
+    with `cu_seqlens` (FLA's varlen, B = 1), so no token mixes with the last one of the sequence before it."""
+    shifted = F.pad(x, (0, 0, 1, -1))
+    if cu_seqlens is not None:  # a scatter, not an index: no host read of the offsets (an empty last one is T)
+        T = x.shape[1]
+        first = torch.zeros(T + 1, dtype=torch.bool, device=x.device)
+        first = first.scatter(0, cu_seqlens[:-1].to(x.device, torch.long), True)[:T]
+        shifted = shifted.masked_fill(first[None, :, None], 0)
+    return shifted - x
 
 
 def split_heads(x: torch.Tensor, head_dim: int) -> torch.Tensor:
@@ -65,7 +72,8 @@ class RWKV6Attention(nn.Module):
 
     Differences from flash-linear-attention 0.6.0: the official RWKV-6 initialisation (it needs
     `num_hidden_layers >= 2` and `layer_idx`, see `init.layer_ratios`); GroupNorm eps `norm_eps * 64` as the
-    official `head_size_divisor = 8`; no cache, varlen or attention mask; `bug=` switches (`fla_lab.bugs`).
+    official `head_size_divisor = 8`; no cache or attention mask; `bug=` switches (`fla_lab.bugs`). A packed batch
+    as upstream's, `cu_seqlens=` (B = 1; the token shift restarts at each sequence).
     """
 
     def __init__(self, mode: str = "chunk", hidden_size: int = 1024, expand_k: float = 0.5, expand_v: float = 1.0,
@@ -145,19 +153,19 @@ class RWKV6Attention(nn.Module):
                 output_attentions=False, **kwargs):
         if past_key_values is not None or use_cache or attention_mask is not None:
             raise NotImplementedError("RWKV6Attention: fla_lab layers have no cache and no attention mask")
-        x = hidden_states
-        mixed = self.mix_inputs(x, token_shift(x))
+        x, cu_seqlens = hidden_states, kwargs.get("cu_seqlens")
+        mixed = self.mix_inputs(x, token_shift(x, cu_seqlens))
         r = split_heads(self.r_proj(mixed["r"]), self.head_k_dim)
         k = split_heads(self.k_proj(mixed["k"]), self.head_k_dim)
         v = split_heads(self.v_proj(mixed["v"]), self.head_v_dim)
         w = split_heads(self.log_decay(mixed["w"]), self.head_k_dim)
         g = F.silu(self.g_proj(mixed["g"]))
-        o = self._attend(r, k, v, w)
+        o = self._attend(r, k, v, w, cu_seqlens)
         B, T, _ = x.shape
         o = self.g_norm(o.reshape(B * T, self.value_dim)).view(B, T, self.value_dim) * g
         return self.o_proj(o), None, past_key_values
 
-    def _attend(self, r, k, v, w):
+    def _attend(self, r, k, v, w, cu_seqlens=None):
         from fla_lab import ops
         from fla_lab.ops import contract
 
@@ -167,5 +175,5 @@ class RWKV6Attention(nn.Module):
         switch = {"bug": self.bug} if KERNEL_BUGS.get(self.bug) == name else {}
         # The bug path must reach the kernel: the contract would reject its positive log-decay first.
         with contract.value_checks(False) if self.bug else contextlib.nullcontext():
-            o, _ = getattr(ops, name)(r, k, v, w, self.bonus.to(r.dtype), scale=1.0, **switch)
+            o, _ = getattr(ops, name)(r, k, v, w, self.bonus.to(r.dtype), scale=1.0, cu_seqlens=cu_seqlens, **switch)
         return o

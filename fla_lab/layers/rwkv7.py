@@ -66,8 +66,9 @@ def log_decay_from_lora(w_raw: torch.Tensor, bug: str | None = None) -> torch.Te
 class RWKV7Attention(nn.Module):
     """RWKV-7 attention with upstream's constructor and return convention `(o, None, past_key_values, v_first)`.
 
-    The official init needs `layer_idx` and `num_hidden_layers >= 2` (see the module docstring). No cache,
-    varlen or attention mask. `mode="chunk"` runs `fla_lab.ops.chunk_rwkv7`, `mode="fused_recurrent"`
+    The official init needs `layer_idx` and `num_hidden_layers >= 2` (see the module docstring). No cache
+    or attention mask; a packed batch as upstream's, `cu_seqlens=` (B = 1; the token shift restarts at each
+    sequence). `mode="chunk"` runs `fla_lab.ops.chunk_rwkv7`, `mode="fused_recurrent"`
     `fla_lab.ops.fused_recurrent_rwkv7` (both exact at any decay; they agree to fp32 rounding).
     """
 
@@ -177,9 +178,9 @@ class RWKV7Attention(nn.Module):
                 output_attentions=False, v_first: torch.Tensor | None = None, **kwargs):
         if past_key_values is not None or use_cache or attention_mask is not None:
             raise NotImplementedError("RWKV7Attention: fla_lab layers have no cache and no attention mask")
-        x = hidden_states
+        x, cu_seqlens = hidden_states, kwargs.get("cu_seqlens")
         B, T, _ = x.shape
-        delta = token_shift(x)
+        delta = token_shift(x, cu_seqlens)
         xr, xw, xk, xv, xa, xg = (x.addcmul(delta, getattr(self, name)) for name in self.MIX)
         r, w, k, v = self.r_proj(xr), self.log_decay(xw), self.k_proj(xk), self.v_proj(xv)
         if self.layer_idx == 0:
@@ -194,7 +195,7 @@ class RWKV7Attention(nn.Module):
         k = k.addcmul(k * (a - 1), self.k_a)
         r, w, k, a = (split_heads(t, self.head_dim) for t in (r, w, k, a))
         v = split_heads(v, self.head_v_dim)
-        o = self.attend(r, w, k, v, -kk, kk * a)
+        o = self.attend(r, w, k, v, -kk, kk * a, cu_seqlens)
         o = self.g_norm(o.reshape(B * T, self.value_dim)).view(B, T, self.value_dim)
         bonus = (r * k * self.r_k).sum(-1, keepdim=True) * v  # the current token's own contribution
         o = (o + bonus.view(B, T, self.value_dim)) * g
@@ -206,7 +207,7 @@ class RWKV7Attention(nn.Module):
 
         return ops.chunk_rwkv7 if self.mode == "chunk" else ops.fused_recurrent_rwkv7
 
-    def attend(self, r, w, k, v, a, b):
+    def attend(self, r, w, k, v, a, b, cu_seqlens=None):
         """Run the op. Under autocast the projections come out in the autocast dtype while the vector parameters
         (k_a, k_k) promote k, a, b to fp32: the kernel gets r, k, v, a, b in the projections' dtype (the autocast
         dtype, else the module's) and w as computed (fp32: the fix of #181)."""
@@ -214,6 +215,7 @@ class RWKV7Attention(nn.Module):
 
         k, v, a, b = (t.to(r.dtype) for t in (k, v, a, b))
         op = self.attention_op or self.default_op()
+        packed = {} if cu_seqlens is None else {"cu_seqlens": cu_seqlens}  # a swapped-in op need not take it
         with contract.value_checks(False) if self.bug in BYPASS_VALUE_CHECKS else contextlib.nullcontext():
-            o, _ = op(r, w, k, v, a, b, scale=1.0, initial_state=None, output_final_state=False)
+            o, _ = op(r, w, k, v, a, b, scale=1.0, initial_state=None, output_final_state=False, **packed)
         return o
