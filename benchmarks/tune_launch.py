@@ -17,7 +17,7 @@ import bench  # noqa: E402
 from fla_lab.ops.common.launch import DEFAULT_LAUNCH  # noqa: E402
 
 CHOICES = {  # field -> values tried; an op ignores the fields of kernels it does not run
-    "state_BV": (16, 32, 64), "state_warps": (1, 2, 4, 8), "state_stages": (1, 2, 3, 4),
+    "state_BV": (None, 16, 32, 64), "state_warps": (1, 2, 4, 8), "state_stages": (1, 2, 3, 4),
     "out_BV": (16, 32, 64), "out_warps": (2, 4, 8),
     "scores_BK": (16, 32, 64), "scores_warps": (1, 2, 4),
     "dqk_BK": (16, 32, 64), "dqk_warps": (1, 2, 4, 8),
