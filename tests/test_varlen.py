@@ -287,3 +287,38 @@ def test_the_tables_of_a_recent_offsets_tensor_are_reused():
     o, _ = spec.fn(**x, cu_seqlens=cu)
     o_fresh, _ = spec.fn(**x, cu_seqlens=cu.clone())
     assert torch.equal(o, o_fresh)
+
+
+# flash-linear-attention's varlen grids (tests/ops at bc3b101d: test_gla.py, test_rwkv6.py, test_gsa.py,
+# test_dplr_delta.py): the offsets and head sizes its varlen tests pack, H = 4, GSA M = 64; a fact list, not their code.
+FLA_VARLEN = [([0, 15], 64), ([0, 0, 16], 64), ([0, 256, 500, 1000], 64), ([0, 15, 100, 300, 1200, 2000], 100),
+              ([0, 1, 100, 300, 1200, 2048], 64), ([0, 200, 512, 1200, 2048], 128), ([0, 64, 128, 192], 64),
+              ([0, 15, 100, 300, 1111, 1599, 2000], 100)]
+
+
+def _interpreter_size(offsets, D):
+    """On the CPU, FLA's sizes shrunk as benchmarks/fla_tests.py shrinks them: each length L kept up to 128, else
+    128 if a multiple of 64, else 64 + L % 64 (a partial last chunk stays partial), D 128 -> 64, H 4 -> 1."""
+    if runtime.device() == "cuda":
+        return offsets, D, 4
+    lengths = [b - a for a, b in zip(offsets[:-1], offsets[1:])]
+    lengths = [L if L <= 128 else 128 if L % 64 == 0 else 64 + L % 64 for L in lengths]
+    return _offsets(lengths), 64 if D == 128 else D, 1
+
+
+@pytest.mark.parametrize("offsets, D", FLA_VARLEN, ids=[f"{o}-D{d}" for o, d in FLA_VARLEN])
+@pytest.mark.parametrize("name", ["chunk_gla", "fused_recurrent_rwkv6", "chunk_gsa", "chunk_rwkv7"])
+def test_flash_linear_attentions_varlen_grids(name, offsets, D):
+    """Each of FLA's packed batches against the float64 reference on each sequence alone (outputs, final states,
+    every gradient), with one initial state per sequence; at FLA's sizes on a GPU. chunk_gla stands for
+    chunk_rwkv6's kernels, fused_recurrent_rwkv6 for GLA's and GSA's fused ones (the ops sharing kernels are
+    checked against each other by `test_one_launch_is_the_op_called_per_sequence`)."""
+    offsets, D, H = _interpreter_size(offsets, D)
+    spec = registry.get(name)
+    shape = dict(H=H, K=D, V=D, M=64)
+    x = spec.inputs(registry.Shape(1, offsets[-1], **shape), decay=1.0, initial_state=False, seed=3)
+    h0 = spec.inputs(registry.Shape(len(offsets) - 1, 1, **shape), initial_state=True, seed=4)["initial_state"]
+    cu = torch.tensor(offsets, dtype=torch.int32, device=runtime.device())
+    result = harness.compare(functools.partial(spec.fn, cu_seqlens=cu),
+                             _reference_per_sequence(spec.reference, cu.cpu()), {**x, "initial_state": h0})
+    assert result.ok, f"{result.failures()} | {result}"
