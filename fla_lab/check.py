@@ -17,7 +17,8 @@ import torch
 # - float16: outputs and gradients are rounded to fp16 (unit roundoff 2**-11 = 4.9e-4); on a GPU the `tl.dot`
 #   operands are fp16 too, so a few roundings add up: 5e-3.
 # - bfloat16: unit roundoff 2**-8 = 3.9e-3 on every stored value and, on a GPU, on the dot operands: 2e-2.
-#   (The CPU interpreter truncates fp32 -> bf16 instead of rounding to nearest: up to 1 ulp, covered.)
+#   (Triton's CPU interpreter truncates fp32 -> bf16; `runtime.round_bf16_casts_to_nearest` makes it round to
+#   nearest even, as a GPU does.)
 
 
 @dataclass(frozen=True)

@@ -90,3 +90,41 @@ def test_interpreter_noise_is_hidden_even_under_an_error_filter():
         runtime.hide_interpreter_noise()
         warnings.warn("this API is deprecated", DeprecationWarning)
     assert [str(w.message) for w in caught] == ["this API is deprecated"]
+
+
+def test_bf16_rounding_is_round_to_nearest_even():
+    """fla_lab's fp32 -> bf16 bit patterns against torch's cast (round to nearest even): random values, ties both
+    ways, the largest finite values (carry to inf), infinities, zeros, subnormals; NaN stays NaN."""
+    import numpy as np
+
+    from fla_lab.runtime import bf16_round_to_nearest_even
+    ties = torch.tensor([1.00390625, 1.01171875, -1.00390625, 3.4e38, -3.4e38, 3.3895e38, float("inf"),
+                         float("-inf"), 0.0, -0.0, 1e-40, -1e-39])
+    x = torch.cat([torch.randn(50000, generator=torch.Generator().manual_seed(0)) * 100, ties])
+    ours = torch.from_numpy(bf16_round_to_nearest_even(x.numpy()).view(np.int16)).view(torch.bfloat16)
+    assert torch.equal(ours, x.to(torch.bfloat16))
+    nan = torch.from_numpy(bf16_round_to_nearest_even(np.array([float("nan")], np.float32)).view(np.int16))
+    assert nan.view(torch.bfloat16).isnan().all()
+
+
+def test_interpreted_bf16_stores_round_as_a_gpu_does():
+    """A kernel's `x.to(tl.bfloat16)` and an fp32 value stored to a bf16 pointer, under the interpreter: torch's
+    round-to-nearest, not the interpreter's truncation (up to 1 ulp, biased towards zero)."""
+    import triton
+    import triton.language as tl
+
+    from fla_lab import runtime
+    if not runtime.interpreting():
+        pytest.skip("the GPU rounds its casts itself")
+
+    @triton.jit
+    def cast_and_store(x, y, z, N: tl.constexpr):
+        o = tl.arange(0, N)
+        b_x = tl.load(x + o)
+        tl.store(y + o, b_x.to(tl.bfloat16))
+        tl.store(z + o, b_x)
+
+    x = torch.randn(1024, generator=torch.Generator().manual_seed(1)) * 7
+    y, z = torch.empty(1024, dtype=torch.bfloat16), torch.empty(1024, dtype=torch.bfloat16)
+    cast_and_store[(1,)](x, y, z, N=1024)
+    assert torch.equal(y, x.to(torch.bfloat16)) and torch.equal(z, x.to(torch.bfloat16))
