@@ -28,8 +28,9 @@ from fla_lab.ops.contract import check_cu_seqlens
 @dataclass(frozen=True)
 class Packed:
     """A packed batch as the kernels index it in one launch (FLA's `prepare_chunk_indices` and
-    `prepare_chunk_offsets`), for chunks of BT rows. Kernels take `kernel_args()` and `VARLEN=True`; see
-    `fla_lab.ops.common.utils.sequence_rows`, `sequence_chunks` and `chunk_of_sequence`.
+    `prepare_chunk_offsets`), for chunks of BT rows. Kernels take its tables and `VARLEN=True`
+    (`common.chunk.chunk_tables`, `sequence_tables`); inside them `fla_lab.ops.common.utils.sequence_rows`,
+    `sequence_chunks` and `chunk_of_sequence` find a program's sequence.
 
     - `cu_seqlens [N + 1]` int32: the offsets, on the kernels' device;
     - `chunk_indices [NT, 2]` int32: (sequence, chunk within it) of every chunk of the batch, sequence by sequence;
@@ -42,13 +43,6 @@ class Packed:
     NT: int
     BT: int
     bounds: tuple
-
-    def kernel_args(self):
-        return self.cu_seqlens, self.chunk_indices, self.chunk_offsets
-
-    def rechunk(self, BT: int) -> "Packed":
-        """The same sequences in chunks of BT rows."""
-        return self if BT == self.BT else packed(self.bounds, BT, self.cu_seqlens.device)
 
 
 def packed(bounds, BT: int, device) -> Packed:
