@@ -358,7 +358,7 @@ def test_brief_verdict_stops_before_the_advice():
 @pytest.mark.parametrize("lines, expected", [
     ("decay_lines", "b_h = b_h * tl.exp(b_g)[:, None] + b_kv"),
     ("rwkv7_step_lines", "removed = "),
-    ("removal_lines", "o = self.attend(r, w, k, v, -kk, kk * a)"),
+    ("removal_lines", "o = self.attend(r, w, k, v, -kk, kk * a, cu_seqlens)"),
 ])
 def test_source_lines_point_at_the_shipped_code(lines, expected):
     import importlib

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fla_lab.bugs import check_bug
-from fla_lab.layers.rwkv6 import split_heads
+from fla_lab.layers.rwkv6 import packed_kwargs, split_heads
 
 FEATURE_MAPS = {"swish": F.silu, "relu": F.relu}  # the parameter-free ones of upstream's three
 LAYER_SWITCHES = ("capstone_a",)  # switches of this layer's own code (notebook 06), never passed to the kernel
@@ -44,10 +44,10 @@ class GatedSlotAttention(nn.Module):
     """GSA with upstream 0.6.0's constructor, parameter names and return convention `(o, None, past_key_values)`.
 
     Differences from flash-linear-attention 0.6.0, each raising a clear error rather than diverging silently:
-    no cache or attention mask (a packed batch, `cu_seqlens=` with B = 1, as upstream's); no short convolution; no grouped keys/values
-    (`num_kv_heads` must equal `num_heads`); feature maps 'swish' and 'relu' only (not 't2r'); with a `bug=`
-    switch the chunk kernel at every length (upstream runs `fused_recurrent_gsa` for T <= 64, as this layer does
-    without one); `use_output_gate=True` and `use_norm=False` are
+    no cache or attention mask (a packed batch, `cu_seqlens=` with B = 1, runs as upstream's); no short
+    convolution; no grouped keys/values (`num_kv_heads` must equal `num_heads`); feature maps 'swish' and 'relu'
+    only (not 't2r'); with a `bug=` switch the chunk kernel at every length (upstream runs `fused_recurrent_gsa`
+    for T <= 64, as this layer does without one); `use_output_gate=True` and `use_norm=False` are
     refused because upstream accepts and then ignores them (its forward never gates and always normalises);
     `expand_v` must give `value_dim == hidden_size`, because the norm is `hidden_size` wide (upstream fails in
     the forward otherwise). The norm uses `norm_eps` (upstream's fused call drops it for the default 1e-5).
@@ -158,9 +158,10 @@ class GatedSlotAttention(nn.Module):
     def _attend(self, q, k, v, s, f, cu_seqlens=None):
         from fla_lab import ops  # looked up at call time, so a wrapper (a spy, the NaN locator) sees the call
 
+        packed = packed_kwargs(cu_seqlens)
         if self.mode == "fused_recurrent" or (self.bug is None and q.shape[1] <= FUSED_MAX_T):
-            o, _ = ops.fused_recurrent_gsa(q, k, v, s, g=f, scale=self.scale, cu_seqlens=cu_seqlens)
+            o, _ = ops.fused_recurrent_gsa(q, k, v, s, g=f, scale=self.scale, **packed)
         else:
             bug = None if self.bug in LAYER_SWITCHES else self.bug
-            o, _ = ops.chunk_gsa(q, k, v, s, g=f, scale=self.scale, bug=bug, cu_seqlens=cu_seqlens)
+            o, _ = ops.chunk_gsa(q, k, v, s, g=f, scale=self.scale, bug=bug, **packed)
         return o

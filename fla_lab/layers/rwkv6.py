@@ -35,6 +35,11 @@ def token_shift(x: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> torc
     return shifted - x
 
 
+def packed_kwargs(cu_seqlens) -> dict:
+    """`cu_seqlens=` for the op only when given: an op wrapped or swapped in (a test's spy) need not take it."""
+    return {} if cu_seqlens is None else {"cu_seqlens": cu_seqlens}
+
+
 def split_heads(x: torch.Tensor, head_dim: int) -> torch.Tensor:
     return x.view(*x.shape[:-1], -1, head_dim)
 
@@ -175,5 +180,6 @@ class RWKV6Attention(nn.Module):
         switch = {"bug": self.bug} if KERNEL_BUGS.get(self.bug) == name else {}
         # The bug path must reach the kernel: the contract would reject its positive log-decay first.
         with contract.value_checks(False) if self.bug else contextlib.nullcontext():
-            o, _ = getattr(ops, name)(r, k, v, w, self.bonus.to(r.dtype), scale=1.0, cu_seqlens=cu_seqlens, **switch)
+            o, _ = getattr(ops, name)(r, k, v, w, self.bonus.to(r.dtype), scale=1.0, **packed_kwargs(cu_seqlens),
+                                      **switch)
         return o

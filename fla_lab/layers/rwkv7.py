@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fla_lab.layers import init
-from fla_lab.layers.rwkv6 import LoRA, split_heads, token_shift
+from fla_lab.layers.rwkv6 import LoRA, packed_kwargs, split_heads, token_shift
 from fla_lab.bugs import check_bug
 
 DECAY_SCALE = math.exp(-0.5)  # official w = -softplus(-w_raw) - 0.5 then exp: -exp(w) = -exp(-0.5) * sigmoid(w_raw)
@@ -215,7 +215,7 @@ class RWKV7Attention(nn.Module):
 
         k, v, a, b = (t.to(r.dtype) for t in (k, v, a, b))
         op = self.attention_op or self.default_op()
-        packed = {} if cu_seqlens is None else {"cu_seqlens": cu_seqlens}  # a swapped-in op need not take it
         with contract.value_checks(False) if self.bug in BYPASS_VALUE_CHECKS else contextlib.nullcontext():
-            o, _ = op(r, w, k, v, a, b, scale=1.0, initial_state=None, output_final_state=False, **packed)
+            o, _ = op(r, w, k, v, a, b, scale=1.0, initial_state=None, output_final_state=False,
+                      **packed_kwargs(cu_seqlens))
         return o
