@@ -63,28 +63,11 @@ ONE_LAUNCH = ["chunk_gla", "chunk_rwkv6", "chunk_gsa", "chunk_rwkv7", "fused_rec
 ONE_LAUNCH_LENGTHS = {"chunk": (5, 0, 64, 130, 19), "fused_recurrent": (5, 0, 1, 37, 19)}
 
 
-def _run_with_grads(fn, x, seed=0):
-    """fn's output and final states, and every input's gradient under fixed random cotangents (o and ht)."""
-    leaves = {n: _leaf(t) for n, t in x.items()}
-    o, ht = fn(**leaves, output_final_state=True)
-    finals = ht if isinstance(ht, tuple) else (ht,)
-    gen = torch.Generator().manual_seed(seed)
-    loss = sum((t * torch.randn(t.shape, generator=gen).to(t)).sum() for t in (o, *finals))
-    loss.backward()
-    grads = {n: [leaf.grad for leaf in (t if isinstance(t, tuple) else (t,))] for n, t in leaves.items()
-             if _floating(t)}
-    return o, finals, grads
-
-
-def _floating(t):
-    return isinstance(t, tuple) or (torch.is_tensor(t) and t.is_floating_point())
-
-
-def _leaf(t):
-    if isinstance(t, tuple):
-        return tuple(_leaf(x) for x in t)
-    t = t.to(runtime.device()) if torch.is_tensor(t) else t
-    return t.clone().requires_grad_() if torch.is_tensor(t) and t.is_floating_point() else t
+def _run_with_grads(fn, x, seed=0) -> harness.Run:
+    """fn's output, final states and every input's gradient under the harness's random cotangents (o and ht)."""
+    def draw(o, states):
+        return harness.cotangents(o.shape, {n: s.shape for n, s in states.items()}, seed)
+    return harness.run(fn, harness.leaves(harness.on_device(x)), draw)
 
 
 def _check_one_launch(name, drop=(), u_tol=(1e-6, 1e-7), **options):
@@ -101,16 +84,16 @@ def _check_one_launch(name, drop=(), u_tol=(1e-6, 1e-7), **options):
         rest = {n: t for n, t in x.items() if n not in rows}
         return per_sequence(name, spec.fn, rows, cu.cpu(), initial_state, output_final_state, **rest, **options)
 
-    o, finals, grads = _run_with_grads(functools.partial(spec.fn, cu_seqlens=cu, **options), x)
-    o_loop, finals_loop, grads_loop = _run_with_grads(one_sequence_at_a_time, x)
-    assert _same(o, o_loop)
-    assert all(_same(a, b) for a, b in zip(finals, finals_loop))
-    for n in grads:
-        for a, b in zip(grads[n], grads_loop[n]):
-            if n == "u":
-                torch.testing.assert_close(a, b, rtol=u_tol[0], atol=u_tol[1])
-            else:
-                assert _same(a, b), n
+    one = _run_with_grads(functools.partial(spec.fn, cu_seqlens=cu, **options), x)
+    loop = _run_with_grads(one_sequence_at_a_time, x)
+    assert _same(one.o, loop.o)
+    assert one.states.keys() == loop.states.keys() and all(_same(one.states[n], loop.states[n]) for n in one.states)
+    assert one.grads.keys() == loop.grads.keys()
+    for n, a in one.grads.items():
+        if n == "u":
+            torch.testing.assert_close(a, loop.grads[n], rtol=u_tol[0], atol=u_tol[1])
+        else:
+            assert _same(a, loop.grads[n]), n
 
 
 def _same(a, b) -> bool:
