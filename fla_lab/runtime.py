@@ -40,6 +40,7 @@ def configure() -> None:
     if _STATE["interpret"]:
         _switch_triton_knob_on()
         round_bf16_casts_to_nearest()
+        index_tensors_as_scalars()
     _STATE["device"] = "cuda" if has_cuda and not _STATE["interpret"] else "cpu"
     hide_interpreter_noise()
 
@@ -94,8 +95,30 @@ def round_bf16_casts_to_nearest() -> bool:
     return True
 
 
-# numpy >= 1.25 deprecates int() of a 1-element array, which Triton 3.6's interpreter does for loop bounds (3.7 no
-# longer does): a warning about Triton's internals, not about the caller's inputs.
+def index_tensors_as_scalars() -> bool:
+    """Make the interpreter turn a scalar tensor used as an index (a loop bound computed in the kernel, such as a
+    packed sequence's chunk count) into a Python int as Triton 3.7 does, by squeezing it first. Triton 3.6 calls
+    `int()` on its one-element array, which numpy 2.4 rejects (TypeError: only 0-dimensional arrays can be
+    converted to Python scalars). Returns False where the interpreter has no such hook."""
+    try:
+        from triton.runtime import interpreter
+    except ImportError:
+        return False
+    patch = getattr(interpreter, "_patch_lang_tensor", None)
+    if patch is None or getattr(patch, "indexes_squeezed", False):
+        return patch is not None
+
+    def patch_lang_tensor(tensor, scope):
+        patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    patch_lang_tensor.indexes_squeezed = True
+    interpreter._patch_lang_tensor = patch_lang_tensor
+    return True
+
+
+# numpy 1.25-2.3 deprecate int() of a 1-element array (2.4 raises), which Triton 3.6's interpreter does for loop
+# bounds (3.7 no longer does; `index_tensors_as_scalars` makes 3.6 do as 3.7): Triton's internals, not the caller's.
 INTERPRETER_DEPRECATION = r"Conversion of an array with ndim > 0 to a scalar is deprecated"
 
 

@@ -77,3 +77,10 @@ def test_rejects_head_first():
     inputs = harness.rwkv7_inputs(1, 5, 1, 16, 16)
     with pytest.raises((TypeError, ValueError), match="head_first"):
         chunk_rwkv7(**inputs, head_first=True)
+
+
+@pytest.mark.parametrize("B, width", [(8, 32), (16, 64), (64, 64)])
+def test_state_tiles_narrow_until_the_passes_fill_every_sm(monkeypatch, B, width):
+    """`STATE_BV = None` on an H200 (132 SMs), 16 heads, V = 64: the widths measured fastest there."""
+    monkeypatch.setattr(chunk_module, "gpu_sms", lambda _: 132)
+    assert chunk_module._state_block(torch.empty(B, 4096, 16, 64), 64) == width

@@ -128,3 +128,34 @@ def test_interpreted_bf16_stores_round_as_a_gpu_does():
     y, z = torch.empty(1024, dtype=torch.bfloat16), torch.empty(1024, dtype=torch.bfloat16)
     cast_and_store[(1,)](x, y, z, N=1024)
     assert torch.equal(y, x.to(torch.bfloat16)) and torch.equal(z, x.to(torch.bfloat16))
+
+
+def test_loop_bounds_computed_in_a_kernel_run_under_triton_3_6s_interpreter(monkeypatch):
+    """Triton 3.6's interpreter made a scalar tensor an index with `int()` of a one-element array, which numpy 2.4
+    rejects: every kernel that computes a loop bound (a chunk count, a packed sequence's length) failed there,
+    chunk_gla's dry run on the H200 machine (Triton 3.6) among them. Stand in 3.6's hook, apply the fix, and run
+    a kernel whose loop bound it computes."""
+    import triton
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    from fla_lab import runtime
+    if not runtime.interpreting():
+        pytest.skip("compiled kernels have no such hook")
+
+    def triton_3_6_hook(tensor, scope):
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data))
+
+    monkeypatch.setattr(interpreter, "_patch_lang_tensor", triton_3_6_hook)
+    assert runtime.index_tensors_as_scalars()
+
+    @triton.jit
+    def count_chunks(x, y, T, BT: tl.constexpr):
+        n = 0
+        for _ in range(0, tl.cdiv(tl.load(x + T * 0), BT)):
+            n += 1
+        tl.store(y, n)
+
+    y = torch.zeros(1, dtype=torch.int32)
+    count_chunks[(1,)](torch.tensor([37], dtype=torch.int32), y, 0, BT=16)
+    assert y.item() == 3

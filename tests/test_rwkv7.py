@@ -151,3 +151,29 @@ def test_rejects_misshapen_removal_vectors(op, name):
     inputs[name] = inputs[name][..., :8]
     with pytest.raises(ValueError, match=f"`{name}`"):
         op(**inputs)
+
+
+@pytest.mark.parametrize("B, forward, backward", [(2, (16, 8), (32, 4)), (4, (16, 8), (32, 4)),
+                                                  (16, (32, 4), (32, 4)), (32, (32, 1), (32, 4)),
+                                                  (64, (64, 1), (32, 4))])
+def test_launch_follows_how_full_the_gpu_is(monkeypatch, B, forward, backward):
+    """The fused kernels' per-call tiles and warps on an H200 (132 SMs), 16 heads, V = 64: few sequences take the
+    narrowest tile (the shortest step), many take one warp per program (`forward_launch`, `backward_launch`)."""
+    x = torch.empty(B, 65536 // B, 16, 64)
+    assert rwkv7.forward_launch(x, 64, 16, None) == (64, 4)  # off the GPU: one value tile
+    assert rwkv7.backward_launch(x, 64) == (64, 4)
+    monkeypatch.setattr(rwkv7, "gpu_sms", lambda _: 132)
+    assert rwkv7.forward_launch(x, 64, 16, None) == forward
+    assert rwkv7.backward_launch(x, 64) == backward
+    monkeypatch.setattr(rwkv7, "FWD_LAUNCH", (32, 2))  # a tuner's setting wins
+    assert rwkv7.forward_launch(x, 64, 16, None) == (32, 2)
+
+
+def test_narrow_forward_and_backward_tiles(monkeypatch):
+    """What the GPU rules pick for few sequences: 16-column forward programs, 32-column backward ones with fp32
+    partials of the key-side gradients, against the float64 reference."""
+    monkeypatch.setattr(rwkv7, "FWD_LAUNCH", (16, 4))
+    monkeypatch.setattr(rwkv7, "BWD_LAUNCH", (32, 4))
+    inputs = harness.rwkv7_inputs(1, 37, 2, 32, 64, decay=3.0, initial_state=True, seed=4)
+    result = harness.compare(fused_recurrent_rwkv7, reference.recurrent_rwkv7, inputs)
+    assert result.ok, f"{result.failures()} | {result}"

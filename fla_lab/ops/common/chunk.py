@@ -538,10 +538,15 @@ def state_width(launch: ChunkLaunch, x: torch.Tensor, V: int, H: int, seqs: Pack
     width = tile_width(V)
     if launch.state_BV is not None:
         return min(width, launch.state_BV)
+    sms = gpu_sms(x)
+    return width if sms is None else filling_width(width, V, parallel_sequences(*x.shape[:2], seqs) * H, sms)
+
+
+def gpu_sms(x: torch.Tensor) -> int | None:
+    """The SM count of x's GPU, which per-call launch rules fill; None off the GPU and under the interpreter."""
     if x.device.type != "cuda" or runtime.interpreting():
-        return width
-    rows = parallel_sequences(*x.shape[:2], seqs) * H
-    return filling_width(width, V, rows, torch.cuda.get_device_properties(x.device).multi_processor_count)
+        return None
+    return torch.cuda.get_device_properties(x.device).multi_processor_count
 
 
 def parallel_sequences(B: int, T: int, seqs: Packed | None) -> float:
@@ -550,10 +555,10 @@ def parallel_sequences(B: int, T: int, seqs: Packed | None) -> float:
     return B if seqs is None else T / max(eos - bos for bos, eos in seqs.bounds)
 
 
-def filling_width(width: int, V: int, rows: float, sms: int) -> int:
+def filling_width(width: int, V: int, rows: float, sms: int, fill: float = 0.5) -> int:
     """`width` halved (down to 16) while `rows` programs per value tile, `V / width` tiles each, fill less than
-    half of `sms`."""
-    while width > MIN_DOT and rows * grid_size(V, width) < sms // 2:
+    `fill` of `sms`."""
+    while width > MIN_DOT and rows * grid_size(V, width) < int(sms * fill):
         width //= 2
     return width
 

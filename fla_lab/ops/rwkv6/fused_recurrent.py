@@ -285,7 +285,7 @@ def _forward(q, k, v, g, u, scale, h0, output_final_state, gv=None, o_dtype=None
     fused_recurrent_fwd_kernel[(grid_size(V, BV), NK, N * H)](
         q, k, v, g, gv, u, o, h0, ht, scale, cu_seqlens, B, T, H=H, K=K, V=V, BK=BK, BV=BV, RWKV6=u is not None,
         GATE_K=g is not None, GATE_V=gv is not None, USE_H0=h0 is not None, STORE_HT=output_final_state,
-        SPLIT_K=NK > 1, VARLEN=seqs is not None)
+        SPLIT_K=NK > 1, VARLEN=seqs is not None, num_warps=WARPS["fwd"])
     return sum_partials(o).to(o_dtype), ht
 
 
@@ -294,6 +294,10 @@ def _forward(q, k, v, g, u, scale, h0, output_final_state, gv=None, o_dtype=None
 # of one [NK, B, T, H, V] sum. Measured on an H200 (fused_recurrent_rwkv6, bf16, B=8, T=4096, H=16, K=V=64),
 # forward+backward: DKV_BK = 64: 27.1 ms (128 programs on 132 SMs), 32: 19.3 ms, 16: 18.5 ms (512 programs).
 DKV_BK, DKV_BV = 16, 64
+# num_warps per kernel (`benchmarks/tune_kernels.py fused_recurrent_rwkv6`; H200, bf16, H=16, K=V=64,
+# forward+backward ms at dkv warps 4 / 1: B=8, T=4096: 15.6 / 14.2; B=16, T=4096: 23.8 / 15.7; B=64, T=1024:
+# 23.5 / 13.1. dq warps 4 / 2 at B=64, T=1024: 23.5 / 21.8, even elsewhere)
+WARPS = {"fwd": 4, "dq": 2, "dkv": 1}
 
 
 def sum_partials(x):
@@ -315,7 +319,7 @@ def _backward(q, k, v, g, u, scale, h0, ht, do, dht, dq_tiles, h0_mask_fn, gv=No
     dq = torch.empty(NVq, B, T, H, K, **f32)
     fused_recurrent_bwd_dq_kernel[(NVq, grid_size(K, BKq), N * H)](
         k, v, g, gv, do, dq, h0, scale, cu_seqlens, B, T, H=H, K=K, V=V, BK=BKq, BV=BVq, RWKV6=rwkv6, **gates,
-        USE_H0=h0 is not None, H0_MASK=h0_mask_fn)
+        USE_H0=h0 is not None, H0_MASK=h0_mask_fn, num_warps=WARPS["dq"])
     dq = sum_partials(dq)  # the dkv kernel reads the complete dq_t
     BK, BV = min(next_pow2(K), DKV_BK), min(next_pow2(V), DKV_BV)
     NK, NV = grid_size(K, BK), grid_size(V, BV)
@@ -329,7 +333,7 @@ def _backward(q, k, v, g, u, scale, h0, ht, do, dht, dq_tiles, h0_mask_fn, gv=No
     fused_recurrent_bwd_dkv_kernel[(NV, NK, N * H)](
         q, k, v, g, gv, u, do, dq, dk, dv, dg, du, ht, dht, dh0, scale, cu_seqlens, B, T, H=H, K=K, V=V, BK=BK,
         BV=BV, RWKV6=rwkv6, **gates, USE_DHT=dht is not None, STORE_DH0=h0 is not None, FUSE_DG=fuse_dg,
-        DG_HT=fuse_dg and dg_ht)
+        DG_HT=fuse_dg and dg_ht, num_warps=WARPS["dkv"])
     dk, dv = sum_partials(dk), sum_partials(dv)
     dgv = value_decay_grad(o, do, v, dv, ht, dht, seqs) if gv is not None else None
     if fuse_dg:

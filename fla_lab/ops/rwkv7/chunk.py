@@ -57,7 +57,8 @@ from fla_lab import runtime
 from fla_lab.bugs import check_bug
 from fla_lab.ops import contract
 from fla_lab.ops.common.chunk import (boundary_share, boundary_term, chunk_cumsum, chunk_tables, chunks,
-                                      load_query_decay, sequence_tables, sequences)
+                                      filling_width, gpu_sms, load_query_decay, parallel_sequences, sequence_tables,
+                                      sequences)
 from fla_lab.ops.common.launch import check_chunk_size
 from fla_lab.ops.common.utils import (as_contiguous, batch_head, cast_grad, chunk_of_sequence, custom_bwd, custom_fwd,
                                       dot_dtype, grid_size, kernel, mma, mma_split, next_pow2, sequence_chunks,
@@ -70,11 +71,15 @@ FLA_CHUNK_SIZES = (CHUNK, 32, 64)  # what FLA 0.6.0's chunk_rwkv7 takes; every o
 MAX_BV = 64  # value columns per program
 BWD_BV = 32  # value columns per step of the backward's per-chunk kernels
 BWD_BK = 32  # key channels per program of dplr_bwd_kernel: the pair terms are per channel
-STATE_BV = 32  # value columns per program of the two sequential passes: more programs for the one serial loop
+# Value columns per program of the two sequential passes (None: per call, `_state_block`): narrower tiles give more
+# programs to the one serial loop. H200, bf16, H=16, K=V=64, forward+backward: B=8, T=4096 fastest at 32;
+# B=16, T=4096: 12.89 ms at 64, 13.39 at 32; B=64, T=1024: 12.97 at 64, 13.12 at 32.
+STATE_BV = None
+CPU_STATE_BV = 32  # off the GPU (the interpreter, where SMs mean nothing): B=8, T=4096's width
 # The chunk's fp32 products (the solve with (I - A_ab)^-1): "tf32x3", three TF32 products on the tensor cores,
 # keeps about fp32's accuracy; IEEE fp32 runs on the CUDA cores (and under the interpreter, which has no TF32).
 SOLVE_PRECISION = tl.constexpr("ieee" if runtime.interpreting() else "tf32x3")
-# num_warps per kernel (benchmarks/tune_chunk_rwkv7.py, H200)
+# num_warps per kernel (`benchmarks/tune_kernels.py chunk_rwkv7`, H200)
 WARPS = {"scores": 4, "intra": 1, "fwd_h": 4, "fwd_o": 1, "bwd_dh": 4, "bwd_dv": 2, "bwd": 2}
 
 
@@ -446,7 +451,7 @@ def dplr_bwd_dv_kernel(k, v, gi, dh, u, dX, do, Arb, Ark, Aab, Aak, dv, scale, c
         dA_ab += mma(b_dx, tl.trans(b_u), DOT)
         dA_ak += mma(b_dx, tl.trans(b_v), DOT)
         b_dv = mma(tl.trans(b_Ark), b_do, DOT) + mma(tl.trans(b_Aak), b_dx, DOT) + mma_split(b_kbar, b_dh, DOT)
-        tl.store(dv + o_t[:, None] * H * V + o_v[None, :], b_dv, mask=m_tv)
+        tl.store(dv + o_t[:, None] * H * V + o_v[None, :], b_dv.to(dv.dtype.element_ty), mask=m_tv)
     tl.debug_barrier()  # every thread has read its scores before they are overwritten
     tl.store(Arb + p_tt, dA_rb, mask=m_t[:, None])
     tl.store(Ark + p_tt, dA_rk, mask=m_t[:, None])
@@ -509,10 +514,10 @@ def dplr_bwd_kernel(r, k, v, a, b, gi, h, dh, u, dX, do, dArb, dArk, dAab, dAak,
     p_tk = o_t[:, None] * HK + o_k[None, :]
     b_x = load_rows(r, o_t, o_k, m_tk, HK) * b_dr - load_rows(b, o_t, o_k, m_tk, HK) * b_db
     b_x -= load_rows(k, o_t, o_k, m_tk, HK) * b_dk
-    tl.store(dr + bos * K + p_tk, b_dr, mask=m_tk)
+    tl.store(dr + bos * K + p_tk, b_dr.to(dr.dtype.element_ty), mask=m_tk)
     tl.store(da + bos * K + o_n[:, None] * HK + o_k[None, :], b_da, mask=m_nk)
-    tl.store(db + bos * K + p_tk, b_db, mask=m_tk)
-    tl.store(dk + bos * K + p_tk, b_dk, mask=m_tk)
+    tl.store(db + bos * K + p_tk, b_db.to(db.dtype.element_ty), mask=m_tk)
+    tl.store(dk + bos * K + p_tk, b_dk.to(dk.dtype.element_ty), mask=m_tk)
     tl.store(x + bos * K + p_tk, b_x, mask=m_tk)
 
 
@@ -579,14 +584,18 @@ def _intra(a, b, v, gi, do, Arb, Aab, Aak, scale, backward, seqs=None):
     return W, U0, Wb, dX0
 
 
-def _state_block(V: int) -> int:
-    return min(_value_block(V), STATE_BV)
+def _state_block(x, V: int, seqs=None) -> int:
+    """STATE_BV, or (None) 64 halved while the passes' programs would fill less than the GPU's SMs."""
+    width, sms = _value_block(V), gpu_sms(x)
+    if STATE_BV is not None or sms is None:
+        return min(width, STATE_BV or CPU_STATE_BV)
+    return filling_width(width, V, parallel_sequences(*x.shape[:2], seqs) * x.shape[2], sms, fill=1.0)
 
 
 def _states(k, v, b, gi, W, U0, h0, store_ht, dot, bug=None, seqs=None):
     """`h [B, NT, H, K, V]`, `u [B, T, H, V]` and the final states `[N, H, K, V]` (one per batch row or sequence)."""
     B, T, H, K, V, NT, BK, _ = _shapes(k, v, seqs)
-    BV, N = _state_block(V), sequences(B, seqs)
+    BV, N = _state_block(k, V, seqs), sequences(B, seqs)
     h, u = _f32(k, B, NT, H, K, V), _f32(k, B, T, H, V)
     ht = _f32(k, N, H, K, V) if store_ht else None
     dplr_fwd_h_kernel[(grid_size(V, BV), N * H)](k, v, b, gi, W, U0, h, u, h0, ht, *sequence_tables(seqs), T, H=H,
@@ -627,18 +636,19 @@ def _backward(r, w, k, v, a, b, scale, h0, ht, do, dht, bug=None, seqs=None):
     N = sequences(B, seqs)
     dh, dX = _f32(r, B, NT, H, K, V), _f32(r, B, T, H, V)
     dh0 = _f32(r, N, H, K, V) if h0 is not None else None
-    SBV = _state_block(V)
+    SBV = _state_block(r, V, seqs)
     bnd = _f32(r, B, NT, H, grid_size(V, SBV), K)
     dplr_bwd_dh_kernel[(grid_size(V, SBV), N * H)](r, a, gi, do, Wb, dX0, h, ht, dh, dX, dht, dh0, bnd, scale,
                                                    *sequence_tables(seqs), T, H=H, K=K, V=V, BT=CHUNK, BK=BK, BV=SBV,
                                                    DOT=dot, USE_DHT=dht is not None, STORE_DH0=h0 is not None,
                                                    VARLEN=varlen, num_warps=WARPS["bwd_dh"])
     del Wb, dX0
-    dv = _f32(r, B, T, H, V)
+    dv = torch.empty_like(v)  # dr, dk, db, dv leave their kernels in their inputs' dtypes: no cast passes
     dplr_bwd_dv_kernel[(NT, B * H)](k, v, gi, dh, u, dX, do, Arb, Ark, Aab, Aak, dv, scale, *chunk_args, T, NT, H=H,
                                     K=K, V=V, BT=CHUNK, BK=BK, BV=min(BV, BWD_BV), DOT=dot, VARLEN=varlen,
                                     num_warps=WARPS["bwd_dv"])
-    dr, dk, da, db, x = (_f32(r, B, T, H, K) for _ in range(5))
+    dr, dk, db = torch.empty_like(r), torch.empty_like(k), torch.empty_like(b)
+    da, x = _f32(r, B, T, H, K), _f32(r, B, T, H, K)  # read again by dplr_dw_kernel
     PBK = min(BK, BWD_BK)
     dplr_bwd_kernel[(grid_size(K, PBK), NT, B * H)](r, k, v, a, b, gi, h, dh, u, dX, do, Arb, Ark, Aab, Aak, dr, dk,
                                                     da, db, x, scale, *chunk_args, T, NT, H=H, K=K, V=V, BT=CHUNK,

@@ -26,13 +26,18 @@ import triton
 import triton.language as tl
 
 from fla_lab.ops import contract
+from fla_lab.ops.common.chunk import gpu_sms, parallel_sequences
 from fla_lab.ops.common.utils import (as_contiguous, batch_head, cast_grad, custom_bwd, custom_fwd, grid_size,
                                       kernel, next_pow2, sequence_chunks, state_tile)
 from fla_lab.ops.common.conventions import packed_batch
 
 MAX_K = 128  # a program keeps the whole key dimension of its state tile in registers
 CHECKPOINT_EVERY = 16  # steps per segment; the official RWKV-7 kernels' CHUNK_LEN
-MAX_BV = 64  # value columns per program (fewer programs under the interpreter; registers on a GPU)
+MAX_BV = 64  # value columns per program at most (fewer programs under the interpreter; registers on a GPU)
+# (value columns per program, num_warps) of each kernel, None: per call (`forward_launch`, `backward_launch`).
+# `benchmarks/tune_kernels.py fused_recurrent_rwkv7` measures them.
+FWD_LAUNCH = None
+BWD_LAUNCH = None
 
 
 @kernel
@@ -74,8 +79,9 @@ def fused_recurrent_rwkv7_fwd_kernel(r, w, k, v, a, b, o, h0, ht, hc, scale, cu_
                                      BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
                                      USE_H0: tl.constexpr, STORE_HT: tl.constexpr, STORE_HC: tl.constexpr,
                                      VARLEN: tl.constexpr = False):
-    """One step per iteration, segments of BT steps; `hc[b, h, s]` is the state entering segment s (packed:
-    `hc[chunk_offsets[n] + s, h]`)."""
+    """One step per iteration; `hc[b, h, s]` is the state entering segment s of BT steps (packed:
+    `hc[chunk_offsets[n] + s, h]`). One flat loop over the steps, the checkpoint stored where a segment starts: a
+    loop nested per segment restarts every 16 steps (H200, B=32, T=2048: the nested forward 6.6 ms, FLA's 5.9)."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_bh, i_b, i_h = batch_head(i_bh, H)
     bos, T, NS, boc = sequence_chunks(i_b, T, BT, cu_seqlens, chunk_offsets, VARLEN)
@@ -85,15 +91,15 @@ def fused_recurrent_rwkv7_fwd_kernel(r, w, k, v, a, b, o, h0, ht, hc, scale, cu_
     b_h = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_H0:
         b_h += tl.load(h0 + i_bh * K * V + p_kv, mask=m_kv, other=0).to(tl.float32)
-    for i_s in range(0, NS):
+    for t in range(0, T):
         if STORE_HC:
-            tl.store(p_hc + i_s * s_hc + p_kv, b_h, mask=m_kv)
-        for t in range(i_s * BT, tl.minimum(i_s * BT + BT, T)):
-            row = (bos + t) * H + i_h
-            b_r, b_d, b_k, b_v, b_a, b_b = load_step(r, w, k, v, a, b, row, o_k, o_v, m_k, m_v, K, V)
-            b_h, b_sa = transition(b_h, b_d, b_k, b_v, b_a, b_b)
-            b_o = tl.sum(b_h * b_r[:, None], axis=0) * scale
-            tl.store(o + row * V + o_v, b_o.to(o.dtype.element_ty), mask=m_v)
+            if t % BT == 0:
+                tl.store(p_hc + (t // BT) * s_hc + p_kv, b_h, mask=m_kv)
+        row = (bos + t) * H + i_h
+        b_r, b_d, b_k, b_v, b_a, b_b = load_step(r, w, k, v, a, b, row, o_k, o_v, m_k, m_v, K, V)
+        b_h, b_sa = transition(b_h, b_d, b_k, b_v, b_a, b_b)
+        b_o = tl.sum(b_h * b_r[:, None], axis=0) * scale
+        tl.store(o + row * V + o_v, b_o.to(o.dtype.element_ty), mask=m_v)
     if STORE_HT:
         tl.store(ht + i_bh * K * V + p_kv, b_h, mask=m_kv)
 
@@ -151,8 +157,37 @@ def fused_recurrent_rwkv7_bwd_kernel(r, w, k, v, a, b, do, dht, hc, scratch, dr,
         tl.store(dh0 + i_bh * K * V + p_kv, b_dh, mask=m_kv)
 
 
-def _value_block(V: int) -> int:
-    return min(next_pow2(V), MAX_BV)
+def forward_launch(x, V: int, H: int, seqs) -> tuple[int, int]:
+    """The forward's (value columns, num_warps). One step's latency grows with the tile, and many programs per SM
+    want few warps each. H200, bf16, H=16, K=V=64, forward ms (`benchmarks/tune_kernels.py`):
+
+    | B, T | (16, 8) | (32, 1) | (32, 4) | (64, 1) | (64, 4) | FLA 0.6.0 |
+    |---|---|---|---|---|---|---|
+    | 2, 32768 | 30.9 | 85.5 | 41.9 | 115.9 | 64.2 | 85.8 |
+    | 16, 4096 | 10.8 | 11.4 | 7.87 | 14.8 | 9.64 | 11.3 |
+    | 32, 2048 | 10.8 | 6.26 | 7.84 | 7.83 | 9.63 | 5.94 |
+    | 64, 1024 | 10.7 | 6.22 | 7.70 | 4.42 | 9.56 | 5.87 |
+    """
+    if FWD_LAUNCH is not None:
+        return min(next_pow2(V), MAX_BV, FWD_LAUNCH[0]), FWD_LAUNCH[1]
+    sms = gpu_sms(x)
+    if sms is None:
+        return min(next_pow2(V), MAX_BV), 4
+    rows = parallel_sequences(*x.shape[:2], seqs) * H  # programs per value tile
+    if rows * grid_size(V, 16) <= 2 * sms:  # few sequences: the narrowest tile, for the shortest step
+        return 16, 8
+    programs = rows * grid_size(V, MAX_BV)
+    return (MAX_BV, 1) if programs >= 4 * sms else (32, 1) if programs >= 2 * sms else (32, 4)
+
+
+def backward_launch(x, V: int) -> tuple[int, int]:
+    """The backward's (value columns, num_warps). H200, forward+backward ms at (64, 4) / (32, 4) / the fastest:
+    B=2, T=32768: 255 / 158 / 139 at (16, 8); B=16, T=4096: 45.1 / 40.0 / 39.4 at (16, 1); B=64, T=1024: 44.5 /
+    39.6 / 38.3 at (16, 1). 32 columns: each value tile adds one fp32 partial of dr, dw, dk, da, db (16 columns would
+    double that memory again for 1-12% more)."""
+    if BWD_LAUNCH is not None:
+        return min(next_pow2(V), MAX_BV, BWD_LAUNCH[0]), BWD_LAUNCH[1]
+    return min(next_pow2(V), MAX_BV if gpu_sms(x) is None else 32), 4
 
 
 def _sequences(B: int, seqs):
@@ -165,7 +200,7 @@ def _forward(r, w, k, v, a, b, scale, h0, output_final_state, save_checkpoints, 
     B, T, H, K = r.shape
     V = v.shape[-1]
     N, cu_seqlens, chunk_offsets = _sequences(B, seqs)
-    BK, BV = next_pow2(K), _value_block(V)
+    BK, (BV, warps) = next_pow2(K), forward_launch(r, V, H, seqs)
     f32 = dict(dtype=torch.float32, device=r.device)
     o = torch.empty(B, T, H, V, dtype=r.dtype, device=r.device)
     ht = torch.empty(N, H, K, V, **f32) if output_final_state else None
@@ -176,7 +211,7 @@ def _forward(r, w, k, v, a, b, scale, h0, output_final_state, save_checkpoints, 
     fused_recurrent_rwkv7_fwd_kernel[(grid_size(V, BV), N * H)](
         r, w, k, v, a, b, o, h0, ht, hc, scale, cu_seqlens, chunk_offsets, T, H=H, K=K, V=V, BK=BK, BV=BV,
         BT=CHECKPOINT_EVERY, USE_H0=h0 is not None, STORE_HT=output_final_state, STORE_HC=save_checkpoints,
-        VARLEN=seqs is not None)
+        VARLEN=seqs is not None, num_warps=warps)
     return o, ht, hc
 
 
@@ -184,7 +219,7 @@ def _backward(r, w, k, v, a, b, scale, h0, hc, do, dht, seqs=None):
     B, T, H, K = r.shape
     V = v.shape[-1]
     N, cu_seqlens, chunk_offsets = _sequences(B, seqs)
-    BK, BV = next_pow2(K), _value_block(V)
+    BK, (BV, warps) = next_pow2(K), backward_launch(r, V)
     NV = grid_size(V, BV)
     f32 = dict(dtype=torch.float32, device=r.device)
     dr, dw, dk, da, db = (torch.empty(NV, B, T, H, K, **f32) for _ in range(5))
@@ -194,7 +229,7 @@ def _backward(r, w, k, v, a, b, scale, h0, hc, do, dht, seqs=None):
     fused_recurrent_rwkv7_bwd_kernel[(NV, N * H)](
         r, w, k, v, a, b, do, dht, hc, scratch, dr, dw, dk, dv, da, db, dh0, scale, cu_seqlens, chunk_offsets, B, T,
         H=H, K=K, V=V, BK=BK, BV=BV, BT=CHECKPOINT_EVERY, USE_DHT=dht is not None, STORE_DH0=h0 is not None,
-        VARLEN=seqs is not None)
+        VARLEN=seqs is not None, num_warps=warps)
     return dr.sum(0), dw.sum(0), dk.sum(0), dv, da.sum(0), db.sum(0), dh0
 
 

@@ -1,0 +1,145 @@
+"""Launch settings of the fixed-config kernels (fused recurrent RWKV-6 and RWKV-7, chunk_rwkv7), one knob at a time
+(the others at their defaults), at several (B, T) of constant tokens: where a setting measured at bench.py's shape
+(B=8, T=4096) loses at B=64, T=1024 or B=1, T=65536, this shows it.
+
+A knob is a module-level setting: a tuple (value tile, num_warps), or a dict of num_warps per kernel. Prints one
+line per measurement (forward, or forward+backward where the knob is a backward kernel's) and writes
+tune_kernels.json to $OUT. `--profile` first prints each kernel's share of one forward+backward (torch.profiler),
+FLA's too with `--upstream`.
+
+Usage on a GPU:
+    python benchmarks/tune_kernels.py fused_recurrent_rwkv7 --shapes 64x1024 16x4096
+    python benchmarks/tune_kernels.py chunk_rwkv7 --profile --upstream --no-sweep   # where the time goes
+"""
+import argparse
+import itertools
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+
+import bench  # noqa: E402
+import bench_scaling  # noqa: E402
+
+from fla_lab import ops  # noqa: E402
+from fla_lab.ops.rwkv6 import fused_recurrent as fr6  # noqa: E402
+from fla_lab.ops.rwkv7 import chunk as c7, fused_recurrent as fr7  # noqa: E402
+
+TILES, WARPS = (16, 32, 64), (1, 2, 4, 8)
+
+
+def knobs(op):
+    """op -> [(module, attribute, key or None, values, backward?)]"""
+    tile_warps = list(itertools.product(TILES, WARPS))
+    return {
+        "fused_recurrent_rwkv7": [(fr7, "FWD_LAUNCH", None, tile_warps, False),
+                                  (fr7, "BWD_LAUNCH", None, tile_warps, True)],
+        "fused_recurrent_rwkv6": [(fr6, "FWD_BV", None, TILES, False), (fr6, "WARPS", "fwd", WARPS, False),
+                                  (fr6, "DKV_BK", None, TILES, True), (fr6, "WARPS", "dkv", WARPS, True),
+                                  (fr6, "WARPS", "dq", WARPS, True)],
+        "chunk_rwkv7": [(c7, "WARPS", name, WARPS, name.startswith("bwd")) for name in c7.WARPS]
+                       + [(c7, "STATE_BV", None, TILES, True), (c7, "BWD_BK", None, (16, 32, 64), True)],
+    }[op]
+
+
+READ = object()
+
+
+def setting(module, attr, key, value=READ):
+    """Read (no value) or set one knob, None included (a per-call rule); returns the old value."""
+    old = getattr(module, attr) if key is None else getattr(module, attr)[key]
+    if value is not READ:
+        if key is None:
+            setattr(module, attr, value)
+        else:
+            getattr(module, attr)[key] = value
+    return old
+
+
+def time_it(fn, x, do, kwargs, backward):
+    return bench.forward_backward_ms(fn, x, do, kwargs) if backward else bench.forward_ms(fn, x, kwargs)
+
+
+def sweep(op, B, T, rows, with_profile, with_sweep, only=None):
+    fn = getattr(ops, op)
+    x = bench.on_device(bench_scaling.INPUTS[op](B, T, bench.H))
+    do = bench.cotangent(x)
+    kwargs = bench_scaling.op_kwargs(op)
+    if with_profile:
+        profile(f"fla_lab {op} B={B} T={T}", fn, x, do, kwargs, backward=True)
+    for module, attr, key, values, backward in knobs(op):
+        default = setting(module, attr, key)
+        name = attr if key is None else f"{attr}[{key}]"
+        for value in values if with_sweep and (not only or name in only) else ():
+            setting(module, attr, key, value)
+            try:
+                ms = time_it(fn, x, do, kwargs, backward)
+            except Exception as exc:  # a setting that does not compile (registers, shared memory) is a result too
+                ms = float("nan")
+                print(f"  {type(exc).__name__}: {str(exc)[:120]}", flush=True)
+            finally:
+                setting(module, attr, key, default)
+            rows.append(dict(op=op, B=B, T=T, knob=name, value=value, default=value == default,
+                             metric="fwd_bwd_ms" if backward else "fwd_ms", ms=ms))
+            print(f"{op:<22} B={B:<3} T={T:<6} {name:<12} {str(value):<9}{' *' if value == default else '  '} "
+                  f"{'fwd+bwd' if backward else 'fwd    '} {ms:8.3f} ms", flush=True)
+
+
+def profile(label, fn, x, do, kwargs, backward, calls=5):
+    """Each kernel's CUDA time per call, largest first."""
+    step = (lambda: bench.forward_backward(fn, x, do, kwargs)) if backward else (lambda: fn(*x, **kwargs))
+    for _ in range(3):  # compile and warm up
+        step()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            step()
+        torch.cuda.synchronize()
+    rows = sorted(((e.device_time_total / calls / 1000, e.count // calls, e.key) for e in prof.key_averages()
+                   if e.device_time_total > 0), reverse=True)
+    print(f"== {label}: {sum(r[0] for r in rows):.3f} ms of kernels per {'fwd+bwd' if backward else 'fwd'}")
+    for ms, n, name in rows[:16]:
+        print(f"  {ms:7.3f} ms  x{n:<3d} {name[:90]}", flush=True)
+
+
+def upstream(op, B, T, rows, with_profile):
+    fn = bench.upstream_ops()[op]
+    x = bench.on_device(bench_scaling.INPUTS[op](B, T, bench.H))
+    do = bench.cotangent(x)
+    kwargs = bench_scaling.op_kwargs(op)
+    if with_profile:
+        profile(f"FLA 0.6.0 {op} B={B} T={T}", fn, x, do, kwargs, backward=op != "fused_recurrent_rwkv7")
+    metrics = [("fwd_ms", False)] + ([] if op == "fused_recurrent_rwkv7" else [("fwd_bwd_ms", True)])
+    for metric, backward in metrics:
+        ms = time_it(fn, x, do, kwargs, backward)
+        rows.append(dict(op=op, B=B, T=T, knob="FLA 0.6.0", value=None, metric=metric, ms=ms))
+        print(f"{op:<22} B={B:<3} T={T:<6} FLA 0.6.0              {metric:<10} {ms:8.3f} ms", flush=True)
+
+
+def main(argv):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("ops", nargs="+", choices=("fused_recurrent_rwkv7", "fused_recurrent_rwkv6", "chunk_rwkv7"))
+    p.add_argument("--shapes", nargs="+", default=["64x1024", "16x4096", "8x4096"], help="BxT")
+    p.add_argument("--upstream", action="store_true", help="time FLA 0.6.0's op at each shape too")
+    p.add_argument("--profile", action="store_true", help="per-kernel times of one forward+backward first")
+    p.add_argument("--sweep", action=argparse.BooleanOptionalAction, default=True, help="the knobs' sweep")
+    p.add_argument("--knobs", nargs="+", help="only these knobs, as printed (FWD_LAUNCH, WARPS[bwd_dh], ...)")
+    args = p.parse_args(argv)
+    rows = []
+    for op in args.ops:
+        for shape in args.shapes:
+            B, T = map(int, shape.split("x"))
+            sweep(op, B, T, rows, args.profile, args.sweep, args.knobs)
+            if args.upstream:
+                upstream(op, B, T, rows, args.profile)
+    out = os.environ.get("OUT")
+    if out:
+        with open(os.path.join(out, f"tune_kernels-{'-'.join(args.ops)}.json"), "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
