@@ -5,17 +5,20 @@
 A knob is a module-level setting: a tuple (value tile, num_warps), or a dict of num_warps per kernel. Prints one
 line per measurement (forward, or forward+backward where the knob is a backward kernel's) and writes
 tune_kernels.json to $OUT. `--profile` first prints each kernel's share of one forward+backward (torch.profiler),
-FLA's too with `--upstream`.
+FLA's too with `--upstream`. `--host` prints the host's time per forward call (kernels enqueued, not waited for),
+value checks on and off: where it exceeds the GPU's time, do_bench measures the host.
 
 Usage on a GPU:
     python benchmarks/tune_kernels.py fused_recurrent_rwkv7 --shapes 64x1024 16x4096
     python benchmarks/tune_kernels.py chunk_rwkv7 --profile --upstream --no-sweep   # where the time goes
+    python benchmarks/tune_kernels.py chunk_rwkv6 chunk_gla --host --shapes 8x4096   # host-bound at this shape?
 """
 import argparse
 import itertools
 import json
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -25,10 +28,12 @@ import bench  # noqa: E402
 import bench_scaling  # noqa: E402
 
 from fla_lab import ops  # noqa: E402
+from fla_lab.ops import contract  # noqa: E402
 from fla_lab.ops.rwkv6 import fused_recurrent as fr6  # noqa: E402
 from fla_lab.ops.rwkv7 import chunk as c7, fused_recurrent as fr7  # noqa: E402
 
 TILES, WARPS = (16, 32, 64), (1, 2, 4, 8)
+OPS = ("fused_recurrent_rwkv7", "fused_recurrent_rwkv6", "chunk_rwkv7", "chunk_gla", "chunk_rwkv6", "chunk_gsa")
 
 
 def knobs(op):
@@ -42,7 +47,7 @@ def knobs(op):
                                   (fr6, "WARPS", "dq", WARPS, True)],
         "chunk_rwkv7": [(c7, "WARPS", name, WARPS, name.startswith("bwd")) for name in c7.WARPS]
                        + [(c7, "STATE_BV", None, TILES, True), (c7, "BWD_BK", None, (16, 32, 64), True)],
-    }[op]
+    }.get(op, [])  # the ChunkLaunch ops: benchmarks/tune_launch.py; here their profile and host time
 
 
 READ = object()
@@ -63,13 +68,15 @@ def time_it(fn, x, do, kwargs, backward):
     return bench.forward_backward_ms(fn, x, do, kwargs) if backward else bench.forward_ms(fn, x, kwargs)
 
 
-def sweep(op, B, T, rows, with_profile, with_sweep, only=None):
+def sweep(op, B, T, rows, with_profile, with_sweep, only=None, with_host=False):
     fn = getattr(ops, op)
     x = bench.on_device(bench_scaling.INPUTS[op](B, T, bench.H))
     do = bench.cotangent(x)
     kwargs = bench_scaling.op_kwargs(op)
     if with_profile:
         profile(f"fla_lab {op} B={B} T={T}", fn, x, do, kwargs, backward=True)
+    if with_host:
+        host_times(op, fn, x, kwargs, rows, B, T)
     for module, attr, key, values, backward in knobs(op):
         default = setting(module, attr, key)
         name = attr if key is None else f"{attr}[{key}]"
@@ -105,6 +112,30 @@ def profile(label, fn, x, do, kwargs, backward, calls=5):
         print(f"  {ms:7.3f} ms  x{n:<3d} {name[:90]}", flush=True)
 
 
+def host_ms(fn, x, kwargs, calls=50):
+    """Host wall time per forward call while the GPU is still busy with earlier ones: 50 calls of a few kernels each
+    stay well inside CUDA's launch queue, so nothing here waits for the GPU."""
+    with torch.no_grad():
+        for _ in range(3):
+            fn(*x, **kwargs)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn(*x, **kwargs)
+        elapsed = time.perf_counter() - start
+        torch.cuda.synchronize()
+    return elapsed / calls * 1e3
+
+
+def host_times(op, fn, x, kwargs, rows, B, T):
+    for checks in (True, False):
+        with contract.value_checks(checks):
+            ms = host_ms(fn, x, kwargs)
+        rows.append(dict(op=op, B=B, T=T, knob="host", value=f"checks {'on' if checks else 'off'}",
+                         metric="host_fwd_ms", ms=ms))
+        print(f"{op:<22} B={B:<3} T={T:<6} host per fwd, checks {'on ' if checks else 'off'} {ms:8.3f} ms", flush=True)
+
+
 def upstream(op, B, T, rows, with_profile):
     fn = bench.upstream_ops()[op]
     x = bench.on_device(bench_scaling.INPUTS[op](B, T, bench.H))
@@ -121,18 +152,19 @@ def upstream(op, B, T, rows, with_profile):
 
 def main(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("ops", nargs="+", choices=("fused_recurrent_rwkv7", "fused_recurrent_rwkv6", "chunk_rwkv7"))
+    p.add_argument("ops", nargs="+", choices=OPS)
     p.add_argument("--shapes", nargs="+", default=["64x1024", "16x4096", "8x4096"], help="BxT")
     p.add_argument("--upstream", action="store_true", help="time FLA 0.6.0's op at each shape too")
     p.add_argument("--profile", action="store_true", help="per-kernel times of one forward+backward first")
     p.add_argument("--sweep", action=argparse.BooleanOptionalAction, default=True, help="the knobs' sweep")
     p.add_argument("--knobs", nargs="+", help="only these knobs, as printed (FWD_LAUNCH, WARPS[bwd_dh], ...)")
+    p.add_argument("--host", action="store_true", help="host time per forward call, value checks on and off")
     args = p.parse_args(argv)
     rows = []
     for op in args.ops:
         for shape in args.shapes:
             B, T = map(int, shape.split("x"))
-            sweep(op, B, T, rows, args.profile, args.sweep, args.knobs)
+            sweep(op, B, T, rows, args.profile, args.sweep, args.knobs, args.host)
             if args.upstream:
                 upstream(op, B, T, rows, args.profile)
     out = os.environ.get("OUT")
