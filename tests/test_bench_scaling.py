@@ -1,6 +1,5 @@
 """benchmarks/bench_scaling.py on the CPU: the dry run writes a row, a table and a figure; the plot works from a JSON
 alone (a synthetic one here, with an error row like FLA's fused_recurrent_rwkv7 without a backward)."""
-import importlib.util
 import json
 import os
 import subprocess
@@ -8,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, benchmark_script
 
 SCRIPT = os.path.join(ROOT, "benchmarks", "bench_scaling.py")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -27,10 +26,7 @@ def _no_copies_to_out(monkeypatch):
 @pytest.fixture(scope="module")
 def bench_scaling():
     """The script as a module, in this process (no kernel runs in the tests that use it)."""
-    spec = importlib.util.spec_from_file_location("bench_scaling", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_script("bench_scaling")
 
 
 def assert_figure(path):

@@ -1,15 +1,9 @@
 """benchmarks/fla_tests.py without FLA or a network: the size-shrinking rules and the JUnit table parser."""
-import importlib.util
-import sys
-
 import pytest
 
-from conftest import ROOT
+from conftest import benchmark_script
 
-_spec = importlib.util.spec_from_file_location("fla_tests", f"{ROOT}/benchmarks/fla_tests.py")
-ft = importlib.util.module_from_spec(_spec)
-sys.modules.setdefault("fla_tests", ft)
-_spec.loader.exec_module(ft)
+ft = benchmark_script("fla_tests")
 
 
 def test_lengths_keep_a_partial_last_chunk_partial_and_short_ones_whole():

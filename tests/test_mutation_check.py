@@ -1,14 +1,11 @@
 """The mutation check's mechanics only (no kernel runs): every mutation applies exactly once at HEAD."""
-import importlib.util
 import subprocess
-import sys
 from pathlib import Path
 
+from conftest import benchmark_script
+
 ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("mutation_check", ROOT / "benchmarks" / "mutation_check.py")
-mc = importlib.util.module_from_spec(_spec)
-sys.modules.setdefault("mutation_check", mc)  # dataclasses look their module up
-_spec.loader.exec_module(mc)
+mc = benchmark_script("mutation_check")
 
 
 def _head(path: str) -> str:

@@ -1,23 +1,15 @@
 """benchmarks/tune_kernels.py on the CPU, timings faked (no kernel runs): every knob it sweeps exists, each
 measurement runs with its setting in place, and every default comes back afterwards, None (a per-call rule)
 included."""
-import importlib.util
-import os
-import sys
-
 import pytest
 import torch
 
-from conftest import ROOT
+from conftest import benchmark_script
 
 
 @pytest.fixture(scope="module")
 def tune_kernels():
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    spec = importlib.util.spec_from_file_location("tune_kernels", os.path.join(ROOT, "benchmarks", "tune_kernels.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_script("tune_kernels")
 
 
 @pytest.mark.parametrize("op", ["fused_recurrent_rwkv7", "fused_recurrent_rwkv6", "chunk_rwkv7"])

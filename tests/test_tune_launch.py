@@ -1,23 +1,15 @@
 """benchmarks/tune_launch.py on the CPU: its choices are valid launch settings, and the greedy pass keeps a change
 only beyond noise (timings faked here: no kernel runs)."""
-import importlib.util
-import os
-import sys
-
 import pytest
 
-from conftest import ROOT
+from conftest import benchmark_script
 from fla_lab.ops import ChunkLaunch
 from fla_lab.ops.common.launch import DEFAULT_LAUNCH
 
 
 @pytest.fixture(scope="module")
 def tune_launch():
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    spec = importlib.util.spec_from_file_location("tune_launch", os.path.join(ROOT, "benchmarks", "tune_launch.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_script("tune_launch")
 
 
 def test_every_choice_is_a_valid_launch_setting(tune_launch):
