@@ -68,11 +68,15 @@ def time_it(fn, x, do, kwargs, backward):
     return bench.forward_backward_ms(fn, x, do, kwargs) if backward else bench.forward_ms(fn, x, kwargs)
 
 
+def case(op, B, T):
+    """bench_scaling's inputs (bf16 leaves on the GPU), cotangent and keywords for op at (B, T)."""
+    x = bench.on_device(bench_scaling.INPUTS[op](B, T, bench.H))
+    return x, bench.cotangent(x), bench_scaling.op_kwargs(op)
+
+
 def sweep(op, B, T, rows, with_profile, with_sweep, only=None, with_host=False):
     fn = getattr(ops, op)
-    x = bench.on_device(bench_scaling.INPUTS[op](B, T, bench.H))
-    do = bench.cotangent(x)
-    kwargs = bench_scaling.op_kwargs(op)
+    x, do, kwargs = case(op, B, T)
     if with_profile:
         profile(f"fla_lab {op} B={B} T={T}", fn, x, do, kwargs, backward=True)
     if with_host:
@@ -96,8 +100,15 @@ def sweep(op, B, T, rows, with_profile, with_sweep, only=None, with_host=False):
 
 
 def profile(label, fn, x, do, kwargs, backward, calls=5):
-    """Each kernel's CUDA time per call, largest first."""
-    step = (lambda: bench.forward_backward(fn, x, do, kwargs)) if backward else (lambda: fn(*x, **kwargs))
+    """Each kernel's CUDA time per call, largest first. Every backward starts from fresh gradients, as in
+    do_bench's timings (otherwise autograd's accumulation adds kernels that are not the op's)."""
+    def step():
+        if not backward:
+            return fn(*x, **kwargs)
+        for t in x:
+            t.grad = None
+        bench.forward_backward(fn, x, do, kwargs)
+
     for _ in range(3):  # compile and warm up
         step()
     torch.cuda.synchronize()
@@ -138,9 +149,7 @@ def host_times(op, fn, x, kwargs, rows, B, T):
 
 def upstream(op, B, T, rows, with_profile):
     fn = bench.upstream_ops()[op]
-    x = bench.on_device(bench_scaling.INPUTS[op](B, T, bench.H))
-    do = bench.cotangent(x)
-    kwargs = bench_scaling.op_kwargs(op)
+    x, do, kwargs = case(op, B, T)
     if with_profile:
         profile(f"FLA 0.6.0 {op} B={B} T={T}", fn, x, do, kwargs, backward=op != "fused_recurrent_rwkv7")
     metrics = [("fwd_ms", False)] + ([] if op == "fused_recurrent_rwkv7" else [("fwd_bwd_ms", True)])
