@@ -169,10 +169,13 @@ def test_launch_follows_how_full_the_gpu_is(monkeypatch, B, forward, backward):
     assert rwkv7.forward_launch(x, 64, 16, None) == (32, 2)
 
 
-def test_narrow_forward_and_backward_tiles(monkeypatch):
-    """What the GPU rules pick for few sequences: 16-column forward programs, 32-column backward ones with fp32
-    partials of the key-side gradients, against the float64 reference."""
-    monkeypatch.setattr(rwkv7, "FWD_LAUNCH", (16, 4))
+@pytest.mark.parametrize("forward", [(16, 4), (32, 1)])
+def test_narrow_forward_and_backward_tiles(monkeypatch, forward):
+    """What the GPU rules pick: 16-column forward programs for few sequences, (32, 1) with the state tile held
+    keys-last (`KEYS_LAST_LAUNCHES`: its checkpoints and final state stored back in `[K, V]` order), 32-column
+    backward programs with fp32 partials of the key-side gradients, against the float64 reference."""
+    assert (forward in rwkv7.KEYS_LAST_LAUNCHES) == (forward == (32, 1))  # both layouts run
+    monkeypatch.setattr(rwkv7, "FWD_LAUNCH", forward)
     monkeypatch.setattr(rwkv7, "BWD_LAUNCH", (32, 4))
     inputs = harness.rwkv7_inputs(1, 37, 2, 32, 64, decay=3.0, initial_state=True, seed=4)
     result = harness.compare(fused_recurrent_rwkv7, reference.recurrent_rwkv7, inputs)

@@ -145,7 +145,7 @@ def unit_lower_inverse(b_A, o_c, BT: tl.constexpr):
     row i of the inverse is `e_i + sum_{j<i} A[i, j] * (row j of the inverse)`."""
     eye = (o_c[:, None] == o_c[None, :]).to(tl.float32)
     b_T = eye
-    for i in range(1, BT):
+    for i in tl.static_range(1, BT):  # unrolled, as the scores' loop: the forward 2% faster (H200, B=8-64)
         b_ai = row(b_A, o_c, i)  # zero at j >= i, where b_T still holds identity rows
         b_new = row(eye, o_c, i) + tl.sum(b_ai[:, None] * b_T, axis=0)
         b_T = tl.where(o_c[:, None] == i, b_new[None, :], b_T)
@@ -207,7 +207,7 @@ def dplr_scores_kernel(r, k, a, b, gi, Arb, Ark, Aab, Aak, cu_seqlens, chunk_ind
     tl.store(Aab + p_tt, zeros, mask=m_t[:, None] & (o_c[:, None] <= o_c[None, :]))
     tl.store(Aak + p_tt, zeros, mask=m_t[:, None] & (o_c[:, None] <= o_c[None, :]))
     pair_scores(r, k, a, b, gi, Arb, Ark, Aab, Aak, o_c, o_c, o_t, o_t, m_t, T, HK, H * BT, BT, o_k, m_k, True)
-    for p in range(0, BT // 2):  # s < t, two key rows per step
+    for p in tl.static_range(0, BT // 2):  # s < t, two key rows per step; unrolled
         first = o_c < BT - 1 - p
         s = tl.where(first, p, BT - 1 - p)
         t = tl.where(first, p + 1 + o_c, o_c + 1)
@@ -365,7 +365,7 @@ def reader_grads(k, b, gi, dArb, dArk, dAab, dAak, b_dr, b_da, b_g, t_first, o_t
     `dr_t += exp(G_t - G_j) (dA_rb[t, j] b_j + dA_rk[t, j] k_j)` for t >= j, and the same weight for a_{t+1}
     (tile row t of `b_da`), which reads at `Ge_{t+1} = G_t`: `+= exp(G_t - G_j) (dA_ab[t+1, j] b_j + ...)`."""
     m_next = m_t & (o_c + 1 < BT) & (o_t + 1 < T)  # a_{t+1} in the chunk and before T
-    for j in range(0, BT):
+    for j in range(0, BT):  # rolled: unrolled, this kernel and writer_grads' took 20% longer (H200)
         m_j = m_k & (t_first + j + 0 * o_k < T)
         b_bj = tl.load(b + (t_first + j) * HK + o_k, mask=m_j, other=0).to(tl.float32)
         b_kj = tl.load(k + (t_first + j) * HK + o_k, mask=m_j, other=0).to(tl.float32)

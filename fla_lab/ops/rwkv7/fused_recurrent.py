@@ -38,6 +38,10 @@ MAX_BV = 64  # value columns per program at most (fewer programs under the inter
 # `benchmarks/tune_kernels.py fused_recurrent_rwkv7` measures them.
 FWD_LAUNCH = None
 BWD_LAUNCH = None
+# Forward launches that hold the state tile keys-last, `[BV, BK]` (the reductions over keys then run across one
+# warp's lanes, not down each lane): H200, B=32, T=2048, forward ms at (32, 1): 5.69 -> 5.08 (FLA 5.94); slower at
+# every other launch measured, e.g. (64, 1) at B=64, T=1024: 3.52 -> 8.93 ms.
+KEYS_LAST_LAUNCHES = {(32, 1)}
 
 
 @kernel
@@ -60,6 +64,13 @@ def transition(b_h, b_d, b_k, b_v, b_a, b_b):
 
 
 @kernel
+def transition_keys_last(b_h, b_d, b_k, b_v, b_a, b_b):
+    """The same step on a `[BV, BK]` tile (the state transposed)."""
+    b_sa = tl.sum(b_h * b_a[None, :], axis=1)
+    return b_h * b_d[None, :] + b_sa[:, None] * b_b[None, :] + b_v[:, None] * b_k[None, :], b_sa
+
+
+@kernel
 def checkpoint(hc, i_bh, i_h, boc, NS, H: tl.constexpr, KV: tl.constexpr, VARLEN: tl.constexpr):
     """Where the program's checkpoints start and the stride between them: `hc[b, h, s]` dense (`[B, H, NS, K, V]`),
     `hc[boc + s, h]` packed (`[segments of all sequences, H, K, V]`). 64-bit, offsets and stride: B * H * NS * K * V
@@ -78,18 +89,21 @@ def fused_recurrent_rwkv7_fwd_kernel(r, w, k, v, a, b, o, h0, ht, hc, scale, cu_
                                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                                      BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
                                      USE_H0: tl.constexpr, STORE_HT: tl.constexpr, STORE_HC: tl.constexpr,
-                                     VARLEN: tl.constexpr = False):
+                                     KEYS_LAST: tl.constexpr = False, VARLEN: tl.constexpr = False):
     """One step per iteration; `hc[b, h, s]` is the state entering segment s of BT steps (packed:
     `hc[chunk_offsets[n] + s, h]`). One flat loop over the steps, the checkpoint stored where a segment starts,
     rather than a loop nested per segment that restarts every 16 steps. H200, forward ms, nested -> flat: B=16,
-    T=4096 at (32, 4) 12.7 -> 7.87; B=2, T=32768 at (16, 8) 32.5 -> 30.9; B=64, T=1024 at (64, 1) 4.24 -> 4.42."""
+    T=4096 at (32, 4) 12.7 -> 7.87; B=2, T=32768 at (16, 8) 32.5 -> 30.9; B=64, T=1024 at (64, 1) 4.24 -> 4.42.
+    KEYS_LAST holds the tile as `[BV, BK]`: the same entries of the `[K, V]` state, transposed in registers."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_bh, i_b, i_h = batch_head(i_bh, H)
     bos, T, NS, boc = sequence_chunks(i_b, T, BT, cu_seqlens, chunk_offsets, VARLEN)
     o_k, o_v, m_k, m_v, m_kv, p_kv = state_tile(0, i_v, K, V, BK, BV)
+    if KEYS_LAST:
+        m_kv, p_kv = tl.trans(m_kv), tl.trans(p_kv)
     if STORE_HC:  # hc is None without it
         p_hc, s_hc = checkpoint(hc, i_bh, i_h, boc, NS, H, K * V, VARLEN)
-    b_h = tl.zeros([BK, BV], dtype=tl.float32)
+    b_h = tl.zeros(p_kv.shape, dtype=tl.float32)
     if USE_H0:
         b_h += tl.load(h0 + i_bh * K * V + p_kv, mask=m_kv, other=0).to(tl.float32)
     for t in range(0, T):
@@ -98,8 +112,12 @@ def fused_recurrent_rwkv7_fwd_kernel(r, w, k, v, a, b, o, h0, ht, hc, scale, cu_
                 tl.store(p_hc + (t // BT) * s_hc + p_kv, b_h, mask=m_kv)
         row = (bos + t) * H + i_h
         b_r, b_d, b_k, b_v, b_a, b_b = load_step(r, w, k, v, a, b, row, o_k, o_v, m_k, m_v, K, V)
-        b_h, b_sa = transition(b_h, b_d, b_k, b_v, b_a, b_b)
-        b_o = tl.sum(b_h * b_r[:, None], axis=0) * scale
+        if KEYS_LAST:
+            b_h, b_sa = transition_keys_last(b_h, b_d, b_k, b_v, b_a, b_b)
+            b_o = tl.sum(b_h * b_r[None, :], axis=1) * scale
+        else:
+            b_h, b_sa = transition(b_h, b_d, b_k, b_v, b_a, b_b)
+            b_o = tl.sum(b_h * b_r[:, None], axis=0) * scale
         tl.store(o + row * V + o_v, b_o.to(o.dtype.element_ty), mask=m_v)
     if STORE_HT:
         tl.store(ht + i_bh * K * V + p_kv, b_h, mask=m_kv)
@@ -212,7 +230,7 @@ def _forward(r, w, k, v, a, b, scale, h0, output_final_state, save_checkpoints, 
     fused_recurrent_rwkv7_fwd_kernel[(grid_size(V, BV), N * H)](
         r, w, k, v, a, b, o, h0, ht, hc, scale, cu_seqlens, chunk_offsets, T, H=H, K=K, V=V, BK=BK, BV=BV,
         BT=CHECKPOINT_EVERY, USE_H0=h0 is not None, STORE_HT=output_final_state, STORE_HC=save_checkpoints,
-        VARLEN=seqs is not None, num_warps=warps)
+        KEYS_LAST=(BV, warps) in KEYS_LAST_LAUNCHES, VARLEN=seqs is not None, num_warps=warps)
     return o, ht, hc
 
 
