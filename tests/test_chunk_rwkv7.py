@@ -79,8 +79,12 @@ def test_rejects_head_first():
         chunk_rwkv7(**inputs, head_first=True)
 
 
-@pytest.mark.parametrize("B, width", [(8, 32), (16, 64), (64, 64)])
+@pytest.mark.parametrize("B, width", [(4, 16), (8, 32), (16, 64), (64, 64)])
 def test_state_tiles_narrow_until_the_passes_fill_every_sm(monkeypatch, B, width):
-    """`STATE_BV = None` on an H200 (132 SMs), 16 heads, V = 64: the widths measured fastest there."""
+    """`STATE_BV = None` on an H200 (132 SMs), 16 heads, V = 64: the widths measured fastest there, by how full the
+    pass keeps the SMs, the forward's at most 32 columns; off the GPU 32."""
+    x = torch.empty(B, 4096, 16, 64)
+    assert chunk_module._state_block(x, 64, backward=True) == chunk_module._state_block(x, 64) == 32
     monkeypatch.setattr(chunk_module, "gpu_sms", lambda _: 132)
-    assert chunk_module._state_block(torch.empty(B, 4096, 16, 64), 64) == width
+    assert chunk_module._state_block(x, 64, backward=True) == width
+    assert chunk_module._state_block(x, 64) == min(width, 32)

@@ -578,29 +578,6 @@ def test_cuda_default_is_deferred_without_a_sync():
         contract.flush_value_checks()
 
 
-def test_host_slots_come_round_in_turn():
-    """One buffer, HOST_SLOTS slots handed out in turn: a slot returns only after HOST_SLOTS - 1 others."""
-    first = values._host_slot()
-    slots = [first] + [values._host_slot() for _ in range(values.HOST_SLOTS - 1)]
-    assert len({s.data_ptr() for s in slots}) == values.HOST_SLOTS and all(s.shape == (1,) for s in slots)
-    assert values._host_slot().data_ptr() == first.data_ptr() and values.HOST_SLOTS > values.MAX_PENDING
-
-
-@needs_cuda
-def test_cuda_flags_keep_their_call_past_a_full_round_of_slots():
-    """More checked calls than slots, the GPU left to run ahead: the one bad call is reported as itself."""
-    good = {n: t.cuda() for n, t in rwkv7_inputs().items()}
-    bad = {n: t.cuda() for n, t in positive_w().items()}
-    contract.flush_value_checks()
-    first = values._calls["fused_recurrent_rwkv7"] + 1
-    bad_call = first + values.HOST_SLOTS + 2
-    with pytest.raises(ValueError, match=rf"call #{bad_call} \(checked without stopping the GPU.*`w` is a log-decay"):
-        for call in range(first, bad_call + values.HOST_SLOTS):
-            check7(bad if call == bad_call else good)
-        contract.flush_value_checks()
-    contract.flush_value_checks()
-
-
 @needs_cuda
 def test_cuda_now_mode_reports_at_once():
     x = {n: t.cuda() for n, t in positive_w().items()}

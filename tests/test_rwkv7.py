@@ -169,6 +169,20 @@ def test_launch_follows_how_full_the_gpu_is(monkeypatch, B, forward, backward):
     assert rwkv7.forward_launch(x, 64, 16, None) == (32, 2)
 
 
+def test_checkpoints_only_where_autograd_records_the_call(monkeypatch):
+    """Under torch.no_grad() (inference, inputs that require grad or not) the forward stores no checkpoints; with
+    autograd recording, it does, and the backward reads them."""
+    saved, forward = [], rwkv7._forward
+    monkeypatch.setattr(rwkv7, "_forward", lambda *a, **kw: saved.append(kw["save_checkpoints"]) or forward(*a, **kw))
+    inputs = harness.rwkv7_inputs(1, 20, 1, 16, 16, seed=1)
+    leaves = {n: t.requires_grad_() for n, t in inputs.items()}
+    with torch.no_grad():
+        fused_recurrent_rwkv7(**leaves)
+    fused_recurrent_rwkv7(**{n: t.detach() for n, t in inputs.items()})
+    fused_recurrent_rwkv7(**leaves)[0].sum().backward()
+    assert saved == [False, False, True] and all(t.grad is not None for t in leaves.values())
+
+
 @pytest.mark.parametrize("forward", [(16, 4), (32, 1)])
 def test_narrow_forward_and_backward_tiles(monkeypatch, forward):
     """What the GPU rules pick: 16-column forward programs for few sequences, (32, 1) with the state tile held

@@ -159,30 +159,15 @@ class _Done:
 
 
 MAX_PENDING = 64  # a CPU running this many checked calls ahead of the GPU waits for the oldest: bounded memory
-HOST_SLOTS = 2 * MAX_PENDING  # pinned int32 slots the flags are copied to, handed out in turn
 _pending: collections.deque[_Pending] = collections.deque()
 _calls: collections.Counter = collections.Counter()  # checked calls per op, for "call #N"
-_host_flags: torch.Tensor | None = None  # the slots, pinned once per process
-_next_slot = 0
-
-
-def _host_slot() -> torch.Tensor:
-    """The next pinned slot, `[1]` int32. One pinned allocation per process: a fresh pinned block per call cost as
-    much host time as the op itself (H200, chunk_rwkv6 forward at B=8, T=4096: 0.99 ms of host time per checked
-    call, 0.40 unchecked), enough to leave the GPU waiting. A slot comes round again HOST_SLOTS checks later; by
-    then its check has been reported, since at most MAX_PENDING < HOST_SLOTS wait, oldest first."""
-    global _host_flags, _next_slot
-    if _host_flags is None:
-        _host_flags = torch.zeros(HOST_SLOTS, dtype=torch.int32, pin_memory=torch.cuda.is_available())
-    slot, _next_slot = _next_slot, (_next_slot + 1) % HOST_SLOTS
-    return _host_flags[slot:slot + 1]
 
 
 def _to_host(flags: torch.Tensor) -> tuple[torch.Tensor, object]:
-    """(host copy of `flags`, its completion marker): a non-blocking copy to a pinned slot and an event on a GPU."""
+    """(host copy of `flags`, its completion marker): a non-blocking copy to pinned memory and an event on a GPU."""
     if flags.device.type != "cuda":
         return flags, _Done()
-    host = _host_slot()
+    host = torch.empty(flags.shape, dtype=flags.dtype, pin_memory=True)
     host.copy_(flags, non_blocking=True)
     done = torch.cuda.Event()
     done.record()
@@ -234,7 +219,7 @@ class KernelChecks:
 def _defer(check: _ValueCheck, flags: torch.Tensor) -> None:
     host, done = _to_host(flags)
     _pending.append(_Pending(check, _calls[check.op], host, done))
-    while len(_pending) > min(MAX_PENDING, HOST_SLOTS - 1):  # a slot in use never comes round
+    while len(_pending) > MAX_PENDING:
         _report_oldest(wait=True)
 
 

@@ -69,12 +69,18 @@ from fla_lab.ops.common.conventions import packed_batch
 CHUNK = 16  # rows per chunk: the whole chunk is one pairwise tile and one 16x16 triangular solve
 FLA_CHUNK_SIZES = (CHUNK, 32, 64)  # what FLA 0.6.0's chunk_rwkv7 takes; every one of them runs as CHUNK rows
 MAX_BV = 64  # value columns per program
-BWD_BV = 32  # value columns per step of the backward's per-chunk kernels
+# Value columns per step of dplr_bwd_kernel: 16 halves its shared memory (29.7 -> 14.8 KB, more programs per SM).
+# H200, forward+backward ms at 32 / 16 columns: B=64, T=1k 12.37 / 11.78; B=8, T=4k 6.58 / 6.29 (FLA 11.56, 7.07).
+BWD_BV = 16
+DV_BV = 32  # value columns per step of dplr_bwd_dv_kernel (16: 11.71 ms, 64: 11.76, at B=64 against 11.50)
 BWD_BK = 32  # key channels per program of dplr_bwd_kernel: the pair terms are per channel
-# Value columns per program of the two sequential passes (None: per call, `_state_block`): narrower tiles give more
-# programs to the one serial loop. H200, bf16, H=16, K=V=64, forward+backward: B=8, T=4096 fastest at 32;
-# B=16, T=4096: 12.89 ms at 64, 13.39 at 32; B=64, T=1024: 12.97 at 64, 13.12 at 32.
+# Value columns per program of the two sequential passes on a GPU, per call (`_state_block`), the forward's
+# (`dplr_fwd_h_kernel`) at most FWD_STATE_BV; STATE_BV, when set, both (a tuner's override).
+# H200, bf16, H=16, K=V=64, forward ms at 32 / 64: B=64, T=1k 2.82 / 2.85; B=32, T=2k 2.82 / 3.07; B=16, T=4k
+# 2.83 / 2.92; B=4, T=16k 3.42 / 3.64. The backward's pass at 64 saves 0.07 / 0.54 / 0.69 ms at B = 64 / 32 / 16
+# (forward+backward less forward), and costs 0.16 ms at B=8, T=4k and 0.8 ms at B=4, T=16k.
 STATE_BV = None
+FWD_STATE_BV = 32
 CPU_STATE_BV = 32  # off the GPU (the interpreter, where SMs mean nothing): B=8, T=4096's width
 # The chunk's fp32 products (the solve with (I - A_ab)^-1): "tf32x3", three TF32 products on the tensor cores,
 # keeps about fp32's accuracy; IEEE fp32 runs on the CUDA cores (and under the interpreter, which has no TF32).
@@ -584,12 +590,14 @@ def _intra(a, b, v, gi, do, Arb, Aab, Aak, scale, backward, seqs=None):
     return W, U0, Wb, dX0
 
 
-def _state_block(x, V: int, seqs=None) -> int:
-    """STATE_BV, or (None) 64 halved while the passes' programs would fill less than the GPU's SMs."""
+def _state_block(x, V: int, seqs=None, backward: bool = False) -> int:
+    """STATE_BV, or (None) 64 halved while the pass's programs would fill less than the GPU's SMs, the forward's
+    at most FWD_STATE_BV."""
     width, sms = _value_block(V), gpu_sms(x)
     if STATE_BV is not None or sms is None:
         return min(width, STATE_BV or CPU_STATE_BV)
-    return filling_width(width, V, parallel_sequences(*x.shape[:2], seqs) * x.shape[2], sms, fill=1.0)
+    filling = filling_width(width, V, parallel_sequences(*x.shape[:2], seqs) * x.shape[2], sms, fill=1.0)
+    return filling if backward else min(filling, FWD_STATE_BV)
 
 
 def _states(k, v, b, gi, W, U0, h0, store_ht, dot, bug=None, seqs=None):
@@ -636,7 +644,7 @@ def _backward(r, w, k, v, a, b, scale, h0, ht, do, dht, bug=None, seqs=None):
     N = sequences(B, seqs)
     dh, dX = _f32(r, B, NT, H, K, V), _f32(r, B, T, H, V)
     dh0 = _f32(r, N, H, K, V) if h0 is not None else None
-    SBV = _state_block(r, V, seqs)
+    SBV = _state_block(r, V, seqs, backward=True)
     bnd = _f32(r, B, NT, H, grid_size(V, SBV), K)
     dplr_bwd_dh_kernel[(grid_size(V, SBV), N * H)](r, a, gi, do, Wb, dX0, h, ht, dh, dX, dht, dh0, bnd, scale,
                                                    *sequence_tables(seqs), T, H=H, K=K, V=V, BT=CHUNK, BK=BK, BV=SBV,
@@ -645,7 +653,7 @@ def _backward(r, w, k, v, a, b, scale, h0, ht, do, dht, bug=None, seqs=None):
     del Wb, dX0
     dv = torch.empty_like(v)  # dr, dk, db, dv leave their kernels in their inputs' dtypes: no cast passes
     dplr_bwd_dv_kernel[(NT, B * H)](k, v, gi, dh, u, dX, do, Arb, Ark, Aab, Aak, dv, scale, *chunk_args, T, NT, H=H,
-                                    K=K, V=V, BT=CHUNK, BK=BK, BV=min(BV, BWD_BV), DOT=dot, VARLEN=varlen,
+                                    K=K, V=V, BT=CHUNK, BK=BK, BV=min(BV, DV_BV), DOT=dot, VARLEN=varlen,
                                     num_warps=WARPS["bwd_dv"])
     dr, dk, db = torch.empty_like(r), torch.empty_like(k), torch.empty_like(b)
     da, x = _f32(r, B, T, H, K), _f32(r, B, T, H, K)  # read again by dplr_dw_kernel

@@ -255,9 +255,8 @@ def _backward(r, w, k, v, a, b, scale, h0, hc, do, dht, seqs=None):
 class FusedRecurrentRWKV7Function(torch.autograd.Function):
     @staticmethod
     @custom_fwd
-    def forward(ctx, r, w, k, v, a, b, scale, h0, output_final_state, seqs=None):
+    def forward(ctx, r, w, k, v, a, b, scale, h0, output_final_state, needs_grad, seqs=None):
         r, w, k, v, a, b, h0 = as_contiguous(r, w, k, v, a, b, h0)
-        needs_grad = any(ctx.needs_input_grad[:6]) or ctx.needs_input_grad[7]
         o, ht, hc = _forward(r, w, k, v, a, b, scale, h0, output_final_state, save_checkpoints=needs_grad, seqs=seqs)
         ctx.save_for_backward(r, w, k, v, a, b, h0, hc)
         ctx.scale, ctx.seqs = scale, seqs
@@ -270,7 +269,7 @@ class FusedRecurrentRWKV7Function(torch.autograd.Function):
         do, dht = as_contiguous(do, dht)
         dr, dw, dk, dv, da, db, dh0 = _backward(r, w, k, v, a, b, ctx.scale, h0, hc, do, dht, ctx.seqs)
         return (cast_grad(dr, r), cast_grad(dw, w), cast_grad(dk, k), cast_grad(dv, v), cast_grad(da, a),
-                cast_grad(db, b), None, cast_grad(dh0, h0), None, None)
+                cast_grad(db, b), None, cast_grad(dh0, h0), None, None, None)
 
 
 def check_key_width(op: str, K: int) -> None:
@@ -304,5 +303,10 @@ def fused_recurrent_rwkv7(r, w, k, v, a, b, scale=1.0, initial_state=None, outpu
     scale = r.shape[-1] ** -0.5 if scale is None else scale
     seqs = None if cu_seqlens is None else packed_batch(op, cu_seqlens, cu_seqlens_cpu, r, initial_state,
                                                         CHECKPOINT_EVERY)  # chunk_offsets: each one's first segment
-    o, ht = FusedRecurrentRWKV7Function.apply(r, w, k, v, a, b, scale, initial_state, output_final_state, seqs)
+    # Checkpoints only where autograd records the call: `ctx.needs_input_grad` says True under torch.no_grad() too
+    # (it reads requires_grad alone), which made an inference forward store T/16 states it never reads.
+    needs_grad = torch.is_grad_enabled() and any(x is not None and x.requires_grad
+                                                 for x in (r, w, k, v, a, b, initial_state))
+    o, ht = FusedRecurrentRWKV7Function.apply(r, w, k, v, a, b, scale, initial_state, output_final_state, needs_grad,
+                                              seqs)
     return o, (ht if output_final_state else None)
