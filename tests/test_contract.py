@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 import fla_lab
 from fla_lab import harness, ops, runtime
-from fla_lab.ops import chunk_gla, chunk_rwkv6, contract, fused_recurrent_rwkv7
+from fla_lab.ops import chunk_gla, chunk_rwkv6, chunk_rwkv7, contract, fused_recurrent_rwkv7
 from fla_lab.ops.common import value_flags as vf
 from fla_lab.ops.contract import values
 
@@ -627,6 +627,50 @@ def test_chunk_ops_in_kernel_checks_pass_valid_inputs(deferred, name):
     op(**x)
     assert len(values._pending) == 1
     contract.flush_value_checks()  # nothing to report
+
+
+RWKV7_IN_KERNEL_CASES = [  # (the argument made bad, how, where): r, k, v in the kernels; w, a, b in the flag pass
+    ("r", "nan", (0, 7, 1, 3)), ("k", "inf", (0, 20, 0, 15)), ("v", "nan", (0, 16, 1, 0)),
+    ("w", "positive", (0, 20, 1, 2)), ("a", "inf", (0, 3, 0, 0)),
+]
+
+
+def rwkv7_call(bad=None, how=None, at=None):
+    x = {**rwkv7_inputs(B=1, T=21, H=2, K=16, V=16), "initial_state": torch.randn(1, 2, 16, 16)}
+    if bad is not None:
+        x[bad][at] = {"nan": float("nan"), "inf": float("inf"), "positive": 0.5}[how]
+    return {n: t.to(fla_lab.device()) for n, t in x.items()}
+
+
+@pytest.mark.parametrize("bad,how,at", RWKV7_IN_KERNEL_CASES)
+def test_chunk_rwkv7_checks_r_k_v_inside_its_kernels(deferred, monkeypatch, bad, how, at):
+    """Deferred, chunk_rwkv7's scores kernel checks r and k, its solve kernel v, as they read them: the flag pass
+    reads w, a, b (the transition test needs them together) and the initial state; a bad value is still named."""
+    passed = []
+    monkeypatch.setattr(values, "value_flags", lambda slots, **kw: passed.append(len(slots)) or
+                        vf.value_flags(slots, **kw))
+    chunk_rwkv7(**rwkv7_call(bad, how, at))
+    assert passed == [4]
+    message = "is a log-decay and must be <= 0" if how == "positive" else "has 1 non-finite value"
+    with pytest.raises(ValueError, match=rf"chunk_rwkv7 call #\d+ .*: `{bad}` {message}"):
+        contract.flush_value_checks()
+
+
+def test_chunk_rwkv7_in_kernel_checks_pass_valid_inputs(deferred):
+    chunk_rwkv7(**rwkv7_call())
+    assert len(values._pending) == 1
+    contract.flush_value_checks()  # nothing to report
+
+
+@needs_cuda
+@pytest.mark.parametrize("bad,how,at", RWKV7_IN_KERNEL_CASES)
+def test_cuda_chunk_rwkv7_checks_values_inside_its_kernels(bad, how, at):
+    x = rwkv7_call(bad, how, at)
+    assert contract.value_check_mode(x["k"]) == "deferred"
+    chunk_rwkv7(**x)
+    message = "is a log-decay and must be <= 0" if how == "positive" else "has 1 non-finite value"
+    with pytest.raises(ValueError, match=rf"chunk_rwkv7 call #\d+ .*: `{bad}` {message}"):
+        contract.flush_value_checks()
 
 
 @needs_cuda

@@ -174,11 +174,10 @@ def test_checkpoints_only_where_autograd_records_the_call(monkeypatch):
     autograd recording, it does, and the backward reads them."""
     saved, forward = [], rwkv7._forward
     monkeypatch.setattr(rwkv7, "_forward", lambda *a, **kw: saved.append(kw["save_checkpoints"]) or forward(*a, **kw))
-    inputs = harness.rwkv7_inputs(1, 20, 1, 16, 16, seed=1)
-    leaves = {n: t.requires_grad_() for n, t in inputs.items()}
+    leaves = _on_device(harness.rwkv7_inputs(1, 20, 1, 16, 16, seed=1))
     with torch.no_grad():
         fused_recurrent_rwkv7(**leaves)
-    fused_recurrent_rwkv7(**{n: t.detach() for n, t in inputs.items()})
+    fused_recurrent_rwkv7(**{n: t.detach() for n, t in leaves.items()})
     fused_recurrent_rwkv7(**leaves)[0].sum().backward()
     assert saved == [False, False, True] and all(t.grad is not None for t in leaves.values())
 

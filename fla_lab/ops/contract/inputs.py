@@ -30,13 +30,16 @@ def check_gated_inputs(op: str, q, k, v, g, *, names=("q", "k", "v", "g"), u=Non
     return _check_values(op, tensors, decay=ng, in_kernel=names if in_kernel else ())
 
 
-def check_rwkv7_inputs(op: str, r, w, k, v, a, b, initial_state=None, kwargs=None, packed: bool = False) -> None:
+def check_rwkv7_inputs(op: str, r, w, k, v, a, b, initial_state=None, kwargs=None, packed: bool = False,
+                       in_kernel: tuple[str, ...] = ()) -> KernelChecks | None:
     """The contract of RWKV-7 (DPLR) ops: r, w, k, a, b `[B, T, H, K]`, v `[B, T, H, V]`, h0 `[B, H, K, V]`
     (`packed`: `[N, H, K, V]`, as `check_gated_inputs`).
 
     `w` is the natural-log decay (<= 0) and may be float32 while the rest is bf16 (the layer computes the decay
     in fp32, upstream #181). r, k, v, a, b share a dtype. Value checks (finite, w <= 0, and a `TransitionWarning`
-    when diag(exp w) + b a^T can grow the state) follow `value_check_mode`.
+    when diag(exp w) + b a^T can grow the state) follow `value_check_mode`. `in_kernel`: the inputs (of r, k, v)
+    the op's kernels check as they read them when the check is deferred (the returned `KernelChecks`, else None);
+    w, a and b stay in the flag pass, whose transition test reads them together.
     """
     tensors = {"r": r, "w": w, "k": k, "v": v, "a": a, "b": b, "initial_state": initial_state}
     B, T, H, K = _check_metadata(op, tensors, "r", ("r", "k", "v", "a", "b"), kwargs)
@@ -47,7 +50,7 @@ def check_rwkv7_inputs(op: str, r, w, k, v, a, b, initial_state=None, kwargs=Non
         N = initial_state.shape[0] if packed and initial_state.dim() == 4 else B
         check_shape(op, "initial_state", initial_state, (N, H, K, V), "[N, H, K, V]" if packed else "[B, H, K, V]")
     warn_if_head_first(op, "r", r)
-    _check_values(op, tensors, decay="w", transition=("w", "a", "b"))
+    return _check_values(op, tensors, decay="w", transition=("w", "a", "b"), in_kernel=in_kernel)
 
 
 def check_gsa_inputs(op: str, q, k, v, s, g, initial_state=None, kwargs=None, packed: bool = False) -> None:

@@ -56,10 +56,11 @@ import triton.language as tl
 from fla_lab import runtime
 from fla_lab.bugs import check_bug
 from fla_lab.ops import contract
-from fla_lab.ops.common.chunk import (boundary_share, boundary_term, chunk_cumsum, chunk_tables, chunks,
-                                      filling_width, gpu_sms, load_query_decay, parallel_sequences, sequence_tables,
+from fla_lab.ops.common.chunk import (boundary_share, boundary_term, check_flags, check_slot, chunk_cumsum,
+                                      chunk_tables, chunks, filling_width, gpu_sms, load_query_decay, parallel_sequences, sequence_tables,
                                       sequences)
 from fla_lab.ops.common.launch import check_chunk_size
+from fla_lab.ops.common.value_flags import nonfinite_probe, or_nonfinite_bit
 from fla_lab.ops.common.utils import (as_contiguous, batch_head, cast_grad, chunk_of_sequence, custom_bwd, custom_fwd,
                                       dot_dtype, grid_size, kernel, mma, mma_split, next_pow2, sequence_chunks,
                                       state_tile)
@@ -188,10 +189,11 @@ def pair_scores(r, k, a, b, gi, Arb, Ark, Aab, Aak, t, s, rows_t, rows_s, valid,
 
 
 @kernel
-def dplr_scores_kernel(r, k, a, b, gi, Arb, Ark, Aab, Aak, cu_seqlens, chunk_indices, T, H: tl.constexpr,
-                       K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, VARLEN: tl.constexpr = False):
+def dplr_scores_kernel(r, k, a, b, gi, Arb, Ark, Aab, Aak, flags, cu_seqlens, chunk_indices, T, H: tl.constexpr,
+                       K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, R_SLOT: tl.constexpr = -1,
+                       K_SLOT: tl.constexpr = -1, VARLEN: tl.constexpr = False):
     """One chunk's four pairwise score matrices, `[BT, BT]` each (zeros right of the diagonal; A_ab and A_ak also on
-    it), one exp per strictly causal pair.
+    it), one exp per strictly causal pair; the deferred value checks of r and k (a slot >= 0: `flags` bit).
 
     Folded: step p puts key row p (query rows p+1..BT-1) and key row BT-1-p (query rows BT-p..BT-1) in one
     `[BT, BK]` tile, BT/2 steps for the BT (BT - 1)/2 causal pairs; the diagonal pairs (t, t) need no exp.
@@ -213,6 +215,11 @@ def dplr_scores_kernel(r, k, a, b, gi, Arb, Ark, Aab, Aak, cu_seqlens, chunk_ind
     tl.store(Aab + p_tt, zeros, mask=m_t[:, None] & (o_c[:, None] <= o_c[None, :]))
     tl.store(Aak + p_tt, zeros, mask=m_t[:, None] & (o_c[:, None] <= o_c[None, :]))
     pair_scores(r, k, a, b, gi, Arb, Ark, Aab, Aak, o_c, o_c, o_t, o_t, m_t, T, HK, H * BT, BT, o_k, m_k, True)
+    m_tk = m_t[:, None] & m_k[None, :]
+    if R_SLOT >= 0:  # rows the diagonal pairs just read: cached
+        or_nonfinite_bit(flags, tl.sum(nonfinite_probe(load_rows(r, o_t, o_k, m_tk, HK))), R_SLOT)
+    if K_SLOT >= 0:
+        or_nonfinite_bit(flags, tl.sum(nonfinite_probe(load_rows(k, o_t, o_k, m_tk, HK))), K_SLOT)
     for p in tl.static_range(0, BT // 2):  # s < t, two key rows per step; unrolled
         first = o_c < BT - 1 - p
         s = tl.where(first, p, BT - 1 - p)
@@ -223,11 +230,12 @@ def dplr_scores_kernel(r, k, a, b, gi, Arb, Ark, Aab, Aak, cu_seqlens, chunk_ind
 
 
 @kernel
-def dplr_intra_kernel(a, b, v, gi, do, Arb, Aab, Aak, W, U0, Wb, dX0, scale, cu_seqlens, chunk_indices, T,
+def dplr_intra_kernel(a, b, v, gi, do, Arb, Aab, Aak, W, U0, Wb, dX0, flags, scale, cu_seqlens, chunk_indices, T,
                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                      BV: tl.constexpr, BACKWARD: tl.constexpr, VARLEN: tl.constexpr = False):
+                      BV: tl.constexpr, BACKWARD: tl.constexpr, V_SLOT: tl.constexpr = -1, VARLEN: tl.constexpr = False):
     """One chunk: `T = (I - A_ab)^-1`, `W = T Ã`, `U0 = T A_ak V`; BACKWARD also `Wb = T^T B̄` and
-    `dX0 = T^T A_rb^T do'` (the pieces of the reverse pass). In fp32 (the products at `SOLVE_PRECISION`)."""
+    `dX0 = T^T A_rb^T do'` (the pieces of the reverse pass). In fp32 (the products at `SOLVE_PRECISION`).
+    V_SLOT >= 0: the deferred value check of v, as it is read."""
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_bh, i_b, i_h = batch_head(i_bh, H)
     bos, T, i_t, _ = chunk_of_sequence(i_t, i_b, T, 0, cu_seqlens, chunk_indices, VARLEN)
@@ -248,14 +256,20 @@ def dplr_intra_kernel(a, b, v, gi, do, Arb, Aab, Aak, W, U0, Wb, dX0, scale, cu_
         tl.store(Wb + p_tk, fdot(tl.trans(b_T), b_bbar), mask=m_tk)  # Wb = T^T B̄
         b_P = tl.trans(fdot(tl.load(Arb + p_tt, mask=m_t[:, None], other=0), b_T))  # (A_rb T)^T = T^T A_rb^T
     b_TA = fdot(b_T, tl.load(Aak + p_tt, mask=m_t[:, None], other=0))
+    b_probe = tl.zeros([BT, BV], dtype=tl.float32)
     for i_v in range(0, tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_tv = m_t[:, None] & (o_v < V)[None, :]
         p_tv = bos * V + o_t[:, None] * H * V + o_v[None, :]
-        tl.store(U0 + p_tv, fdot(b_TA, tl.load(v + p_tv, mask=m_tv, other=0).to(tl.float32)), mask=m_tv)
+        b_v = tl.load(v + p_tv, mask=m_tv, other=0).to(tl.float32)
+        if V_SLOT >= 0:
+            b_probe += nonfinite_probe(b_v)
+        tl.store(U0 + p_tv, fdot(b_TA, b_v), mask=m_tv)
         if BACKWARD:
             b_do = tl.load(do + p_tv, mask=m_tv, other=0).to(tl.float32)
             tl.store(dX0 + p_tv, scale * fdot(b_P, b_do), mask=m_tv)
+    if V_SLOT >= 0:
+        or_nonfinite_bit(flags, tl.sum(b_probe), V_SLOT)
 
 
 @kernel
@@ -569,24 +583,28 @@ def _f32(x, *shape):
     return torch.empty(*shape, dtype=torch.float32, device=x.device)
 
 
-def _scores(r, k, a, b, gi, seqs=None):
-    """The chunk's four pairwise score matrices `A_rb, A_rk, A_ab, A_ak`, `[B, T, H, CHUNK]` fp32."""
+def _scores(r, k, a, b, gi, seqs=None, checks=None):
+    """The chunk's four pairwise score matrices `A_rb, A_rk, A_ab, A_ak`, `[B, T, H, CHUNK]` fp32; `checks`
+    (`contract.KernelChecks`): the value checks of r and k as they are read."""
     B, T, H, K, V, NT, BK, _ = _shapes(r, r, seqs)
     Arb, Ark, Aab, Aak = (_f32(r, B, T, H, CHUNK) for _ in range(4))
-    dplr_scores_kernel[(NT, B * H)](r, k, a, b, gi, Arb, Ark, Aab, Aak, *chunk_tables(seqs), T, H=H, K=K, BT=CHUNK,
-                                    BK=BK, VARLEN=seqs is not None, num_warps=WARPS["scores"])
+    dplr_scores_kernel[(NT, B * H)](r, k, a, b, gi, Arb, Ark, Aab, Aak, check_flags(checks), *chunk_tables(seqs), T,
+                                    H=H, K=K, BT=CHUNK, BK=BK, R_SLOT=check_slot(checks, "r"),
+                                    K_SLOT=check_slot(checks, "k"), VARLEN=seqs is not None,
+                                    num_warps=WARPS["scores"])
     return Arb, Ark, Aab, Aak
 
 
-def _intra(a, b, v, gi, do, Arb, Aab, Aak, scale, backward, seqs=None):
-    """W and U0 (the forward's `u = W S_0 + U0`); backward also Wb and dX0 (`dX = dX0 + Wb dS_C`)."""
+def _intra(a, b, v, gi, do, Arb, Aab, Aak, scale, backward, seqs=None, checks=None):
+    """W and U0 (the forward's `u = W S_0 + U0`); backward also Wb and dX0 (`dX = dX0 + Wb dS_C`); `checks`: v's
+    value check."""
     B, T, H, K, V, NT, BK, BV = _shapes(a, v, seqs)
     rows = (B, T, H)
     W, U0 = _f32(a, *rows, K), _f32(a, *rows, V)
     Wb, dX0 = (_f32(a, *rows, K), _f32(a, *rows, V)) if backward else (None, None)
-    dplr_intra_kernel[(NT, B * H)](a, b, v, gi, do, Arb, Aab, Aak, W, U0, Wb, dX0, scale, *chunk_tables(seqs), T,
-                                   H=H, K=K, V=V, BT=CHUNK, BK=BK, BV=BV, BACKWARD=backward, VARLEN=seqs is not None,
-                                   num_warps=WARPS["intra"])
+    dplr_intra_kernel[(NT, B * H)](a, b, v, gi, do, Arb, Aab, Aak, W, U0, Wb, dX0, check_flags(checks), scale,
+                                   *chunk_tables(seqs), T, H=H, K=K, V=V, BT=CHUNK, BK=BK, BV=BV, BACKWARD=backward,
+                                   V_SLOT=check_slot(checks, "v"), VARLEN=seqs is not None, num_warps=WARPS["intra"])
     return W, U0, Wb, dX0
 
 
@@ -613,14 +631,15 @@ def _states(k, v, b, gi, W, U0, h0, store_ht, dot, bug=None, seqs=None):
     return h, u, ht
 
 
-def _forward(r, w, k, v, a, b, scale, h0, output_final_state, keep=False, bug=None, seqs=None):
+def _forward(r, w, k, v, a, b, scale, h0, output_final_state, keep=False, bug=None, seqs=None, checks=None):
     """o, the final state, and (keep=True) the intermediates by name; otherwise each is dropped after its use.
-    `seqs`: a packed batch's tables (`conventions.Packed`, 16-row chunks), else dense."""
+    `seqs`: a packed batch's tables (`conventions.Packed`, 16-row chunks), else dense; `checks`
+    (`contract.KernelChecks`): r, k and v are checked by the kernels that read them."""
     B, T, H, K, V, NT, BK, BV = _shapes(r, v, seqs)
     dot = dot_dtype(r.dtype)
     gi = chunk_cumsum(w, CHUNK, seqs=seqs)
-    Arb, Ark, Aab, Aak = _scores(r, k, a, b, gi, seqs)
-    W, U0, _, _ = _intra(a, b, v, gi, None, Arb, Aab, Aak, scale, backward=False, seqs=seqs)
+    Arb, Ark, Aab, Aak = _scores(r, k, a, b, gi, seqs, checks)
+    W, U0, _, _ = _intra(a, b, v, gi, None, Arb, Aab, Aak, scale, backward=False, seqs=seqs, checks=checks)
     del Aab, Aak
     h, u, ht = _states(k, v, b, gi, W, U0, h0, output_final_state, dot, bug, seqs)
     kept = {"G": gi, "A_rb": Arb, "A_rk": Ark, "W": W, "U0": U0, "u": u, "h": h} if keep else {}
@@ -673,9 +692,11 @@ def _backward(r, w, k, v, a, b, scale, h0, ht, do, dht, bug=None, seqs=None):
 class ChunkRWKV7Function(torch.autograd.Function):
     @staticmethod
     @custom_fwd
-    def forward(ctx, r, w, k, v, a, b, scale, h0, output_final_state, bug=None, seqs=None):
+    def forward(ctx, r, w, k, v, a, b, scale, h0, output_final_state, bug=None, seqs=None, checks=None):
         r, w, k, v, a, b, h0 = as_contiguous(r, w, k, v, a, b, h0)
-        o, ht, _ = _forward(r, w, k, v, a, b, scale, h0, output_final_state, bug=bug, seqs=seqs)
+        o, ht, _ = _forward(r, w, k, v, a, b, scale, h0, output_final_state, bug=bug, seqs=seqs, checks=checks)
+        if checks is not None:
+            checks.submit()
         ctx.save_for_backward(r, w, k, v, a, b, h0, ht)
         ctx.scale, ctx.bug, ctx.seqs = scale, bug, seqs
         return o, ht
@@ -687,7 +708,7 @@ class ChunkRWKV7Function(torch.autograd.Function):
         do, dht = as_contiguous(do, dht)
         dr, dw, dk, dv, da, db, dh0 = _backward(r, w, k, v, a, b, ctx.scale, h0, ht, do, dht, ctx.bug, ctx.seqs)
         return (cast_grad(dr, r), cast_grad(dw, w), cast_grad(dk, k), cast_grad(dv, v), cast_grad(da, a),
-                cast_grad(db, b), None, cast_grad(dh0, h0), None, None, None)
+                cast_grad(db, b), None, cast_grad(dh0, h0), None, None, None, None)
 
 
 @torch.no_grad()
@@ -720,11 +741,12 @@ def chunk_rwkv7(r, w, k, v, a, b, scale=1.0, initial_state=None, output_final_st
     """
     op = "chunk_rwkv7"
     check_bug(bug, op)
-    contract.check_rwkv7_inputs(op, r, w, k, v, a, b, initial_state, kwargs, packed=cu_seqlens is not None)
+    checks = contract.check_rwkv7_inputs(op, r, w, k, v, a, b, initial_state, kwargs, packed=cu_seqlens is not None,
+                                         in_kernel=("r", "k", "v"))
     check_key_width(op, r.shape[-1])
     check_chunk_size(chunk_size, op, allowed=FLA_CHUNK_SIZES, why="FLA's tilings; each runs as 16-row chunks")
     seqs = None if cu_seqlens is None else packed_batch(op, cu_seqlens, cu_seqlens_cpu, r, initial_state, CHUNK)
     contract.check_kernel_device(op, dict(r=r, w=w, k=k, v=v, a=a, b=b, initial_state=initial_state))
     scale = r.shape[-1] ** -0.5 if scale is None else scale
-    o, ht = ChunkRWKV7Function.apply(r, w, k, v, a, b, scale, initial_state, output_final_state, bug, seqs)
+    o, ht = ChunkRWKV7Function.apply(r, w, k, v, a, b, scale, initial_state, output_final_state, bug, seqs, checks)
     return o, (ht if output_final_state else None)
