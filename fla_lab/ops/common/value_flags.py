@@ -12,8 +12,8 @@ An op's tensors are read as rows (a row = the last dimension: one (b, t, h) of a
 elsewhere: the Triton interpreter would be slow, and on the CPU there is no queue to keep busy.
 
 `bits` gives each tensor its slot when some slots are left out: an op's own kernels can set those bits as they
-read the tensor anyway (`nonfinite_probe`, `or_nonfinite_bit`, `or_positive_decay_bit`; the chunked GLA and
-RWKV6 forward do), which saves the flag pass a read of each.
+read the tensor anyway (`nonfinite_probe`, `or_nonfinite_bit`, `or_positive_decay_bit`; the chunked GLA,
+RWKV6 and RWKV-7 forward do), which saves the flag pass a read of each.
 """
 from __future__ import annotations
 

@@ -13,7 +13,8 @@ flag; when the flag is read depends on `value_check_mode`:
   input through) or FLA_LAB_VALUE_CHECKS=0.
 
 The pass reads each input once (GPU cost: benchmarks/results/checks.md); a deferred check of chunk_gla and
-chunk_rwkv6 leaves q, k, v and the decay to the forward's own kernels, which read them anyway (`KernelChecks`).
+chunk_rwkv6 leaves q, k, v and the decay to the forward's own kernels, which read them anyway, and one of
+chunk_rwkv7 leaves r, k and v (`KernelChecks`).
 A deferred check keeps references to its call's inputs until its flag is read (so the message can count the bad
 values); at most MAX_PENDING checks wait, beyond that the oldest is waited for. Inside a CUDA graph capture the
 checks are off.

@@ -38,9 +38,9 @@ MAX_BV = 64  # value columns per program at most (fewer programs under the inter
 # `benchmarks/tune_kernels.py fused_recurrent_rwkv7` measures them.
 FWD_LAUNCH = None
 BWD_LAUNCH = None
-# Forward launches that hold the state tile keys-last, `[BV, BK]` (the reductions over keys then run across one
-# warp's lanes, not down each lane): H200, B=32, T=2048, forward ms at (32, 1): 5.69 -> 5.08 (FLA 5.94); slower at
-# every other launch measured, e.g. (64, 1) at B=64, T=1024: 3.52 -> 8.93 ms.
+# Forward launches that hold the state tile keys-last, `[BV, BK]` (Triton then lays the tile out differently over
+# the warp's lanes; the generated code was not compared): H200, B=32, T=2048, forward kernel ms at (32, 1):
+# 5.69 -> 5.08 (FLA 5.94); slower at every other launch measured, e.g. (64, 1) at B=64, T=1024: 3.52 -> 8.93 ms.
 KEYS_LAST_LAUNCHES = {(32, 1)}
 
 
