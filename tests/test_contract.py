@@ -587,99 +587,70 @@ def test_cuda_now_mode_reports_at_once():
 
 # ------------------------------------------------------------------------------ checks inside the op's kernels
 
-KEY_SIDE = {"chunk_gla": (chunk_gla, ("q", "k", "v", "g"), False),
-            "chunk_rwkv6": (chunk_rwkv6, ("r", "k", "v", "w"), True)}
+def rwkv7_with_state():
+    return {**rwkv7_inputs(B=1, T=21, H=2, K=16, V=16), "initial_state": torch.randn(1, 2, 16, 16)}
+
+
+IN_KERNEL_OPS = {  # op -> (function, its inputs: T=21 ends in a partial chunk, tensors the flag pass still reads)
+    "chunk_gla": (chunk_gla, lambda: harness.gated_inputs(1, 21, 2, 16, 16, initial_state=True, bonus=False,
+                                                          names=("q", "k", "v", "g")), 1),  # initial_state
+    "chunk_rwkv6": (chunk_rwkv6, lambda: harness.gated_inputs(1, 21, 2, 16, 16, initial_state=True, bonus=True,
+                                                              names=("r", "k", "v", "w")), 2),  # and u
+    "chunk_rwkv7": (chunk_rwkv7, rwkv7_with_state, 4),  # w, a, b (the transition test reads them together), h0
+}
 IN_KERNEL_CASES = [  # (op, the argument made bad, how, the (batch, step, head, channel) it is put at)
     ("chunk_gla", "q", "nan", (0, 7, 1, 3)), ("chunk_gla", "k", "inf", (0, 20, 0, 15)),  # last row: a partial chunk
     ("chunk_gla", "v", "nan", (0, 16, 1, 0)), ("chunk_gla", "g", "inf", (0, 0, 0, 0)),
     ("chunk_gla", "g", "positive", (0, 9, 1, 2)), ("chunk_gla", "initial_state", "nan", (0, 1, 2, 3)),
     ("chunk_rwkv6", "r", "inf", (0, 20, 1, 1)), ("chunk_rwkv6", "w", "positive", (0, 20, 0, 15)),
     ("chunk_rwkv6", "u", "nan", (1, 4)),
+    ("chunk_rwkv7", "r", "nan", (0, 7, 1, 3)), ("chunk_rwkv7", "k", "inf", (0, 20, 0, 15)),  # the scores kernel
+    ("chunk_rwkv7", "v", "nan", (0, 16, 1, 0)),  # the solve kernel
+    ("chunk_rwkv7", "w", "positive", (0, 20, 1, 2)), ("chunk_rwkv7", "a", "inf", (0, 3, 0, 0)),  # the flag pass
 ]
 
 
-def key_side_call(name, bad=None, how=None, at=None):
-    op, names, bonus = KEY_SIDE[name]
-    x = harness.gated_inputs(1, 21, 2, 16, 16, initial_state=True, bonus=bonus, names=names)
+def in_kernel_call(name, bad=None, how=None, at=None):
+    op, inputs, _ = IN_KERNEL_OPS[name]
+    x = inputs()
     if bad is not None:
         x[bad][at] = {"nan": float("nan"), "inf": float("inf"), "positive": 0.5}[how]
     return op, {n: t.to(fla_lab.device()) for n, t in x.items()}
 
 
+def reported_as(name, bad, how):
+    message = "is a log-decay and must be <= 0" if how == "positive" else "has 1 non-finite value"
+    return pytest.raises(ValueError, match=rf"{name} call #\d+ .*: `{bad}` {message}")
+
+
 @pytest.mark.parametrize("name,bad,how,at", IN_KERNEL_CASES)
 def test_chunk_ops_check_values_inside_their_kernels(deferred, monkeypatch, name, bad, how, at):
-    """Deferred, the chunked GLA/RWKV6 forward checks its big inputs as its kernels read them: the flag pass gets
-    only the rest, and a bad value anywhere (a partial chunk's last row included) is still named."""
+    """Deferred, the chunked GLA/RWKV6/RWKV-7 forward checks its big inputs as its kernels read them: the flag pass
+    gets only the rest, and a bad value anywhere (a partial chunk's last row included) is still named."""
     passed = []
     monkeypatch.setattr(values, "value_flags", lambda slots, **kw: passed.append(len(slots)) or
                         vf.value_flags(slots, **kw))
-    op, x = key_side_call(name, bad, how, at)
+    op, x = in_kernel_call(name, bad, how, at)
     op(**x)
-    assert passed == [1 + (name == "chunk_rwkv6")]  # initial_state (and u): q, k, v and g are the kernels'
-    message = "is a log-decay and must be <= 0" if how == "positive" else "has 1 non-finite value"
-    with pytest.raises(ValueError, match=rf"{name} call #\d+ .*: `{bad}` {message}"):
+    assert passed == [IN_KERNEL_OPS[name][2]]
+    with reported_as(name, bad, how):
         contract.flush_value_checks()
 
 
-@pytest.mark.parametrize("name", KEY_SIDE)
+@pytest.mark.parametrize("name", IN_KERNEL_OPS)
 def test_chunk_ops_in_kernel_checks_pass_valid_inputs(deferred, name):
-    op, x = key_side_call(name)
+    op, x = in_kernel_call(name)
     op(**x)
     assert len(values._pending) == 1
     contract.flush_value_checks()  # nothing to report
-
-
-RWKV7_IN_KERNEL_CASES = [  # (the argument made bad, how, where): r, k, v in the kernels; w, a, b in the flag pass
-    ("r", "nan", (0, 7, 1, 3)), ("k", "inf", (0, 20, 0, 15)), ("v", "nan", (0, 16, 1, 0)),
-    ("w", "positive", (0, 20, 1, 2)), ("a", "inf", (0, 3, 0, 0)),
-]
-
-
-def rwkv7_call(bad=None, how=None, at=None):
-    x = {**rwkv7_inputs(B=1, T=21, H=2, K=16, V=16), "initial_state": torch.randn(1, 2, 16, 16)}
-    if bad is not None:
-        x[bad][at] = {"nan": float("nan"), "inf": float("inf"), "positive": 0.5}[how]
-    return {n: t.to(fla_lab.device()) for n, t in x.items()}
-
-
-@pytest.mark.parametrize("bad,how,at", RWKV7_IN_KERNEL_CASES)
-def test_chunk_rwkv7_checks_r_k_v_inside_its_kernels(deferred, monkeypatch, bad, how, at):
-    """Deferred, chunk_rwkv7's scores kernel checks r and k, its solve kernel v, as they read them: the flag pass
-    reads w, a, b (the transition test needs them together) and the initial state; a bad value is still named."""
-    passed = []
-    monkeypatch.setattr(values, "value_flags", lambda slots, **kw: passed.append(len(slots)) or
-                        vf.value_flags(slots, **kw))
-    chunk_rwkv7(**rwkv7_call(bad, how, at))
-    assert passed == [4]
-    message = "is a log-decay and must be <= 0" if how == "positive" else "has 1 non-finite value"
-    with pytest.raises(ValueError, match=rf"chunk_rwkv7 call #\d+ .*: `{bad}` {message}"):
-        contract.flush_value_checks()
-
-
-def test_chunk_rwkv7_in_kernel_checks_pass_valid_inputs(deferred):
-    chunk_rwkv7(**rwkv7_call())
-    assert len(values._pending) == 1
-    contract.flush_value_checks()  # nothing to report
-
-
-@needs_cuda
-@pytest.mark.parametrize("bad,how,at", RWKV7_IN_KERNEL_CASES)
-def test_cuda_chunk_rwkv7_checks_values_inside_its_kernels(bad, how, at):
-    x = rwkv7_call(bad, how, at)
-    assert contract.value_check_mode(x["k"]) == "deferred"
-    chunk_rwkv7(**x)
-    message = "is a log-decay and must be <= 0" if how == "positive" else "has 1 non-finite value"
-    with pytest.raises(ValueError, match=rf"chunk_rwkv7 call #\d+ .*: `{bad}` {message}"):
-        contract.flush_value_checks()
 
 
 @needs_cuda
 @pytest.mark.parametrize("name,bad,how,at", IN_KERNEL_CASES)
 def test_cuda_chunk_ops_check_values_inside_their_kernels(name, bad, how, at):
     """The same, compiled: the GPU's default (deferred) mode, where the kernels' bits are set."""
-    op, x = key_side_call(name, bad, how, at)
+    op, x = in_kernel_call(name, bad, how, at)
     assert contract.value_check_mode(x["k"]) == "deferred"
     op(**x)
-    message = "is a log-decay and must be <= 0" if how == "positive" else "has 1 non-finite value"
-    with pytest.raises(ValueError, match=rf"{name} call #\d+ .*: `{bad}` {message}"):
+    with reported_as(name, bad, how):
         contract.flush_value_checks()

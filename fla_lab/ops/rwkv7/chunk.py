@@ -57,8 +57,8 @@ from fla_lab import runtime
 from fla_lab.bugs import check_bug
 from fla_lab.ops import contract
 from fla_lab.ops.common.chunk import (boundary_share, boundary_term, check_flags, check_slot, chunk_cumsum,
-                                      chunk_tables, chunks, filling_width, gpu_sms, load_query_decay, parallel_sequences, sequence_tables,
-                                      sequences)
+                                      chunk_tables, chunks, filling_width, gpu_sms, load_query_decay,
+                                      parallel_sequences, sequence_tables, sequences)
 from fla_lab.ops.common.launch import check_chunk_size
 from fla_lab.ops.common.value_flags import nonfinite_probe, or_nonfinite_bit
 from fla_lab.ops.common.utils import (as_contiguous, batch_head, cast_grad, chunk_of_sequence, custom_bwd, custom_fwd,
@@ -232,7 +232,8 @@ def dplr_scores_kernel(r, k, a, b, gi, Arb, Ark, Aab, Aak, flags, cu_seqlens, ch
 @kernel
 def dplr_intra_kernel(a, b, v, gi, do, Arb, Aab, Aak, W, U0, Wb, dX0, flags, scale, cu_seqlens, chunk_indices, T,
                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                      BV: tl.constexpr, BACKWARD: tl.constexpr, V_SLOT: tl.constexpr = -1, VARLEN: tl.constexpr = False):
+                      BV: tl.constexpr, BACKWARD: tl.constexpr, V_SLOT: tl.constexpr = -1,
+                      VARLEN: tl.constexpr = False):
     """One chunk: `T = (I - A_ab)^-1`, `W = T Ã`, `U0 = T A_ak V`; BACKWARD also `Wb = T^T B̄` and
     `dX0 = T^T A_rb^T do'` (the pieces of the reverse pass). In fp32 (the products at `SOLVE_PRECISION`).
     V_SLOT >= 0: the deferred value check of v, as it is read."""
