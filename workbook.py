@@ -34,6 +34,7 @@ TORCH = "torch==2.13.0"
 CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 KERNEL_NAME = "fla-lab"
 SANITIZE = ROOT / "tests" / "nbval_sanitize.cfg"
+PROSE_TEST = "tests/test_notebook_prose.py"  # the notebooks' markdown against their saved outputs (notebooks phase)
 ARTIFACTS = ROOT / "artifacts"
 GPU_NOTEBOOKS = ARTIFACTS / "notebooks-gpu"  # notebooks executed on the GPU (outputs not compared, not saved back)
 GPU_CELL_TIMEOUT = 300  # seconds a notebook cell may take in the GPU phase (each notebook takes about a minute)
@@ -372,12 +373,14 @@ def plan_phases(gpu: bool, browser_problem: str | None = None, extra: list[str] 
     executed top to bottom on the GPU (GPU-only cells included) into artifacts/notebooks-gpu/, not compared
     (its outputs differ from the CPU ones by design). `browser_problem` (Chromium missing) skips the browser."""
     nbs = notebooks() if nbs is None else nbs
-    unit = ("tests", "--ignore=tests/browser", "-n", n_workers, "-q", *extra)
+    unit = ("tests", "--ignore=tests/browser", f"--ignore={PROSE_TEST}", "-n", n_workers, "-q", *extra)
     sanitize = GPU_SANITIZE if gpu else SANITIZE
     phases = [
         Phase("unit", "pytest", "cpu", unit),
+        # nbval compares the saved outputs; the prose test, the markdown against those outputs
         Phase("notebooks", "pytest", "cpu", ("--nbval", "--nbval-current-env", f"--nbval-sanitize-with={sanitize}",
-                                             "-n", n_workers, "--dist", "loadscope", "-q", *map(str, nbs))),
+                                             "-n", n_workers, "--dist", "loadscope", "-q", PROSE_TEST,
+                                             *map(str, nbs))),
     ]
     if gpu:
         phases += [Phase("unit-cuda", "pytest", "gpu", unit),

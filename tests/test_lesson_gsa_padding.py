@@ -104,6 +104,14 @@ def test_exponent_ranges():
 # ---------------------------------------------------------------------------------------------------- the layer
 
 
+def test_dg_stays_in_the_partial_chunk_as_predicted():
+    got = lesson.kernel_run(T=80, decay=30.0)  # a full chunk, then a partial one of 16 rows
+    predicted = lesson.predicted_nonfinite(got["g"])
+    assert predicted["dg"][:, 64:].any() and not predicted["dg"][:, :64].any()
+    for name in ("ds", "dg"):
+        assert torch.equal(predicted[name].cpu(), nonfinite(got[name].cpu())), name
+
+
 @pytest.fixture(scope="module")
 def layer_and_batch():
     layer, x = lesson.grown_layer(), lesson.batch(T=20)

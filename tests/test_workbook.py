@@ -39,8 +39,9 @@ def test_cpu_plan_is_ci(wb):
     assert [p.name for p in phases] == ["unit", "notebooks", "browser"]
     assert all(p.device == "cpu" and p.kind == "pytest" and p.skip is None for p in phases)
     unit, nbval, browser = phases
-    assert unit.args == ("tests", "--ignore=tests/browser", "-n", "2", "-q")
+    assert unit.args == ("tests", "--ignore=tests/browser", f"--ignore={wb.PROSE_TEST}", "-n", "2", "-q")
     assert "--nbval" in nbval.args and "--nbval-current-env" in nbval.args and "--dist" in nbval.args
+    assert wb.PROSE_TEST in nbval.args and (ROOT / wb.PROSE_TEST).exists()  # the prose beside the outputs
     assert [a for a in nbval.args if a.endswith(".ipynb")] == list(map(str, NBS))
     assert browser.args == ("tests/browser", "-q")
 

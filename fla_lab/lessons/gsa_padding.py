@@ -40,9 +40,10 @@ FP32_EXP_MAX = viz.EXP_OVERFLOW[torch.float32]  # log(float32 max) = 88.72: exp(
 HIDDEN, HEADS, SLOTS = 32, 2, 16  # the layer of this notebook: 2 heads of 16 key/value channels, 16 slots
 GROWTH = 60.0  # f_proj's weights, scaled from their init: a gate that training has pushed to forget fast
 USERS_CLAMP = 20.0  # the workaround of #77 / PR #78: |f| < 20
-# Upstream flash-linear-attention 0.6.0, measured on an NVIDIA H200 (docs: upstream-baseline.md): chunk_gsa's bf16
-# decay gradient, relative error against a float64 recurrence at decay knob m (per-step log-decay -m * U(0.05, 1)),
-# B=1, T=128..512, H=1..2, K=V=64, M=32. Upstream's measurement, not recomputed here.
+# Upstream flash-linear-attention 0.6.0's chunk_gsa: its bf16 decay gradient's relative error against a float64
+# recurrence at decay knob m (per-step log-decay -m * U(0.05, 1)), B=1, T=128..512, H=1..2, K=V=64, M=32. Quoted
+# from the upstream baseline notes this workbook started from (upstream-baseline.md, not in this repository); no
+# result file here holds it and nothing here recomputes it.
 UPSTREAM_BF16_DG = {30.0: 0.28, 100.0: 16.5}
 SWEEP_DECAYS = (1e-3, 1e-1, 1.0, 10.0, 30.0, 100.0, 1e3, 1e4)
 SWEEP_T = 32  # a partial chunk (two sub-chunks of 16 past T), small enough for eight runs under the interpreter
@@ -193,7 +194,9 @@ def predicted_nonfinite(g: torch.Tensor, chunk_size: int = CHUNK) -> dict[str, t
 
     ds: the rows of a sub-chunk of the partial last chunk that has a later sub-chunk (whose rows past T load a
     decay of 0), in the slots where `exp(0 - gn)` overflows, i.e. `gn = gi[last valid row] < -88.72`.
-    dg: the decay gradient is a reverse cumulative sum over time, so every row up to a slot's last bad ds row.
+    dg: the kernel sums a log-decay's gradient backwards over each chunk's own rows and hands earlier chunks their
+    share through the state's gradient (`decay_grad`'s boundary term), which stays finite: so the rows of the
+    partial chunk up to a slot's last bad ds row, and no earlier chunk.
     """
     gi = reference.chunk_local_cumsum(g, chunk_size, torch.float32)  # fp32, as the kernel's gi
     ds = torch.zeros(g.shape, dtype=torch.bool, device=g.device)
@@ -201,7 +204,8 @@ def predicted_nonfinite(g: torch.Tensor, chunk_size: int = CHUNK) -> dict[str, t
         ds[:, first:last + 1] = (-gi[:, last] > FP32_EXP_MAX)[:, None]
     rows = torch.arange(g.shape[1], device=g.device)[None, :, None, None]
     last_bad = torch.where(ds, rows, -1).amax(1, keepdim=True)
-    return {"ds": ds, "dg": rows <= last_bad}
+    first_of_its_chunk = torch.div(last_bad, chunk_size, rounding_mode="floor") * chunk_size
+    return {"ds": ds, "dg": (rows <= last_bad) & (rows >= first_of_its_chunk)}
 
 
 def threshold_per_step(remainder: int, chunk_size: int = CHUNK) -> float:

@@ -384,3 +384,35 @@ SCENARIOS = {"uninitialized_params": _uninitialized_params, "sigmoid_decay": _si
 def scenario(name: str) -> hunt.Report:
     """Trigger catalogue entry `name` in a layer (or op call) inside the locator; returns the report."""
     return SCENARIOS[name]()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Going further: what the GPU runs measured, read from their result files (not recomputed here)
+
+RESULTS = gsa_padding.GPU_ATLAS.parent
+
+
+def gpu_atlas_summary(path=gsa_padding.GPU_ATLAS) -> str:
+    """One line on the GPU atlas (`benchmarks/atlas_gpu.py`): its device, and the worst scale-aware error of
+    fla_lab's fixed ops over every setting, with how many settings it judged right."""
+    import json
+
+    run = json.loads(path.read_text())
+    ours = [r for r in run["records"] if not r["op"].startswith("fla:") and r["variant"] == "fixed"]
+    worst = max(ours, key=lambda r: max(r["errors"].values()))
+    env = run["environment"]
+    right = sum(r["status"] == "right" for r in ours)
+    return (f"GPU atlas ({env['device']}, torch {env['torch']}, triton {env['triton']}): fla_lab's fixed ops right "
+            f"in {right} of {len(ours)} settings, worst scale-aware error {max(worst['errors'].values()):.2g} "
+            f"({worst['op']}, T = {worst['T']}, m = {worst['decay']:g})")
+
+
+def locator_cost(path=RESULTS / "bench_hunt.json") -> str:
+    """One line on what the locator costs a training step (`benchmarks/bench_hunt.py`'s result)."""
+    import json
+
+    run = json.loads(path.read_text())
+    return (f"locator ({run['device']}, benchmarks/results/bench_hunt.json): a clean step of {run['depth']} "
+            f"RWKV7Attention('chunk') layers, hidden {run['hidden']}, T = {run['T']}, bf16 autocast: "
+            f"{run['plain_ms']:.1f} ms without it, {run['located_ms']:.1f} ms inside the block, "
+            f"{run['ratio']:.2f}x")
