@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -333,10 +334,20 @@ def notebooks() -> list[Path]:
     return sorted(p for p in (ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb") if not p.is_symlink())
 
 
+def same_numbers_on_every_cpu(env: dict) -> dict:
+    """Pin numpy's OpenBLAS to one x86-64 kernel family. The Triton interpreter computes `tl.dot` with numpy, and
+    OpenBLAS picks its kernels by CPU (AVX-512 on one machine, AVX2 on another), which sums in another order: the
+    saved outputs' last digits would then depend on the machine that saved them. Haswell's kernels run on every
+    x86-64 CPU with AVX2; a value the user set is kept, other architectures are left alone."""
+    if platform.machine() in ("x86_64", "AMD64"):
+        env.setdefault("OPENBLAS_CORETYPE", "Haswell")
+    return env
+
+
 def test_env() -> dict:
     env = {**os.environ, "PYTHONWARNINGS": "ignore::DeprecationWarning"}
     env.pop("TRITON_INTERPRET", None)  # let fla_lab decide (interpreter without CUDA)
-    return env
+    return same_numbers_on_every_cpu(env)
 
 
 @dataclass(frozen=True)
@@ -545,9 +556,10 @@ def execute(paths: list[str]) -> int:
     env["CUDA_VISIBLE_DEVICES"] = ""  # saved outputs must be the CPU interpreter's, as CI compares them
     for nb in targets:
         say(f"executing {nb.relative_to(ROOT)}")
-        run([PY, "-m", "jupyter", "nbconvert", "--to", "notebook", "--execute", "--inplace",
-             "--ExecutePreprocessor.timeout=600", "--ExecutePreprocessor.kernel_name=python3", nb], env=env,
-            cwd=nb.parent)
+        # nbclient with short socket polls (fla_lab.edition.execute): nbconvert's single long poll can miss the
+        # reply after a widget cell and wait out the cell's timeout (jupyter/nbclient#312)
+        run([PY, "-c", "import sys; from fla_lab.edition import execute_file; execute_file(sys.argv[1])", nb],
+            env=env, cwd=nb.parent)
         clean_saved_outputs(nb)
     return 0
 
@@ -581,7 +593,7 @@ LEARNER = ROOT / "learner"  # the learner's edition (git ignores it): no outputs
 
 def lab_env(base: dict | None = None) -> dict:
     """JupyterLab's environment: the learner's figures go to learner/figures, never over the tracked figures/."""
-    env = dict(os.environ if base is None else base)
+    env = same_numbers_on_every_cpu(dict(os.environ if base is None else base))
     env["FLA_LAB_FIGURES_DIR"] = str(LEARNER / "figures")
     return env
 

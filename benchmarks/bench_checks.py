@@ -8,6 +8,7 @@ each round, and each mode's time is the median over rounds.
     python benchmarks/bench_checks.py --sync-count      # 12 RWKV7Attention layers: syncs in one training step
 """
 import argparse
+import datetime
 import json
 import os
 import statistics
@@ -140,7 +141,8 @@ def main(argv=None):
     if not torch.cuda.is_available():
         sys.exit("bench_checks.py times GPU kernels: no CUDA device here")
     result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
-              "shape": {"B": B, "T": T, "H": H, "K": K, "V": V, "M": M}, "dtype": "bf16 (RWKV-7 w: fp32)"}
+              "date": datetime.date.today().isoformat(), "shape": {"B": B, "T": T, "H": H, "K": K, "V": V, "M": M},
+              "dtype": "bf16 (RWKV-7 w: fp32)"}
     if not args.sync_count:
         print(f"{'op':<24} {'off ms':>8} {'deferred ms':>11} {'+%':>8} {'now ms':>8} {'+%':>8}")
         result["rows"] = time_modes(args.rounds, args.only.split(",") if args.only else None)

@@ -5,6 +5,7 @@ audit), inside `fla_lab.audit.audit` (recording), and the audit's `report()` (ea
 Run: `python benchmarks/bench_hunt.py [--out DIR]` (CUDA: hidden 1024, T 2048; CPU: a tiny model, for a smoke run).
 """
 import argparse
+import datetime
 import json
 import os
 import statistics
@@ -14,6 +15,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
+import triton  # noqa: E402
 from torch import nn  # noqa: E402
 
 import fla_lab  # noqa: E402
@@ -78,7 +80,9 @@ def main():
     wrong = recorded[0].wrong()
     report_s = time.perf_counter() - start
     peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else float("nan")
-    row = {"device": fla_lab.runtime.describe().get("gpu", "cpu"), "depth": depth, "hidden": hidden, "T": T,
+    row = {"device": fla_lab.runtime.describe().get("gpu", "cpu"), "torch": torch.__version__,
+           "triton": triton.__version__, "date": datetime.date.today().isoformat(), "depth": depth, "hidden": hidden,
+           "T": T,
            "plain_ms": plain_ms, "located_ms": located_ms, "ratio": located_ms / plain_ms, "peak_MiB": peak,
            "audited_ms": audited_ms, "audit_ratio": audited_ms / plain_ms, "audit_report_s": report_s,
            "audit_calls": len(recorded[0].calls), "audit_wrong": len(wrong)}

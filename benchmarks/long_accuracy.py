@@ -10,6 +10,7 @@ the decay gradient's plain error too. Writes benchmarks/results/long_accuracy.js
 FLA_LAB_SPLIT_STATES=0 runs fla_lab with its state products unsplit (see fla_lab.ops.common.utils.mma_split).
 """
 import argparse
+import datetime
 import json
 import os
 import sys
@@ -18,6 +19,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
+import triton  # noqa: E402
 
 from fla_lab import harness, registry  # noqa: E402
 
@@ -48,7 +50,9 @@ def measure(name: str, T: int, decay: float, upstream: bool) -> list[dict]:
             errors = {"error": f"{type(e).__name__}: {e}"[:200]}
         rows.append({"op": name, "T": T, "decay": decay, "library": lib, "errors": errors,
                      "split_states": os.environ.get("FLA_LAB_SPLIT_STATES", "1") != "0",
-                     "seconds": round(time.perf_counter() - start, 1)})
+                     "seconds": round(time.perf_counter() - start, 1), "device": torch.cuda.get_device_name(0),
+                     "torch": torch.__version__, "triton": triton.__version__,
+                     "date": datetime.date.today().isoformat()})
         print(summary_line(rows[-1], spec.decay_name), flush=True)
     return rows
 

@@ -405,6 +405,7 @@ def main(argv=None) -> int:
                 print(f"[{m.id}] {stage}: {verdict} ({s['seconds']:.0f}s)", flush=True)
             r["seconds"] = round(time.perf_counter() - t0, 1)
             r["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+            r["device"] = "CPU (Triton interpreter)"
             results[m.id] = r
             write(results, partial=True)
         finally:

@@ -22,6 +22,17 @@ failure of either fails the run).
 `--repeat 2` with an empty `--triton-cache` gives a cold run (every kernel compiled) and a warm one (Triton's disk
 cache filled, a fresh kernel process: what a learner meets on a second session). Exit status: 0 when every
 notebook ran to the end and every exercise check said what it should.
+
+Each notebook's wall time, and its kernel process's CPU seconds (user + system: unlike wall time, independent of
+what else runs) with the load average before and after it. The times file (`notebook_times_data.py`):
+
+    python benchmarks/notebook_times.py --device cpu --record benchmarks/results/notebook_times.json
+    python benchmarks/notebook_times.py --record benchmarks/results/notebook_times.json \
+        --import times_h100.json --meta meta_h100.json        # a run made elsewhere (its card, versions, date)
+    python benchmarks/notebook_times.py --render [--write]   # the guide's and README's times from the file
+
+`--record` merges this run (device, versions, date, commit, command, per-notebook times) into the file, replacing
+the earlier run of the same device; `--render --write` rewrites the passages between `<!-- times:...:begin/end -->`.
 """
 from __future__ import annotations
 
@@ -208,6 +219,24 @@ def widget_times(client, nb) -> list[dict]:
     raise RuntimeError(f"the widget probe printed no timings: {text_of(cell)[-500:]}")
 
 
+def kernel_cpu_s(pid: int | None) -> float | None:
+    """CPU seconds (user + system, its finished children's too) the kernel process has used: unlike wall time, this
+    does not grow when other processes share the cores."""
+    if not pid:
+        return None
+    try:
+        import psutil  # ipykernel depends on it
+
+        t = psutil.Process(pid).cpu_times()
+        return t.user + t.system + t.children_user + t.children_system
+    except Exception:  # no psutil, or the kernel is gone
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            return None
+
+
 def kernel_pid(client) -> int | None:
     km = client.km
     for getter in (lambda: km.provisioner.process.pid, lambda: km.kernel.pid, lambda: km.provisioner.pid):
@@ -289,13 +318,17 @@ def run_notebook(path: Path, timeout: int, kernel_args: list[str], out_dir: Path
     os.environ["FLA_LAB_NB_STACKS"] = str(stacks)
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}},
                             extra_arguments=[f"--IPKernelApp.exec_files={startup}", *kernel_args])
-    result = {"notebook": path.name, "cells": [], "status": "ok", "compiles": 0, "compile_s": 0.0}
+    result = {"notebook": path.name, "cells": [], "status": "ok", "compiles": 0, "compile_s": 0.0,
+              "load_avg_before": round(os.getloadavg()[0], 2)}
     t_nb = time.perf_counter()
+    pid = None
     seen = 0
     state: dict = {}
     try:
         with client.setup_kernel():
             result["kernel_start_s"] = time.perf_counter() - t_nb
+            pid = kernel_pid(client)
+            result["kernel_start_cpu_s"] = kernel_cpu_s(pid)
             if not long_polls:
                 short_polls(client)
             timeline: list = []
@@ -336,7 +369,9 @@ def run_notebook(path: Path, timeout: int, kernel_args: list[str], out_dir: Path
                 new = [json.loads(x) for x in lines[seen:]]
                 seen = len(lines)
                 first_line = next((ln for ln in cell.source.splitlines() if ln.strip() and not ln.startswith("#")), "")
+                cpu = kernel_cpu_s(pid)
                 result["cells"].append({"index": index, "s": round(elapsed, 3), "status": status,
+                                        "cpu_s_so_far": None if cpu is None else round(cpu, 3),
                                         "compiles": len(new), "compile_s": round(sum(c["s"] for c in new), 3),
                                         "kernels": sorted({c["kernel"] for c in new}), "first_line": first_line[:70]})
                 result["compiles"] += len(new)
@@ -345,6 +380,8 @@ def run_notebook(path: Path, timeout: int, kernel_args: list[str], out_dir: Path
                     result["status"] = result.get("status") if result["status"] != "ok" else f"{status} in cell {index}"
                     if not (keep_going and status == "error"):
                         break
+            cpu = kernel_cpu_s(pid)  # the notebook's cells and the kernel's start, not the widget probe
+            result["cpu_s"] = None if cpu is None else round(cpu, 3)
             if widgets and result["status"] == "ok":
                 try:
                     result["widgets"] = widget_times(client, nb)
@@ -356,6 +393,7 @@ def run_notebook(path: Path, timeout: int, kernel_args: list[str], out_dir: Path
         result["status"] = f"failed: {type(exc).__name__}: {exc}"[:500]
     state["done"] = True
     result["total_s"] = round(time.perf_counter() - t_nb, 3)
+    result["load_avg_after"] = round(os.getloadavg()[0], 2)
     result["compile_s"] = round(result["compile_s"], 3)
     result["exercises"] = exercise_checks(nb) if result["status"] == "ok" else []
     if out_dir is not None:
@@ -368,9 +406,89 @@ def summary_line(r: dict) -> str:
     ex = r["exercises"]
     bad = [e for e in ex if not e["after_ok"] or e["before_ok"] is False]
     exercises = f"{len(ex) - len(bad)}/{len(ex)} exercises ok" if ex else "no exercises"
-    return (f"{r['notebook']:<46} {r['total_s']:7.1f} s  kernel start {r.get('kernel_start_s', 0):4.1f} s  "
+    cpu = f"  CPU {r['cpu_s']:6.1f} s" if r.get("cpu_s") is not None else ""
+    return (f"{r['notebook']:<46} {r['total_s']:7.1f} s{cpu}  load {r['load_avg_before']:.1f}-{r['load_avg_after']:.1f}"
+            f"  kernel start {r.get('kernel_start_s', 0):4.1f} s  "
             f"{len(r['cells']):3d} cells  {r['compiles']:3d} compiles {r['compile_s']:6.1f} s  {exercises}  "
             f"{r['status']}")
+
+
+META_NAMES = {"gpu": "device", "card": "device", "device_name": "device", "gpu_name": "device", "command": "how",
+              "torch_version": "torch", "triton_version": "triton", "python_version": "python", "git_commit": "commit",
+              "date_utc": "date", "cpu_count": "cores"}
+
+
+def fields(pairs: list[str]) -> dict:
+    return dict(pair.split("=", 1) for pair in pairs)
+
+
+def this_machine(device: str, argv: list[str] | None) -> dict:
+    """Device, versions, date, commit and command of a run made here (for --record)."""
+    import datetime
+    import importlib.metadata as md
+    import platform
+    import subprocess
+
+    def git(*a):
+        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    name = "cpu"
+    if device != "cpu":
+        import torch
+
+        if torch.cuda.is_available():
+            name = torch.cuda.get_device_name(0)
+    model = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                  if ln.startswith("model name")), None) if Path("/proc/cpuinfo").exists() else None
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    return {"device": name, "python": platform.python_version(), "torch": md.version("torch"),
+            "triton": md.version("triton"), "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+            "commit": git("rev-parse", "--short", "HEAD") + (" (with uncommitted changes)" if dirty else ""),
+            "how": "python benchmarks/notebook_times.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "cpu_model": model, "cores": os.cpu_count()}
+
+
+def record(path: str, repeats: list[list[dict]], meta: dict) -> None:
+    import notebook_times_data as times
+
+    data = times.load(Path(path)) if Path(path).exists() else {"reading": {}, "runs": []}
+    run = times.run_from_results(repeats, meta)
+    missing = [k for k in times.RUN_KEYS if not run.get(k)]
+    if missing:
+        sys.exit(f"notebook_times: the run names no {', '.join(missing)} (--meta, --set KEY=VALUE)")
+    times.save(times.merge(data, run), Path(path))
+    print(f"notebook_times: recorded the {run['device']} run ({run['date']}) in {path}")
+
+
+def times_file_only(args, argv) -> int:
+    """--import (record an earlier run's results) and --render: no notebook runs."""
+    import notebook_times_data as times
+
+    if args.import_from:
+        if not args.record:
+            sys.exit("notebook_times: --import needs --record FILE")
+        raw = json.loads(Path(args.import_from).read_text())
+        meta = {}
+        if isinstance(raw, dict):  # {"card", "commit", "meta": {versions, date}, "runs": {"cold": [...], "warm": [...]}}
+            meta = {**raw.get("meta", {}), "card": raw.get("card"), "commit": raw.get("commit")}
+            raw = list(raw["runs"].values())
+        if raw and isinstance(raw[0], dict):  # one flat list, each result labelled by its run (cold, warm)
+            labels = list(dict.fromkeys(r.get("run", "run 1") for r in raw))
+            raw = [[r for r in raw if r.get("run", "run 1") == label] for label in labels]
+        meta.update(json.loads(Path(args.meta).read_text()) if args.meta else {})
+        meta = {META_NAMES.get(k, k): v for k, v in {**meta, **fields(args.set)}.items()}
+        meta["date"] = str(meta.get("date", ""))[:10] or None  # a day, not a time of day
+        record(args.record, raw, meta)
+    if args.render:
+        data = times.load(Path(args.record) if args.record else times.TIMES_FILE)
+        if args.write:
+            changed = times.render(data, write=True)
+            print("notebook_times: rewrote " + (", ".join(changed) if changed else "nothing (already up to date)"))
+        else:
+            for path, passages in times.blocks(data).items():
+                for name, body in passages.items():
+                    print(f"== {path.relative_to(times.ROOT)}: times:{name}\n{body}\n")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -393,7 +511,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--widgets", action="store_true",
                         help="after the last cell, move every explorer's controls and time each redraw")
     parser.add_argument("--cells", type=int, default=5, help="slowest cells listed per notebook (default 5)")
+    parser.add_argument("--record", metavar="FILE", help="merge this run into the times file (notebook_times.json)")
+    parser.add_argument("--import", dest="import_from", metavar="JSON",
+                        help="with --record: record the results of an earlier --json run instead of running")
+    parser.add_argument("--meta", metavar="JSON", help="with --import: the run's device (card), versions, date, "
+                        "commit and command (keys device, python, torch, triton, date, commit, how)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="with --record: a run field")
+    parser.add_argument("--render", action="store_true",
+                        help="print the guide's and README's time passages made from the times file")
+    parser.add_argument("--write", action="store_true", help="with --render: write them into their files")
     args = parser.parse_args(argv)
+    if args.render or args.import_from:
+        return times_file_only(args, argv)
 
     if args.device == "cpu":
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
@@ -453,6 +582,8 @@ def main(argv: list[str] | None = None) -> int:
         runs.append(results)
     if args.json:
         Path(args.json).write_text(json.dumps(runs, indent=1))
+    if args.record:
+        record(args.record, runs, {**this_machine(args.device, argv), **fields(args.set)})
     print("\nnotebook" + "".join(f" | {r[0]['run']:>9}" for r in runs) + " | cells | compiles | compile s")
     for i, path in enumerate(paths):
         row = runs[0][i]

@@ -4,6 +4,7 @@ Forward output, final state and every input gradient, relative Frobenius error (
 shapes and decay strengths. Run: `python benchmarks/upstream_agreement.py` (needs CUDA and `fla` importable).
 Upstream's fp32 dots default to TF32; like upstream's own tests we set TRITON_F32_DEFAULT=ieee.
 """
+import datetime
 import json
 import os
 import sys
@@ -84,12 +85,22 @@ def main():
     report(rows)
 
 
+def environment():
+    """Device, versions and date, recorded in every row (docs/performance.md names them beside each number)."""
+    import fla
+    import triton
+
+    return {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
+            "fla_version": getattr(fla, "__version__", "?"), "date": datetime.date.today().isoformat()}
+
+
 def run_cases(cases, rows, shape, decay):
     B, T, H, K, V = shape
+    env = environment()
     for name, op, ref, inputs in cases:
         start = time.time()
         result = harness.compare(op, ref, inputs, dtype=torch.float32, state_grad="no dht" not in name)
-        rows.append({"op": name, "shape": [B, T, H, K, V], "decay": decay, "errors": result.errors})
+        rows.append({"op": name, "shape": [B, T, H, K, V], "decay": decay, "errors": result.errors, **env})
         print(f"{name:<22} B,T,H,K,V={B},{T},{H},{K},{V} |g|~{decay:<5} max err {max(result.errors.values()):.1e}"
               f"  {result}  ({time.time() - start:.0f}s)", flush=True)
 

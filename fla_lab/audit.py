@@ -20,10 +20,10 @@ BPTT sends back into the final state is lost, and no cotangent is ever recorded 
 backward, or an unused output), or a non-finite one (the locator's case), is compared forward only.
 
 Off by default: nothing is recorded outside the block. Cost inside the block: the locator's (a copy of every op
-input and cotangent, one finiteness check, so one host sync, per op output and gradient): 1.53x a 12-layer RWKV-7
-training step at T = 2048 on an H200 (`benchmarks/bench_hunt.py`). `report()` costs, per call, one forward and
-backward of the kernel and one of the float64 reference on the call's device (a loop over time steps): 52 s for
-that step's 12 calls on the H200.
+input and cotangent, one finiteness check, so one host sync, per op output and gradient). `report()` costs, per
+call, one forward and backward of the kernel and one of the float64 reference on the call's device (a loop over
+time steps). Both timed on a 12-layer RWKV-7 training step by `benchmarks/bench_hunt.py`: docs/performance.md,
+'Locator and audit cost'.
 """
 from __future__ import annotations
 

@@ -13,7 +13,8 @@ import torch
 
 # How each tolerance was chosen. The reference runs on the *same* (already rounded) inputs upcast to float64,
 # so what remains is the kernel's own arithmetic plus rounding of the stored outputs/gradients:
-# - float32: fp32 accumulation over T steps / chunks (~1e-6 measured); the GPU dots run in IEEE fp32, not TF32.
+# - float32: fp32 accumulation over T steps / chunks (for the errors it gives, see docs/performance.md, 'Agreement
+#   with FLA 0.6.0 in fp32'); the GPU dots run in IEEE fp32, not TF32.
 # - float16: outputs and gradients are rounded to fp16 (unit roundoff 2**-11 = 4.9e-4); on a GPU the `tl.dot`
 #   operands are fp16 too, so a few roundings add up: 5e-3.
 # - bfloat16: unit roundoff 2**-8 = 3.9e-3 on every stored value and, on a GPU, on the dot operands: 2e-2.

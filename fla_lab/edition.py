@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,30 @@ BANNER_TAG = "learner-banner"
 def sources(folder: Path = NOTEBOOKS) -> list[Path]:
     """The tracked notebooks (old names kept as links for old URLs are left out)."""
     return sorted(p for p in folder.glob("[0-9][0-9]*_*.ipynb") if not p.is_symlink())
+
+
+GOING_FURTHER = re.compile(r"^## Going further", re.M)
+COMMENT = re.compile(r"<!--.*?-->", re.S)
+
+
+def markdown_words(path: Path) -> tuple[int, int]:
+    """Words a reader reads in the markdown of notebook `path`: before its `## Going further` heading (the main path,
+    what the agendas time) and after it (the heading's own words not counted). HTML comments, which render as
+    nothing (the prose checker's constants lists), are not words."""
+    main = further = 0
+    after = False
+    for cell in json.loads(Path(path).read_text())["cells"]:
+        if cell["cell_type"] != "markdown":
+            continue
+        parts = GOING_FURTHER.split(COMMENT.sub(" ", "".join(cell["source"])), maxsplit=1)
+        if after:
+            further += len(parts[0].split())
+            continue
+        main += len(parts[0].split())
+        if len(parts) > 1:
+            after = True
+            further += len(parts[1].split())
+    return main, further
 
 
 def banner(name: str) -> str:
@@ -123,7 +148,7 @@ POLL_SLICE = 0.25  # seconds: the longest single wait on a kernel socket (see sh
 def short_polls(client) -> None:
     """Wait on the kernel's shell and iopub sockets in slices of POLL_SLICE seconds instead of one long poll.
 
-    Seen on an H200 machine (Python 3.12, pyzmq 27.3, jupyter_client 8.10, nbclient 0.11) and once on a loaded
+    Seen on a GPU machine (Python 3.12, pyzmq 27.3, jupyter_client 8.10, nbclient 0.11) and once on a loaded
     2-core CPU machine: after a widget cell, the kernel's `execute_reply` sat in the shell socket while the client's
     single `poll(timeout)` never woke up, so it was read only when the cell's timeout ran out. Each short poll asks
     the socket again, so a missed wake-up costs at most one slice.
@@ -149,17 +174,25 @@ def short_polls(client) -> None:
 
 def execute(nb, cwd: Path, timeout: int = 600):
     """Run a notebook (an nbformat node) top to bottom in a fresh kernel with nbclient and `short_polls`, cells
-    tagged raises-exception allowed to raise; returns it with its outputs."""
+    tagged raises-exception allowed to raise; returns it with its outputs, its kernel's language_info and the
+    widgets' state in its metadata (as `jupyter nbconvert --execute` saves them, without its stall)."""
     import nbclient
 
-    client = nbclient.NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                                     resources={"metadata": {"path": str(cwd)}})
-    with client.setup_kernel():
-        short_polls(client)
-        for index, cell in enumerate(nb.cells):
-            if cell.cell_type == "code":
-                client.execute_cell(cell, index)
-    return nb
+    class Client(nbclient.NotebookClient):
+        async def async_start_new_kernel_client(self):
+            kc = await super().async_start_new_kernel_client()
+            short_polls(self)
+            return kc
+
+    return Client(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(cwd)}}).execute()
+
+
+def execute_file(path: Path, timeout: int = 600) -> None:
+    """Re-execute the notebook file `path` in place (`workbook.py execute`)."""
+    import nbformat
+
+    path = Path(path)
+    nbformat.write(execute(nbformat.read(path, as_version=4), path.parent, timeout), path)
 
 
 def resolve(prefix: str, notebooks: list[Path] | None = None) -> str:

@@ -46,6 +46,7 @@ POWER_OF_TEN = re.compile(r"(?<![\d.])10\^\{?([-−]?\d+)\}?")
 HIDDEN = [
     re.compile(r"<!--\s*([\w:-]+):begin\s*-->.*?<!--\s*\1:end\s*-->", re.S),  # generated, checked by its generator
     re.compile(r"<!--.*?-->", re.S),                       # comments (the constants list among them)
+    re.compile(r"\bTime: [^.]*\."),                        # a header's time: tests/test_notebook_times.py
     re.compile(r"```.*?```", re.S),                        # fenced code: commands, not claims
     re.compile(r"\]\([^)]*\)"),                            # link targets
     re.compile(r"https?://\S+"),

@@ -119,13 +119,7 @@ def test_every_notebook_prefix_has_a_lesson_module():
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_main_path_fits_the_agenda(path):
-    nb = json.loads(path.read_text())
-    words = 0
-    for cell in nb["cells"]:
-        if cell["cell_type"] == "markdown":
-            words += len(re.split(r"^## Going further", text(cell), maxsplit=1, flags=re.M)[0].split())
-            if re.search(r"^## Going further", text(cell), re.M):
-                break
+    words, _ = edition.markdown_words(path)
     assert words <= MAIN_PATH_WORDS, f"{path.name}: {words} words of markdown before `## Going further`"
 
 
@@ -210,3 +204,23 @@ def test_learner_copy_runs_top_to_bottom_with_the_stubs(path, tmp_path):
         if CHECK_TAG in tags(cell):
             printed = "".join(o.get("text", "") for o in cell.outputs)
             assert "NOT YET" in printed and "PASS" not in printed, f"{path.name}: the stub's check printed {printed!r}"
+
+
+def test_execute_file_runs_a_widget_notebook_to_the_end(tmp_path):
+    """An explorer cell, then a plain cell: the headless run reaches the last cell and saves what nbconvert saves
+    (language_info, the widgets' state), well inside the cell timeout that a missed reply would wait out."""
+    import time
+
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("import ipywidgets as w\nw.interactive(lambda x: print(x), x=(0, 3))"),
+                nbformat.v4.new_code_cell("print('after the explorer')")]
+    path = tmp_path / "explorer.ipynb"
+    nbformat.write(nb, path)
+    start = time.monotonic()
+    edition.execute_file(path, timeout=60)
+    saved = nbformat.read(path, as_version=4)
+    assert saved.cells[1].outputs[0]["text"] == "after the explorer\n"
+    assert "language_info" in saved.metadata and "widgets" in saved.metadata
+    assert time.monotonic() - start < 50

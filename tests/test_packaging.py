@@ -34,3 +34,43 @@ def test_the_test_extra_lists_every_third_party_package_the_tests_import():
     assert {"pytest", "hypothesis", "nbval", "torch"} <= third_party  # the parse finds imports at all
     assert not third_party - declared, f"imported by tests/ but in no dependency list: {third_party - declared}"
     assert {"pytest", "pytest_xdist", "hypothesis", "nbval"} <= requirement_names(project["optional-dependencies"]["test"])
+
+
+# Imports that `pip install -e .[test]` leaves out on purpose: each is guarded where it is used.
+OPTIONAL = {
+    "fla": "flash-linear-attention, only beside upstream on a GPU (benchmarks; ImportError handled)",
+}
+BENCHMARKS = ROOT / "benchmarks"
+
+
+def scripts_the_tests_load() -> set[Path]:
+    """benchmarks/*.py that tests import (`benchmark_script("name")`) or run (`"benchmarks", "name.py"`), with the
+    sibling scripts those import in turn."""
+    text = "\n".join(p.read_text() for p in (ROOT / "tests").glob("*.py"))
+    names = set(re.findall(r'benchmark_script\("(\w+)"\)', text)) | set(re.findall(r'"benchmarks", "(\w+)\.py"', text))
+    found, todo = set(), [BENCHMARKS / f"{n}.py" for n in names]
+    while todo:
+        path = todo.pop()
+        if path in found or not path.exists():
+            continue
+        found.add(path)
+        todo += [BENCHMARKS / f"{n}.py" for n in imported_top_level(path)]
+    return found
+
+
+def test_every_module_the_tests_reach_comes_from_a_declared_distribution():
+    """tests/*.py, the package they test and the benchmark scripts they load: each third-party import maps (by
+    importlib.metadata.packages_distributions, in this environment) to a distribution that pyproject declares, so a
+    fresh `pip install -e .[test]` has it. tests/browser is optional (skipped without JupyterLab and Chromium)."""
+    from importlib.metadata import packages_distributions
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = requirement_names(project["dependencies"]) | requirement_names(project["optional-dependencies"]["test"])
+    files = [*(ROOT / "tests").glob("*.py"), *(ROOT / "fla_lab").rglob("*.py"), *scripts_the_tests_load()]
+    local = OURS | {p.stem for p in BENCHMARKS.glob("*.py")} | {"benchmarks", "workbook"}
+    modules = set().union(*(imported_top_level(p) for p in files)) - set(sys.stdlib_module_names) - local
+    assert {"torch", "nbformat", "nbconvert", "pytest"} <= modules  # the scan reaches fla_lab.edition and tests
+    distributions = packages_distributions()
+    missing = {m: distributions.get(m) for m in modules - set(OPTIONAL)
+               if not requirement_names(distributions.get(m, [m])) & declared}
+    assert not missing, f"imported where the tests reach, in no dependency list (module: distributions): {missing}"

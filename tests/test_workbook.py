@@ -405,3 +405,29 @@ def test_a_preinstalled_triton_3_6_gets_a_numpy_its_interpreter_can_use(wb):
     assert wb.numpy_for_triton(todo, "2.5.2", "3.6.0") == ["nbval==0.11.0", "numpy==2.3.5"]
     assert wb.numpy_for_triton(["nbval==0.11.0"], "2.3.5", "3.6.0") == ["nbval==0.11.0"]
     assert wb.numpy_for_triton(todo, "2.5.2", "3.7.1") == todo
+
+
+def test_saved_outputs_do_not_depend_on_the_cpu(wb, monkeypatch):
+    """The interpreter's dots run in numpy's OpenBLAS, whose kernels differ by CPU: every phase and `execute` pin one
+    family on x86-64 (a user's own choice kept), so the saved outputs' last digits are the same on every machine."""
+    monkeypatch.setattr(wb.platform, "machine", lambda: "x86_64")
+    monkeypatch.delenv("OPENBLAS_CORETYPE", raising=False)
+    assert wb.test_env()["OPENBLAS_CORETYPE"] == "Haswell" == wb.lab_env()["OPENBLAS_CORETYPE"]
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Zen")
+    assert wb.test_env()["OPENBLAS_CORETYPE"] == "Zen"
+    monkeypatch.delenv("OPENBLAS_CORETYPE")
+    monkeypatch.setattr(wb.platform, "machine", lambda: "aarch64")
+    assert "OPENBLAS_CORETYPE" not in wb.test_env()
+
+
+def test_execute_saves_through_short_polls_not_nbconvert(wb, monkeypatch, tmp_path):
+    """`workbook.py execute` runs fla_lab.edition.execute_file (nbclient, short socket polls), not `nbconvert
+    --execute`, whose single long poll can miss a widget cell's reply and wait out the cell's timeout."""
+    calls = []
+    monkeypatch.setattr(wb, "setup", lambda: None)
+    monkeypatch.setattr(wb, "clean_saved_outputs", lambda nb: None)
+    monkeypatch.setattr(wb, "run", lambda cmd, check=True, **kw: calls.append(([str(c) for c in cmd], kw)))
+    assert wb.execute([str(NBS[0])]) == 0
+    (cmd, kw), = calls
+    assert "nbconvert" not in " ".join(cmd) and "execute_file" in cmd[2] and cmd[-1] == str(NBS[0])
+    assert kw["env"]["CUDA_VISIBLE_DEVICES"] == "" and kw["cwd"] == NBS[0].parent

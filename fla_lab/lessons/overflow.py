@@ -21,10 +21,11 @@ NAMES = ("r", "k", "v", "w")
 BC = 16  # rows per sub-chunk, as in fla_lab/ops/common/chunk.py
 FP32_EXP_MAX = viz.EXP_OVERFLOW[torch.float32]  # log(float32 max) = 88.72: exp() of more is inf
 GRADS = ("r", "k", "v", "w", "u", "initial_state")
-# Measured on an NVIDIA H200 (torch 2.11, triton 3.6): the decay knob m at which the buggy forward first turns
-# non-finite, `inputs(m, T=128, K=16)`, by bisection. On a GPU `tl.dot` takes fp16/bf16 operands
-# (`common.dot_dtype`): the query factor q * exp(|g|) passes fp16's 65504 at |g| ~ 11, bf16 has fp32's range.
-# The fixed kernel stayed finite (and within tolerance) up to m = 1e4 in every dtype and chunk size.
+# Measured on a GPU: the decay knob m at which the buggy forward first turns non-finite, `inputs(m, T=128, K=16)`,
+# by bisection; tests/test_gpu_quoted_numbers.py bisects again on the GPU it runs on and fails where a value moved.
+# On a GPU `tl.dot` takes fp16/bf16 operands (`common.dot_dtype`): the query factor q * exp(|g|) passes fp16's
+# 65504 at |g| ~ 11, bf16 has fp32's range. The fixed kernel stayed finite (and within tolerance) up to m = 1e4
+# in every dtype and chunk size.
 GPU_THRESHOLDS = {"fp32": {16: math.inf, 32: 89.64, 64: 89.64}, "fp16": {16: math.inf, 32: 10.84, 64: 10.84},
                   "bf16": {16: math.inf, 32: 89.66, 64: 89.66}}
 SWEEP_DECAYS = (1e-3, 1e-1, 1.0, 10.0, 90.0, 100.0, 1e3, 1e4)  # 90 and 100 bracket T = 64's threshold, 92.7

@@ -50,7 +50,8 @@ RWKV6's bonus sits on A's diagonal (`A[t, t] = q_t . (u * k_t)`), so `A @ v`, `A
 Precision. On a GPU every product runs on the tensor cores in the input dtype with fp32 accumulation, except where a
 product feeds the decay gradient through an fp32 state (h, dh): there the state is split in two 16-bit halves
 (`mma_split`). The value side's state pass splits its decayed operand too: GSA's slot scores feed a softmax, which
-at weak decay (large scores) magnified one bf16 rounding per term of h into 3e-2 of dg at T = 4096 on an H200.
+at weak decay (large scores) magnifies one bf16 rounding per term of h into dg's error at training length
+(docs/performance.md, 'Accuracy at T = 4096').
 Every offset is 64-bit (`batch_head`).
 
 Value checks. A deferred check of the key-side forward's inputs runs inside the kernels that read them anyway
@@ -223,8 +224,8 @@ def chunk_cumsum_kernel(g, gi, x, flags, cu_seqlens, chunk_indices, T, H: tl.con
                         BT: tl.constexpr, BK: tl.constexpr, VARLEN: tl.constexpr = False, G_SLOT: tl.constexpr = -1,
                         X_SLOT: tl.constexpr = -1):
     """Chunk-local inclusive cumulative sum of the log-decay, in fp32 (and g's value check: finite, <= 0), plus the
-    finite check of `x`, a tensor shaped like g (the key side's keys). H200, forward+backward: checked here, k costs
-    chunk_gla and chunk_rwkv6 1.6% each; in the scores kernel it cost 0.8% and 2.6%."""
+    finite check of `x`, a tensor shaped like g (the key side's keys): k is checked here rather than in the scores
+    kernel (docs/performance.md, 'value checks: where k is checked')."""
     i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_bh, i_b, i_h = batch_head(i_bh, H)
     bos, T, i_t, _ = chunk_of_sequence(i_t, i_b, T, 0, cu_seqlens, chunk_indices, VARLEN)
@@ -438,8 +439,8 @@ def chunk_bwd_dg_kernel(q, k, dq, dk, u, dA, bnd, dg_add, dg, du, dq_cast, dk_ca
     t on: dg_t = sum_{s >= t} of those terms, plus the final state's share. Everything past the chunk's end is
     what scaling the state h_{n+1} after it would change: `bnd[n] = sum(h_{n+1} * dh[n])` (from
     `chunk_bwd_dh_kernel`, NP partials). So no sum runs longer than a chunk: a cumulative sum over the whole sequence
-    of q * dq - k * dk cancels to a small dg and keeps every rounding of dq and dk (measured on an H200 at T = 4096
-    in bf16: 2-3e-2 at weak decay, against a few 1e-3 for this form).
+    of q * dq - k * dk cancels to a small dg and keeps every rounding of dq and dk (docs/performance.md, 'decay
+    gradient per chunk').
     Key side: readers q, writers k. Value side: readers are the outputs o (every term of o_t carries exp(G_t)),
     writers v. RWKV6's bonus terms cancel in q * dq - k * dk; its queries read G_{t-1}, so a step's own query term
     (state path: dq minus the bonus u * k_t * dA[t, t]) leaves its dg. `dg_add` (ADD) is another pass's dg to add.

@@ -1,8 +1,8 @@
 """Launch settings of the chunked kernels, passed per call and validated before any kernel is compiled.
 
-The defaults are the fastest measured on an H200 (B=8, T=4096, H=16, K=V=64, bf16) by
-`benchmarks/tune_launch.py` (results in `benchmarks/results/tune_launch.json`). A notebook or a
-benchmark sweeps them by passing `launch=ChunkLaunch(...)` to an op; nothing global changes.
+The defaults are what `benchmarks/tune_launch.py` found fastest at B=8, T=4096, H=16, K=V=64, bf16 (results:
+docs/performance.md, 'ChunkLaunch defaults'). A notebook or a benchmark sweeps them by passing
+`launch=ChunkLaunch(...)` to an op; nothing global changes.
 """
 from __future__ import annotations
 
@@ -25,14 +25,14 @@ class ChunkLaunch:
     - `state_BV`, `state_warps`, `state_stages`: the two sequential passes over chunks (forward states, state
       adjoints), one [K, state_BV] state tile per program: a narrower tile gives more programs to the only loop
       that cannot run in parallel over chunks. None picks it per call (`common.chunk.state_width`): 64, halved
-      while the programs would fill less than half the GPU's SMs (on an H200, chunk_gla at B = 1, T = 65536:
-      forward+backward 9.36 ms at 64, 8.35 at 16; at B = 8, T = 4096 it stays 64);
+      while the programs would fill less than half the GPU's SMs (why: docs/performance.md, 'ChunkLaunch: state_BV
+      per call');
     - `out_BV`, `out_warps`: the key-side output kernel, one [BT, out_BV] tile per program;
     - `dg_BK`: channels per program of the decay gradient (one program per chunk; not a dot dimension, still a
       power of two);
     - `dot_dtype`: None uses the input dtype on a GPU (tensor cores), torch.float32 forces IEEE fp32 dots.
     """
-    scores_BK: int = 64  # the pair-grid score kernel, measured at 64 and 2 warps (gla/chunk.py)
+    scores_BK: int = 64  # the pair-grid score kernel: docs/performance.md, 'chunk scores: folded diagonal'
     scores_warps: int = 2
     dqk_BK: int = 64
     dqk_warps: int = 2

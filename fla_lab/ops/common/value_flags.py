@@ -155,7 +155,8 @@ def launch_value_flags(slots: list[torch.Tensor], decay: bool = False, transitio
     rows = [_rows(x) for x in slots]
     widths = tuple(r.shape[1] for r in rows)
     padded = tuple(next_pow2(w) for w in widths)
-    tile = 16384 if runtime.interpreting() else 1024  # elements of the widest slot's tile (H200: 3.5 TB/s)
+    # elements of the widest slot's tile: docs/performance.md, 'value checks: tile'
+    tile = 16384 if runtime.interpreting() else 1024
     block_r = max(1, tile // max(padded))
     n_rows = tuple(r.shape[0] for r in rows)
     flags = torch.zeros(1, dtype=torch.int32, device=slots[0].device)

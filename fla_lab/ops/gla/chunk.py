@@ -60,9 +60,8 @@ def folded_diagonal_block(q, k, gi, u, A, scale, T, i_h, i_start, t_first, col0,
     decay (GLA: exp(0) = 1; RWKV6: its bonus u instead), pairs s > t are 0.
 
     Folded: step p puts key row p (query rows p+1..BC-1) and key row BC-1-p (query rows BC-p..BC-1) in one [BC, BK]
-    tile, BC/2 steps for the BC (BC - 1)/2 causal pairs. With the pair grid of `gated_scores_kernel`, against one
-    program per sub-chunk and one key row per step, on an H200 (B=8, T=4096, H=16, K=64, bf16 q and k): GLA's scores
-    0.574 -> 0.377 ms, RWKV6's 0.614 -> 0.383 ms (benchmarks/results/logs_20261127/scores_variants_h200.log)."""
+    tile, BC/2 steps for the BC (BC - 1)/2 causal pairs. With the pair grid of `gated_scores_kernel`, chosen over one
+    program per sub-chunk and one key row per step: docs/performance.md, 'chunk scores: folded diagonal'."""
     HK: tl.constexpr = H * K
     p_row = A + o_i * H * BT + col0
     b_d = tl.zeros([BC], dtype=tl.float32)  # the pairs (t, t)

@@ -84,8 +84,8 @@ def slot_rows_kernel(x, y, gi, h, A, out, scale, cu_seqlens, chunk_indices, T, N
         b_out = b_xh * tl.exp(b_g)  # g <= 0, and 0 on rows past T
         b_out += rows_from_earlier_subchunks(A, y, gi, b_g, i_start, t_first, i_i, o_c, o_v, m_v, m_i, H * V,
                                              H * BT, BC, BV, DOT, False)
-        for j in range(0, BC):  # the diagonal block, one key row at a time (a [BC, BC, BV] tile reduced over its
-            m_j = m_v & (i_start + j + 0 * o_v < T)  # middle axis took 2.3x as long on an H200)
+        for j in range(0, BC):  # the diagonal block, one key row at a time, not a [BC, BC, BV] tile reduced over its
+            m_j = m_v & (i_start + j + 0 * o_v < T)  # middle axis (docs/performance.md, 'chunk_gsa: diagonal loop')
             b_yj = tl.load(y + (i_start + j) * H * V + o_v, mask=m_j, other=0).to(tl.float32)
             b_gj = tl.load(gi + (i_start + j) * H * V + o_v, mask=m_j, other=0)
             b_aj = tl.load(A + o_i * H * BT + i_i * BC + j, mask=m_i, other=0)  # column j of the block
@@ -203,10 +203,10 @@ def slot_softmax_backward(x, dp, out=None):
 
 class ChunkGSAFunction(torch.autograd.Function):
     """Saves the inputs, the pre-softmax slot scores (fp32), the slot weights and pass 2's gated score matrix
-    `[B, T, H, BT]` fp32 (the op's most expensive kernel; with dq, dk, dv stored in bf16 by their kernels, keeping it
-    took forward+backward from 7.02 to 6.28 ms on an H200, peak 1346 -> 1474 MiB); the cumulative decay, the states
-    and pass 1's plain scores are recomputed in the backward (upstream's checkpoint_level=2 recomputes all of them),
-    which keeps the peak memory of a training step below upstream's (1856 MiB)."""
+    `[B, T, H, BT]` fp32 (the op's most expensive kernel: keeping it trades peak memory for time, see
+    docs/performance.md, 'chunk_gsa: saved gated scores'); the cumulative decay, the states and pass 1's plain
+    scores are recomputed in the backward (upstream's checkpoint_level=2 recomputes all of them), which keeps the
+    peak memory of a training step below upstream's."""
 
     @staticmethod
     @custom_fwd

@@ -25,8 +25,8 @@ from fla_lab.ops.common.conventions import packed_batch
 
 FWD_BK = 256  # keys per forward program; a larger K splits into blocks whose outputs add up (FLA 0.6.0 splits at 64:
 #             `_fused_recurrent_tiling`, `o.sum(0)`, fla/ops/common/fused_recurrent.py)
-FWD_BV = 16  # value columns per forward program: more programs (H200, B=8, T=4096, H=16, K=V=64, bf16: forward
-#             4.30 ms at 16, 6.02 at 32, 7.17 at 64)
+FWD_BV = 16  # value columns per forward program: the narrowest tile, for more programs (docs/performance.md,
+#             'fused_recurrent_rwkv6: FWD_BV')
 
 
 @kernel
@@ -38,7 +38,8 @@ def fused_recurrent_fwd_kernel(q, k, v, g, gv, u, o, h0, ht, scale, cu_seqlens, 
     """One program per (value block, key block, sequence * head): B * T rows dense; packed (VARLEN, B = 1), the
     batch axis runs over the sequences of `cu_seqlens` and each program steps through its own sequence's rows."""
     i_v, i_bh = tl.program_id(0), tl.program_id(2)
-    i_k = tl.program_id(1) if SPLIT_K else 0  # one key block: a constant, so the key masks fold away (7% on an H200)
+    # i_k constant with one key block, so the key masks fold away: docs/performance.md, 'fused_recurrent_rwkv6: SPLIT_K'
+    i_k = tl.program_id(1) if SPLIT_K else 0
     i_bh, i_b, i_h = batch_head(i_bh, H)
     bos, T_seq = sequence_rows(i_b, T, cu_seqlens, VARLEN)  # T stays the batch's rows: the partials' stride
     o_k, o_v, m_k, m_v, m_kv, p_kv = state_tile(i_k, i_v, K, V, BK, BV)
@@ -291,12 +292,11 @@ def _forward(q, k, v, g, u, scale, h0, output_final_state, gv=None, o_dtype=None
 
 # The dkv kernel's state tile is at most [DKV_BK, DKV_BV]. One value block (V <= DKV_BV) keeps dg and the RWKV6
 # bonus inside the kernel; more key blocks keep that too (dg is per key, dv's key partials are summed), at the cost
-# of one [NK, B, T, H, V] sum. Measured on an H200 (fused_recurrent_rwkv6, bf16, B=8, T=4096, H=16, K=V=64),
-# forward+backward: DKV_BK = 64: 27.1 ms (128 programs on 132 SMs), 32: 19.3 ms, 16: 18.5 ms (512 programs).
+# of one [NK, B, T, H, V] sum. DKV_BK = 16: four times the programs of 64 keys per program, so that the dkv
+# kernel's grid fills the GPU's SMs several times over (docs/performance.md, 'fused_recurrent_rwkv6: DKV_BK').
 DKV_BK, DKV_BV = 16, 64
-# num_warps per kernel (`benchmarks/tune_kernels.py fused_recurrent_rwkv6`; H200, bf16, H=16, K=V=64,
-# forward+backward ms at dkv warps 4 / 1: B=8, T=4096: 15.6 / 14.2; B=16, T=4096: 23.8 / 15.7; B=64, T=1024:
-# 23.5 / 13.1. dq warps 4 / 2 at B=64, T=1024: 23.5 / 21.8, even elsewhere)
+# num_warps per kernel, as `benchmarks/tune_kernels.py fused_recurrent_rwkv6` picked them: the dkv kernel on one
+# warp, dq on two (docs/performance.md, 'fused_recurrent_rwkv6: warps')
 WARPS = {"fwd": 4, "dq": 2, "dkv": 1}
 
 

@@ -19,7 +19,7 @@ Exactness. Every exponent is a difference `G_later - G_earlier <= 0`, evaluated 
 masked *before* exp (rows past T included: the lesson of #77), or a cumulative decay from the chunk start or to the
 chunk end. Nothing is split as `exp(G_t) * exp(-G_s)`, so there is no bound on the decay to promise and no fast path
 to fall back from (upstream's `safe_gate` path splits a 64-row chunk around its middle row and overflows past its
-documented gate range; the README's atlas section shows where, measured beside FLA 0.6.0 on an H200).
+documented gate range; the README's atlas section shows where).
 
 Backward (everything recomputed from the inputs; see `_backward`). With `do' = scale * do` and `dS_C` the adjoint of
 the chunk's end state: `dX = T^T (A_rb^T do' + B̄ dS_C)` (the adjoint of `Ã S_0 + A_ak V`) is carried by the reverse
@@ -36,11 +36,10 @@ serves all four, since a_{t+1} reads at `Ge_{t+1} = G_t`: A_ab[t + 1, s] and A_r
 rows per step), `dplr_intra_kernel` (T, W, U0; one warp), `dplr_fwd_h_kernel`, `dplr_fwd_o_kernel`. The backward's
 per-chunk work is two kernels: `dplr_bwd_dv_kernel` (dv and the score gradients, written over the spent scores) and
 `dplr_bwd_kernel` (per 32 key channels: the state terms, then rank-1 updates per key row and per query row, the a
-side one row ahead so it shares r's weight). H200, B=8 T=4096 H=16 K=V=64 bf16, old and new in one process: the
-forward 2.29 -> 1.91 ms (scores split out, the solve at tf32x3) -> 1.54 ms (the solve on one warp); the backward's
-per-chunk kernel was one program per chunk at 255 registers with spills (12.5% occupancy, 3.8 ms) and is now
-0.43 + 2.55 ms with none; forward+backward 9.55 -> 8.40 -> 6.82 ms. The state pass is 0.44 ms of the forward:
-64-row chunks (four times fewer sequential steps, branch `experiment/rwkv7-64row`) were exact but made it 4.0 ms.
+side one row ahead so it shares r's weight). The choices here, each timed against the previous form: the scores in
+their own kernel, the solve at tf32x3 on one warp, the backward's per-chunk work split in two kernels so that neither
+spills registers, and 16-row chunks (64-row chunks have four times fewer sequential steps in the state pass and are
+exact, but slower; branch `experiment/rwkv7-64row`). Why: docs/performance.md, 'chunk_rwkv7: kernels'.
 
 Packed batches (`cu_seqlens`, B = 1): every kernel runs once for the whole batch, as FLA's. The per-chunk kernels
 take `chunk_indices` (each program's sequence and chunk within it), the two state passes one program per sequence
@@ -70,23 +69,21 @@ from fla_lab.ops.common.conventions import packed_batch
 CHUNK = 16  # rows per chunk: the whole chunk is one pairwise tile and one 16x16 triangular solve
 FLA_CHUNK_SIZES = (CHUNK, 32, 64)  # what FLA 0.6.0's chunk_rwkv7 takes; every one of them runs as CHUNK rows
 MAX_BV = 64  # value columns per program
-# Value columns per step of dplr_bwd_kernel: 16 halves its shared memory (29.7 -> 14.8 KB, more programs per SM).
-# H200, forward+backward ms at 32 / 16 columns: B=64, T=1k 12.37 / 11.78; B=8, T=4k 6.58 / 6.29 (FLA 11.56, 7.07).
+# Value columns per step of dplr_bwd_kernel: 16 rather than 32 halves its shared memory, so more programs fit on
+# an SM. Why: docs/performance.md, 'chunk_rwkv7: BWD_BV'.
 BWD_BV = 16
-DV_BV = 32  # value columns per step of dplr_bwd_dv_kernel (16: 11.71 ms, 64: 11.76, at B=64 against 11.50)
+DV_BV = 32  # value columns per step of dplr_bwd_dv_kernel, not 16 or 64: docs/performance.md, 'chunk_rwkv7: DV_BV'
 BWD_BK = 32  # key channels per program of dplr_bwd_kernel: the pair terms are per channel
 # Value columns per program of the two sequential passes on a GPU, per call (`_state_block`), the forward's
-# (`dplr_fwd_h_kernel`) at most FWD_STATE_BV; STATE_BV, when set, both (a tuner's override).
-# H200, bf16, H=16, K=V=64, forward ms at 32 / 64: B=64, T=1k 2.82 / 2.85; B=32, T=2k 2.82 / 3.07; B=16, T=4k
-# 2.83 / 2.92; B=4, T=16k 3.42 / 3.64. The backward's pass at 64 saves 0.07 / 0.54 / 0.69 ms at B = 64 / 32 / 16
-# (forward+backward less forward), and costs 0.16 ms at B=8, T=4k and 0.8 ms at B=4, T=16k.
+# (`dplr_fwd_h_kernel`) at most FWD_STATE_BV; STATE_BV, when set, both (a tuner's override). The forward's pass is
+# capped at 32 columns while the backward's may take 64: docs/performance.md, 'chunk_rwkv7: FWD_STATE_BV'.
 STATE_BV = None
 FWD_STATE_BV = 32
 CPU_STATE_BV = 32  # off the GPU (the interpreter, where SMs mean nothing): B=8, T=4096's width
 # The chunk's fp32 products (the solve with (I - A_ab)^-1): "tf32x3", three TF32 products on the tensor cores,
 # keeps about fp32's accuracy; IEEE fp32 runs on the CUDA cores (and under the interpreter, which has no TF32).
 SOLVE_PRECISION = tl.constexpr("ieee" if runtime.interpreting() else "tf32x3")
-# num_warps per kernel (`benchmarks/tune_kernels.py chunk_rwkv7`, H200)
+# num_warps per kernel, as `benchmarks/tune_kernels.py chunk_rwkv7` picked them
 WARPS = {"scores": 4, "intra": 1, "fwd_h": 4, "fwd_o": 1, "bwd_dh": 4, "bwd_dv": 2, "bwd": 2}
 
 
@@ -152,7 +149,7 @@ def unit_lower_inverse(b_A, o_c, BT: tl.constexpr):
     row i of the inverse is `e_i + sum_{j<i} A[i, j] * (row j of the inverse)`."""
     eye = (o_c[:, None] == o_c[None, :]).to(tl.float32)
     b_T = eye
-    for i in tl.static_range(1, BT):  # unrolled, as the scores' loop: the forward 2% faster (H200, B=8-64)
+    for i in tl.static_range(1, BT):  # unrolled, as the scores' loop: docs/performance.md, 'chunk_rwkv7: loops'
         b_ai = row(b_A, o_c, i)  # zero at j >= i, where b_T still holds identity rows
         b_new = row(eye, o_c, i) + tl.sum(b_ai[:, None] * b_T, axis=0)
         b_T = tl.where(o_c[:, None] == i, b_new[None, :], b_T)
@@ -386,7 +383,7 @@ def reader_grads(k, b, gi, dArb, dArk, dAab, dAak, b_dr, b_da, b_g, t_first, o_t
     `dr_t += exp(G_t - G_j) (dA_rb[t, j] b_j + dA_rk[t, j] k_j)` for t >= j, and the same weight for a_{t+1}
     (tile row t of `b_da`), which reads at `Ge_{t+1} = G_t`: `+= exp(G_t - G_j) (dA_ab[t+1, j] b_j + ...)`."""
     m_next = m_t & (o_c + 1 < BT) & (o_t + 1 < T)  # a_{t+1} in the chunk and before T
-    for j in range(0, BT):  # rolled: unrolled, this kernel and writer_grads' took 20% longer (H200)
+    for j in range(0, BT):  # rolled, as writer_grads' loop: docs/performance.md, 'chunk_rwkv7: loops'
         m_j = m_k & (t_first + j + 0 * o_k < T)
         b_bj = tl.load(b + (t_first + j) * HK + o_k, mask=m_j, other=0).to(tl.float32)
         b_kj = tl.load(k + (t_first + j) * HK + o_k, mask=m_j, other=0).to(tl.float32)
@@ -734,7 +731,7 @@ def chunk_rwkv7(r, w, k, v, a, b, scale=1.0, initial_state=None, output_final_st
     Same inputs as `fused_recurrent_rwkv7`: `[B, T, H, K]` r, w (natural-log decay <= 0, may be fp32 while the
     rest is bf16), k, a, b; v `[B, T, H, V]`; `initial_state [B, H, K, V]`. Returns `(o, final_state or None)`,
     the state in fp32. K <= 128. `chunk_size`: None, 16, 32 or 64, FLA's choices, all computed in 16-row chunks
-    (one pairwise tile each: the same recurrence, exact at any decay; 64-row chunks measured slower, see the module
+    (one pairwise tile each: the same recurrence, exact at any decay; why not 64-row chunks: the module
     docstring). `cu_seqlens` (and its host copy `cu_seqlens_cpu`): FLA's packed batches (B = 1, states
     `[N, H, K, V]`), one launch per kernel for the whole batch (`fla_lab.ops.common.conventions`).
     flash-linear-attention 0.6.0's `chunk_rwkv7` has the same signature and `scale=1.0` default; its

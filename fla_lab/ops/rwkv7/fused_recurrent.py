@@ -39,8 +39,8 @@ MAX_BV = 64  # value columns per program at most (fewer programs under the inter
 FWD_LAUNCH = None
 BWD_LAUNCH = None
 # Forward launches that hold the state tile keys-last, `[BV, BK]` (Triton then lays the tile out differently over
-# the warp's lanes; the generated code was not compared): H200, B=32, T=2048, forward kernel ms at (32, 1):
-# 5.69 -> 5.08 (FLA 5.94); slower at every other launch measured, e.g. (64, 1) at B=64, T=1024: 3.52 -> 8.93 ms.
+# the warp's lanes; the generated code was not compared): only (32, 1), the one launch where keys-last was faster.
+# Why: docs/performance.md, 'fused_recurrent_rwkv7: keys-last state'.
 KEYS_LAST_LAUNCHES = {(32, 1)}
 
 
@@ -92,8 +92,8 @@ def fused_recurrent_rwkv7_fwd_kernel(r, w, k, v, a, b, o, h0, ht, hc, scale, cu_
                                      KEYS_LAST: tl.constexpr = False, VARLEN: tl.constexpr = False):
     """One step per iteration; `hc[b, h, s]` is the state entering segment s of BT steps (packed:
     `hc[chunk_offsets[n] + s, h]`). One flat loop over the steps, the checkpoint stored where a segment starts,
-    rather than a loop nested per segment that restarts every 16 steps. H200, forward ms, nested -> flat: B=16,
-    T=4096 at (32, 4) 12.7 -> 7.87; B=2, T=32768 at (16, 8) 32.5 -> 30.9; B=64, T=1024 at (64, 1) 4.24 -> 4.42.
+    rather than a loop nested per segment that restarts every 16 steps (docs/performance.md, 'fused_recurrent_rwkv7:
+    flat step loop').
     KEYS_LAST holds the tile as `[BV, BK]`: the same entries of the `[K, V]` state, transposed in registers."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_bh, i_b, i_h = batch_head(i_bh, H)
@@ -178,14 +178,9 @@ def fused_recurrent_rwkv7_bwd_kernel(r, w, k, v, a, b, do, dht, hc, scratch, dr,
 
 def forward_launch(x, V: int, H: int, seqs) -> tuple[int, int]:
     """The forward's (value columns, num_warps). One step's latency grows with the tile, and many programs per SM
-    want few warps each. H200, bf16, H=16, K=V=64, forward ms (`benchmarks/tune_kernels.py`):
-
-    | B, T | (16, 8) | (32, 1) | (32, 4) | (64, 1) | (64, 4) | FLA 0.6.0 |
-    |---|---|---|---|---|---|---|
-    | 2, 32768 | 30.9 | 85.5 | 41.9 | 115.9 | 64.2 | 85.8 |
-    | 16, 4096 | 10.8 | 11.4 | 7.87 | 14.8 | 9.64 | 11.3 |
-    | 32, 2048 | 10.8 | 6.26 | 7.84 | 7.83 | 9.63 | 5.94 |
-    | 64, 1024 | 10.7 | 6.22 | 7.70 | 4.42 | 9.56 | 5.87 |
+    want few warps each. On a GPU: (16, 8) while 16-column tiles give at most two programs per SM; else, counted in
+    64-column tiles, (64, 1) from four programs per SM, (32, 1) from two, (32, 4) below. The launches were timed with
+    `benchmarks/tune_kernels.py`: docs/performance.md, 'fused_recurrent_rwkv7: forward_launch'.
     """
     if FWD_LAUNCH is not None:
         return min(next_pow2(V), MAX_BV, FWD_LAUNCH[0]), FWD_LAUNCH[1]
@@ -200,10 +195,9 @@ def forward_launch(x, V: int, H: int, seqs) -> tuple[int, int]:
 
 
 def backward_launch(x, V: int) -> tuple[int, int]:
-    """The backward's (value columns, num_warps). H200, forward+backward ms at (64, 4) / (32, 4) / the fastest:
-    B=2, T=32768: 255 / 158 / 139 at (16, 8); B=16, T=4096: 45.1 / 40.0 / 39.4 at (16, 1); B=64, T=1024: 44.5 /
-    39.6 / 38.3 at (16, 1). 32 columns: each value tile adds one fp32 partial of dr, dw, dk, da, db (16 columns would
-    double that memory again for 1-12% more)."""
+    """The backward's (value columns, num_warps): 32 columns and 4 warps on a GPU. Each value tile adds one fp32
+    partial of dr, dw, dk, da, db, so 16 columns, a little faster, would double that memory again, and 64 are slower
+    (docs/performance.md, 'fused_recurrent_rwkv7: backward_launch')."""
     if BWD_LAUNCH is not None:
         return min(next_pow2(V), MAX_BV, BWD_LAUNCH[0]), BWD_LAUNCH[1]
     return min(next_pow2(V), MAX_BV if gpu_sms(x) is None else 32), 4

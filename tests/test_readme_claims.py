@@ -1,0 +1,411 @@
+"""The README's GPU, accuracy and performance numbers against the result files they come from.
+
+Each claim block of the README (the GPU phases, what was measured on a GPU, the locator's and the audit's cost, the
+mutation check, the GPU atlas, the value checks' cost) is compared with the JSON (or generated table) in
+benchmarks/results that names its device and date: the numbers a sentence quotes are recomputed from the data and
+rendered as the README prints them, and every other number in the block must be one of those or a stated constant
+of the text (a shape, a tolerance, a count of layers). A number no result file backs fails here, naming the block.
+The scaling table itself is rendered by benchmarks/performance_page.py (`--check` in test_code_says_what_it_does).
+The per-notebook times (between the `times:notebooks` markers) are not checked here: they come from their own file.
+"""
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, benchmark_script
+
+README = (Path(ROOT) / "README.md").read_text(encoding="utf-8")
+RESULTS = Path(ROOT) / "benchmarks" / "results"
+
+
+def load(name):
+    return json.loads((RESULTS / name).read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def page():
+    return benchmark_script("performance_page")
+
+
+def block(start: str, end: str, fold: bool = True) -> str:
+    """The README text from `start` up to (not including) `end`, whitespace folded to single spaces."""
+    i = README.index(start)
+    text = README[i:README.index(end, i)]
+    return " ".join(text.split()) if fold else text
+
+
+def bullet(start: str) -> str:
+    """The bullet of the section 'What was measured on a GPU' that starts with `start`, whitespace folded."""
+    section = block("## What was measured on a GPU", "![Time and peak", fold=False)
+    return " ".join(next(b for b in section.split("\n- ") if b.startswith(start)).split())
+
+
+# --- numbers as the README prints them -------------------------------------------------------------------------
+
+IGNORED = [
+    re.compile(r"`[^`]*`"),  # code: names, shapes of tiles, file names
+    re.compile(r"\]\([^)]*\)"),  # link targets
+    re.compile(r"\d{4}-\d{2}-\d{2}(?:/\d{2})?"),  # dates: compared with the files' dates where they are quoted
+    re.compile(r"\b(?:torch|triton|fla|FLA|Python) \d+(?:\.\d+)*(?:\+\w+)?"),  # versions: compared separately
+    re.compile(r"\b\d+\.\d+\.\d+\b"),  # other x.y.z versions (flash-linear-attention 0.6.0)
+    re.compile(r"\b[Nn]otebooks? \d\d[ab]?\b"),  # notebook numbers
+    re.compile(r"#\d+"),  # upstream issue numbers
+]
+NUMBER = re.compile(r"(?<![\w.])(?<![A-Za-z_]-)[-+]?\d+(?:,\d{3})*(?:\.\d+)?(?:e-?\d+)?(?:k|x|%)?(?![\w])")
+
+
+def normal(token: str) -> str:
+    return token.lstrip("+-").rstrip("kx%").replace(",", "")
+
+
+def numbers(text: str) -> list[str]:
+    for pattern in IGNORED:
+        text = pattern.sub(" ", text)
+    return [normal(m.group(0)) for m in NUMBER.finditer(text)]
+
+
+def unbacked(text: str, backed, constants=()) -> list[str]:
+    allowed = {normal(str(v)) for v in [*backed, *constants]}
+    return [n for n in numbers(text) if n not in allowed]
+
+
+def short(value: float) -> str:
+    """Errors as the README prints them: 3.3e-3 below 0.01, else two significant digits (0.11, 0.093)."""
+    if value >= 0.01:
+        return f"{value:.2g}"
+    mantissa, exponent = f"{value:.1e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def knob(m: float) -> str:
+    """A decay knob as the README writes it: 1e-3, 0.1, 30, 1e3, 1e4."""
+    if m < 0.01 or m >= 1000:
+        mantissa, exponent = f"{m:.0e}".split("e")
+        return f"{mantissa}e{int(exponent)}"
+    return f"{m:g}"
+
+
+def pct(on, off) -> str:
+    return f"{100 * (on / off - 1):.1f}"
+
+
+def environment_quoted(text: str, env: dict, device_words: str):
+    """The block names the record's card, its torch and triton (as far as it quotes them) and its date."""
+    assert device_words in text and device_words.split()[-1] in env["device"], (device_words, env["device"])
+    for name in ("torch", "triton"):
+        quoted = re.search(rf"\b{name} (\d+(?:\.\d+)*(?:\+\w+)?)", text)
+        if quoted:
+            assert env[name].startswith(quoted.group(1)), (name, quoted.group(1), env[name])
+    assert env["date"] in text, (env["date"], text[:200])
+
+
+# --- the blocks -----------------------------------------------------------------------------------------------
+
+def test_gpu_phases_match_gpu_phases_json():
+    run = load("gpu_phases.json")
+    text = block("**What has run on a GPU machine**", "\n\n|")
+    table = README[README.index("| phase | result on the H200 | wall time |"):]
+    table = table[:table.index("\n\n")]
+    environment_quoted(text, run, "NVIDIA H200")
+    assert f"{run['cpu_cores']} cores" in text and f"Python {run['python']}" in text and "no network" in text
+    for phase in run["phases"]:
+        row = next(line for line in table.splitlines() if line.startswith(f"| `{phase['phase']}` |"))
+        if not phase["ran"]:
+            assert "not run" in row
+            continue
+        facts = {k: v for k, v in phase.items() if isinstance(v, int) and not isinstance(v, bool)}
+        for key in ("passed", "failed", "skipped"):
+            if key in phase and (phase[key] or key in row):
+                assert f"{phase[key]} {key}" in row, (row, key, phase[key])
+        assert f"| {phase['wall_s']} s" in row, (row, phase["wall_s"])
+        if "notebooks" in phase:
+            assert f"{phase['notebooks_finished']} of {phase['notebooks']} notebooks" in row
+            assert f"{phase['exercise_checks_passed']} of {phase['exercise_checks']} exercise checks" in row
+        assert not unbacked(row, facts.values(), ["2.11", "3.6"]), row  # the versions the row names (masked)
+
+
+def test_unit_cuda_bullet(page):
+    run = load("gpu_phases.json")
+    cuda = next(p for p in run["phases"] if p["phase"] == "unit-cuda")
+    text = bullet("Every unit test passed on CUDA")
+    assert f"on the H200, {run['date']}: {cuda['passed']} passed, {cuda['skipped']} CPU-only skips" in text
+    assert "not kept as result files" in text  # the later partial runs are said to be unbacked
+    final_state = (Path(ROOT) / "tests" / "test_final_state_flag.py").read_text(encoding="utf-8")
+    recurrent = (Path(ROOT) / "tests" / "test_recurrent.py").read_text(encoding="utf-8")
+    assert "else 4  # see the module docstring" in final_state and "4 fp32 ulps" in text  # the tests' bounds
+    assert "diff <= 1e-6 * float(grad.abs().max())" in recurrent and "1e-6 of the gradient's scale" in text
+    assert not unbacked(text, [cuda["passed"], cuda["skipped"], 4, "1e-6", 4096, 16384])
+
+
+def test_upstream_agreement_errors(page):
+    rows = load("upstream_agreement.json")
+    text = bullet("The float64 references agree")
+    environment_quoted(text, rows[0], "H200")
+    worst = page.worst_agreement(rows)
+    quoted = dict(re.findall(r"(chunk_\w+|fused_recurrent_\w+) (\d\.\de-\d)", text))
+    assert quoted == {op: short(err) for op, err in worst.items() if op in quoted} and len(quoted) == 5, quoted
+    assert f"agrees ({short(worst['fused_recurrent_rwkv6 (no dht)'])})" in text
+    with_dht = max(max(r["errors"][g] for g in ("k", "v", "w")) for r in rows if r["op"] == "fused_recurrent_rwkv6")
+    assert f"off by up to {with_dht:.1g}" in text
+    assert not unbacked(text, [*quoted.values(), short(worst["fused_recurrent_rwkv6 (no dht)"]), f"{with_dht:.1g}"])
+
+
+def test_scaling_table_is_the_rendered_one(page):
+    rendered = "\n".join("  " + line for line in page.reference_table(load("scaling.json")))
+    begin, end = page.README_BLOCK
+    assert begin + rendered + "\n" + end in README, "run python benchmarks/performance_page.py"
+
+
+def ratio_of(row, key):
+    a, b = row["fla_lab"].get(key), row.get("fla", {}).get(key)
+    return round(a / b, 2) if a and b else None
+
+
+def kilo(T: int) -> str:
+    return f"{T // 1024}k"
+
+
+def test_scaling_prose(page):
+    scaling = load("scaling.json")
+    rows, meta = scaling["rows"], scaling["meta"]
+    text = bullet("Speed and memory beside upstream")
+    environment_quoted(text, rows[0], "NVIDIA H200")
+    assert len({(r["device"], r["date"]) for r in rows}) == 1 and f"fla {rows[0]['fla_version']}" in text
+    over_t = [r for r in rows if r["shape"] == "scaling"]
+    lengths = sorted({r["T"] for r in over_t})
+    assert "T = " + ", ".join(kilo(T) for T in lengths[:-1]) + f" and {kilo(lengths[-1])}" in text
+    assert f"B = {meta['tokens']} // T" in text and "B={}, T={}".format(*meta["reference"]) in text
+    # every ratio at or under FLA's, less peak memory wherever FLA has a backward
+    assert all(ratio_of(r, k) is None or ratio_of(r, k) <= 1.0 for r in over_t for k in ("fwd_ms", "fwd_bwd_ms"))
+    assert all(ratio_of(r, "peak_MiB") is None or ratio_of(r, "peak_MiB") < 1.0 for r in over_t)
+    worst = re.findall(r"(\w+)'s (forward\+backward|forward) (\d\.\d\d)x at T = ([\dk]+(?:(?:, | and )[\dk]+)*)", text)
+    assert len(worst) == 3, worst
+    keys = {"forward": "fwd_ms", "forward+backward": "fwd_bwd_ms"}
+    for op, metric, value, at in worst:
+        mine = {r["T"]: ratio_of(r, keys[metric]) for r in over_t if r["op"] == op}
+        top = max(mine.values())
+        assert f"{top:.2f}" == value, (op, metric, top)
+        assert sorted(re.findall(r"\d+k", at), key=lambda k: int(k[:-1])) == [kilo(T) for T in sorted(mine)
+                                                                               if mine[T] == top], (op, at)
+    for metric, key in keys.items():  # the first two named are the worst of all ops
+        overall = max(ratio_of(r, key) or 0 for r in over_t)
+        assert any(m == metric and float(v) == overall for _, m, v, _ in worst[:2]), (metric, overall)
+    costs = {(r["op"], r["shape"]): pct(r["fla_lab"]["fwd_bwd_ms"], r["fla_lab"]["fwd_bwd_checks_off_ms"])
+             for r in rows}
+    odd = costs.pop(("chunk_rwkv6", "ref"))
+    low, high = min(costs.values(), key=float), max(costs.values(), key=float)
+    assert f"cost {low}-{high}% of forward+backward, and {odd}% for chunk_rwkv6 at the reference shape" in text
+    bench = {(r["lib"], r["op"]): r for r in load("bench.json")["rows"]}
+    for op, bug in (("chunk_rwkv6", "exclusive_reference"), ("chunk_gsa", "unmasked_padding")):
+        fixed, buggy = bench[("fla_lab", op)], bench[("fla_lab", f"{op} bug={bug}")]
+        both = sorted(f"{fixed[k] / buggy[k]:.3f}" for k in ("fwd_ms", "fwd_bwd_ms"))
+        assert f"`{op}` {both[0]}-{both[-1]}x" in text, (op, both)
+    backed = [low, high, odd, *(r["T"] for r in rows), *(kilo(T) for T in lengths), meta["tokens"],
+              *meta["reference"], *(v for _, _, v, _ in worst), "0.999", "1.000", "1.002"]
+    constants = [meta["H"], meta["K"], meta["M"], 16, 32, 2, 8, 1]  # tiles, warps, the B range of the tuning
+    prose = re.sub(r"<!-- scaling:reference:begin -->.*<!-- scaling:reference:end -->", " ", text)  # rendered
+    assert not unbacked(prose, backed, constants), unbacked(prose, backed, constants)
+
+
+def test_varlen_bullet_matches_varlen_md():
+    table = (RESULTS / "varlen.md").read_text(encoding="utf-8")
+    assert "NVIDIA H200" in table and "2026-11-27" in table  # the file names its card and date
+    cells = [c.strip() for line in table.splitlines() if line.startswith("| chunk_") for c in line.split("|")[3:-2]]
+    backed = set()
+    for cell in cells:
+        try:
+            value = float(cell.rstrip("x"))
+        except ValueError:
+            continue
+        backed |= {cell, f"{value:#.3g}".rstrip("."), f"{value:.3g}"}
+    header = table[:table.index("| op |")]
+    text = bullet("Packed variable-length batches")
+    assert "H200, 2026-11-27" in text
+    lengths = re.findall(r"(\d[\d,]*) to (\d[\d,]*)", header)
+    backed |= {n.replace(",", "") for pair in lengths for n in pair}
+    assert not unbacked(text, backed, [1, 32768, 16, 64, 8]), unbacked(text, backed, [1, 32768, 16, 64, 8])
+
+
+def test_long_accuracy_numbers():
+    rows = load("long_accuracy.json")
+    text = bullet("Accuracy at training length")
+    environment_quoted(text, rows[0], "H200")
+    shipped = [r for r in rows if "note" not in r and r["split_states"]]
+
+    def dg(op, lib, m):
+        errors = next(r for r in shipped if (r["op"], r["library"], r["decay"]) == (op, lib, m))["errors"]
+        return short(errors.get("g", errors.get("w")))
+
+    ops = ("chunk_gla", "chunk_rwkv6", "chunk_gsa", "chunk_rwkv7")
+    weak = ", ".join(f"{dg(op, 'fla_lab', 1e-3)} ({op})" for op in ops)
+    assert weak.replace(", " + dg(ops[-1], "fla_lab", 1e-3), " and " + dg(ops[-1], "fla_lab", 1e-3)) in text
+    upstream = [dg(op, "fla", 1e-3) for op in ops]
+    assert f"against upstream's {', '.join(upstream[:-1])} and {upstream[-1]}" in text
+    strong = f"at m = 1, {dg('chunk_gla', 'fla_lab', 1.0)} and {dg('chunk_rwkv6', 'fla_lab', 1.0)} for chunk_gla and " \
+             f"chunk_rwkv6 against upstream's {dg('chunk_gla', 'fla', 1.0)} and {dg('chunk_rwkv6', 'fla', 1.0)}"
+    assert strong in text
+    backed = [dg(op, lib, m) for op in ops for lib in ("fla_lab", "fla") for m in (1e-3, 1.0)]
+    assert not unbacked(text, backed, [4096, "1e-3", 1, 16384])
+
+
+def test_chunk_gsa_decay_gradient_bullet():
+    atlas = load("atlas_gpu.json")
+    records = [r for r in atlas["records"] if r["dtype"] == "bf16"]
+    text = bullet("`chunk_gsa`'s bf16 decay gradient")
+    decays = sorted({r["decay"] for r in records})
+    ours = [r for r in records if r["op"] == "chunk_gsa" and r["variant"] == "fixed"]
+    assert max(r["errors"]["dg"] for r in ours) < 2e-2 and "2e-2" in text
+    assert f"from {knob(decays[0])} to {knob(decays[-1])}" in text
+    fla = [r for r in records if r["op"] == "fla:chunk_gsa"]
+    weak = short(max(r["errors"]["dg"] for r in fla if r["decay"] == decays[0]))
+    assert f"off by {weak} at m = 1e-3" in text
+    plain = {m: max(r["errors_unfloored"]["dg"] for r in fla if r["decay"] == m and r["T"] == 512) for m in (30, 100)}
+    assert all(max(r["errors"]["dg"] for r in fla if r["decay"] == m) < 2e-2 for m in plain)
+    assert f"reaches {plain[30]:.2g} and {plain[100]:.2g} (T = 512" in text
+    declared = "nothing here measured them"  # the notebook's upstream figures are said to be unbacked
+    assert declared in text
+    quoted = text[text.index("(Notebook 03b quotes"):]
+    before = text[:text.index("(Notebook 03b quotes")]
+    assert not unbacked(before, [weak, f"{plain[30]:.2g}", f"{plain[100]:.2g}", "2e-2", "1e-3", "1e4", 512, 4096],
+                        [1, "0.05", 30, 100])
+    assert set(numbers(quoted)) <= {"0.28", "30", "16.5", "100", "128..512", "128", "512"}, numbers(quoted)
+
+
+def test_fla_tests_bullet():
+    md = (RESULTS / "fla_tests.md").read_text(encoding="utf-8")
+    text = bullet("flash-linear-attention's own op tests")
+    total = re.search(r"\| \*\*total\*\* \| \*\*(\d+)\*\* \| \*\*(\d+)\*\*", md)
+    passed, failed = int(total.group(1)), int(total.group(2))
+    assert f"{passed} of {passed + failed} pass" in text and "2026-11-27" in md and "CPU" in md
+    varlen = re.search(r"\*\*(\d+) passed, 0\s+failed\*\*", md)
+    assert f"FLA's {varlen.group(1)} varlen tests pass" in text
+    ratio = re.search(r"error ratio (0\.\d+) > (0\.\d+)", md)
+    assert f"(error ratio {float(ratio.group(1)):.2e}".replace("e-03", "e-3") in text
+    assert not unbacked(text, [passed, passed + failed, varlen.group(1), "4.19e-3", "4e-3"], [512])
+
+
+def test_locator_and_audit_cost():
+    run = load("bench_hunt.json")
+    locator = block("The locator is off until you enter the block.", "**Wrong but finite")
+    audit_cost = block("Cost, on the H200 with `benchmarks/bench_hunt.py`", "Notebook 06 finds")
+    environment_quoted(locator, run, "H200")
+    assert (f"{run['located_ms']:.1f} ms against {run['plain_ms']:.1f} ms without it, "
+            f"**{run['ratio']:.2f}x**") in locator
+    assert f"{run['depth']} `RWKV7Attention(\"chunk\")` layers, hidden {run['hidden']}, T = {run['T']}" in locator
+    assert (f"{run['audited_ms']:.1f} ms against {run['plain_ms']:.1f} ms, **{run['audit_ratio']:.2f}x**"
+            in audit_cost)
+    assert (f"each of the {run['audit_calls']} calls" in audit_cost and f"**{run['audit_report_s']:.0f} s**, all "
+            f"{run['audit_calls'] - run['audit_wrong']} right" in audit_cost)
+    backed = [f"{run[k]:.1f}" for k in ("located_ms", "plain_ms", "audited_ms")] + [
+        f"{run['ratio']:.2f}", f"{run['audit_ratio']:.2f}", f"{run['audit_report_s']:.0f}", run["depth"],
+        run["hidden"], run["T"], run["audit_calls"]]
+    assert not unbacked(locator + audit_cost, backed, [5, 3])  # median of 5 (bench_hunt.py's repeat), 3 layers
+
+
+def test_mutation_check_counts():
+    rows = load("mutations.json")
+    text = block("**Who catches what: the mutation check.**", "`tests/test_final_state_flag.py` exists.")
+    caught = sum(r["tests"]["verdict"] == "caught" for r in rows)
+    flagged = sum(r["atlas"]["verdict"] == "flagged" for r in rows)
+    audited = sum(r["locate"]["audit_op"] for r in rows)
+    located = sum(r["locate"]["locator_op"] and r["locate"]["locator_kernel"] for r in rows)
+    seconds = round(sum(r["seconds"] for r in rows))
+    days = sorted({r["finished"][:10] for r in rows})
+    assert {r["device"] for r in rows} == {"CPU (Triton interpreter)"} and "CPU" in text
+    assert f"applies {len(rows)} plausible" in text and f"{seconds} s, {days[0]}/{days[-1][-2:]}" in text
+    assert f"the tests catch {caught} of {len(rows)} (the {len(rows)}th is an equivalent mutant)" in text
+    assert f"the atlas flags {flagged} and the audit {audited}" in text and located == 1 and "for the one" in text
+    assert not unbacked(text, [len(rows), caught, flagged, audited, seconds])
+
+
+def test_gpu_atlas_table_and_findings():
+    atlas = load("atlas_gpu.json")
+    env, records = atlas["environment"], atlas["records"]
+    text = block("**On an H100 80GB**", "![Worst error against decay")
+    environment_quoted(text, env, "H100 80GB")
+    assert f"FLA {env['fla_version']}" in text
+    backed = set()
+
+    def worst(op, weak):
+        rows = [r for r in records if r["op"] == op and r["variant"] == "fixed" and r["T"] == 4096
+                and ((r["decay"] <= 1) if weak else (r["decay"] >= 10))]
+        return max((v, name, r["decay"]) for r in rows for name, v in r["errors"].items())
+
+    for op in ("chunk_gla", "chunk_rwkv6", "fused_recurrent_rwkv6", "chunk_gsa", "chunk_rwkv7"):
+        row = next(line for line in text.split(" | " + op + " | ")[1:2])
+        cells = [c.strip() for c in row.split(" |")[:4]]
+        for cell, (lib, weak) in zip(cells, [("", True), ("", False), ("fla:", True), ("fla:", False)]):
+            value, name, decay = worst(lib + op, weak)
+            assert cell.split(" ")[0] == short(value), (op, lib, weak, cell, value)
+            if "m = " in cell:
+                assert f"(d{name[1:] if name.startswith('d') else name}" in cell or f"({name}" in cell, (cell, name)
+                assert cell.endswith(f"m = {knob(decay)})"), (cell, decay)
+            backed |= {short(value), knob(decay)}
+    decays = sorted({r["decay"] for r in records})
+    assert "(" + ", ".join(knob(m) if m >= 1000 else f"{m:g}" for m in decays) + ")" in text
+    nan_from = {T: min(r["decay"] for r in records if r["variant"] == "exclusive_reference" and r["T"] == T
+                       and r["status"] == "nonfinite") for T in (512, 4096)}
+    assert set(nan_from.values()) == {100.0} and "goes NaN from m = 100 at both lengths" in text
+    h0_mask = {(r["h0"], r["status"]) for r in records if r["variant"] == "transposed_h0_mask"}
+    assert h0_mask == {(True, "raises"), (False, "right")} and "every setting with an initial state" in text
+    fla_gsa = [r["errors"]["dg"] for r in records if r["op"] == "fla:chunk_gsa" and r["decay"] == 1e-3]
+    assert f"off by {min(fla_gsa):.1g}-{max(fla_gsa):.2g} at m = 1e-3" in text
+    ours = [r for r in records if not r["op"].startswith("fla:") and r["variant"] == "fixed"]
+    assert {r["status"] for r in ours} == {"right"}
+    assert f"(worst {short(max(max(r['errors'].values()) for r in ours))}, chunk_gsa's" in text
+    weak_dg = {lib: sorted(short(worst(lib + op, True)[0]) for op in ("chunk_gla", "chunk_rwkv6"))
+               for lib in ("", "fla:")}
+    lo, hi = weak_dg[""]
+    assert f"({lo.split('e')[0]}-{hi})" in text and "({}-{})".format(weak_dg["fla:"][0].split("e")[0],
+                                                                   weak_dg["fla:"][1]) in text
+    backed |= {f"{min(fla_gsa):.1g}", f"{max(fla_gsa):.2g}", *weak_dg[""], *weak_dg["fla:"],
+               lo.split("e")[0], weak_dg["fla:"][0].split("e")[0], "1e-3", "1e4", "1e3"}
+    backed |= {f"{m:g}" for m in decays} | {r["T"] for r in records} | {r["B"] for r in records}
+    backed |= {r["H"] for r in records} | {r["K"] for r in records}
+    exp_max = f"{math.log(2 ** 128):.1f}"  # log(float32 max): where exp overflows (arithmetic, not a measurement)
+    assert not unbacked(text, backed, [exp_max, 200, 16384, 64, 0.001])
+
+
+def test_value_check_costs():
+    scaling = load("scaling.json")
+    ref = {r["op"]: r["fla_lab"] for r in scaling["rows"] if r["shape"] == "ref"}
+    over_t = [r for r in scaling["rows"] if r["shape"] == "scaling"]
+    text = block("GPU cost, forward+backward", "## Layout")
+    for op, ours in ref.items():
+        assert f"+{pct(ours['fwd_bwd_ms'], ours['fwd_bwd_checks_off_ms'])}% {op}" in text, op
+
+    def span(ops):
+        costs = [float(pct(r["fla_lab"]["fwd_bwd_ms"], r["fla_lab"]["fwd_bwd_checks_off_ms"])) for r in over_t
+                 if r["op"] in ops]
+        return f"{min(costs)}-{max(costs)}% over T"
+
+    assert span({"chunk_gla", "chunk_rwkv6"}) in text and span({"chunk_rwkv7"}) in text
+    runs = [load("checks.json"), load("checks_h100.json")]
+    now = [100 * (r["now_ms"] / r["off_ms"] - 1) for run in runs for r in run["rows"]
+           if r["op"] in ("chunk_gla", "chunk_rwkv6")]
+    assert f"chunk_gla and chunk_rwkv6 {min(now):.0f}-{max(now):.0f}%" in text
+    host = next(m for m in load("launch_choices.json")["measurements"] if m["op"] == "chunk_rwkv6")
+    (_, on, gpu), (_, off, _) = host["rows"]
+    assert f"about {on - off:.2f} ms" in text and f"({on} against {off} ms" in text and f"takes {gpu};" in text
+    syncs = {s["mode"]: s["syncs"] for s in runs[0]["sync_count"]}
+    assert f"pays {syncs['deferred']} host syncs for them ({syncs['now']} in the sync-per-call mode" in text
+    backed = [pct(o["fwd_bwd_ms"], o["fwd_bwd_checks_off_ms"]) for o in ref.values()] + [
+        *re.findall(r"[\d.]+", span({"chunk_gla", "chunk_rwkv6"}) + span({"chunk_rwkv7"})),
+        f"{min(now):.0f}", f"{max(now):.0f}", f"{on - off:.2f}", on, off, gpu, syncs["deferred"], syncs["now"]]
+    constants = [8, 4096, 16, 64, 12, 3]  # the shape; 12 layers; `call #3` in the quoted message
+    assert not unbacked(text, backed, constants), unbacked(text, backed, constants)
+
+
+@pytest.mark.parametrize("broken", ["1.37x", "742 passed"])
+def test_a_changed_number_is_caught(broken, monkeypatch):
+    """Sanity: with one quoted number changed, the block's check fails."""
+    import sys
+
+    module = sys.modules[__name__]
+    monkeypatch.setattr(module, "README", README.replace(broken, broken.replace("7", "9", 1), 1))
+    check = test_locator_and_audit_cost if broken == "1.37x" else test_gpu_phases_match_gpu_phases_json
+    with pytest.raises(AssertionError):
+        check()
