@@ -589,24 +589,40 @@ def clean_saved_outputs(nb: Path) -> None:
 
 
 LEARNER = ROOT / "learner"  # the learner's edition (git ignores it): no outputs, no solutions
+LAB_START = "00_start_here.ipynb"  # the notebook `lab` opens first
 
 
-def lab_env(base: dict | None = None) -> dict:
-    """JupyterLab's environment: the learner's figures go to learner/figures, never over the tracked figures/."""
+def lab_root(top: Path = ROOT) -> Path:
+    """The folder JupyterLab serves for `lab`: the learner's edition of the checkout `top`, so the learner's file
+    browser holds the learner's copies only. The reference notebooks (notebooks/: solutions, saved outputs) and the
+    facilitator's guide (docs/onboarding.md: the answer keys) lie outside it, out of the file browser's reach."""
+    return top / LEARNER.name
+
+
+def lab_arguments(root: Path = LEARNER) -> list[str]:
+    """JupyterLab's arguments for `lab` (the browser test starts its learner server with them too): the server
+    rooted at `root` (the learner's edition) explicitly, since a user's Jupyter config (`ServerApp.root_dir`) would
+    otherwise root it elsewhere, such as the checkout, and the first notebook opened."""
+    return [f"--ServerApp.root_dir={root}", "--ip=127.0.0.1", str(root / LAB_START)]
+
+
+def lab_env(base: dict | None = None, root: Path = LEARNER) -> dict:
+    """JupyterLab's environment: the learner's figures go to the edition's figures/ (`root`: learner/), never over
+    the tracked figures/."""
     env = same_numbers_on_every_cpu(dict(os.environ if base is None else base))
-    env["FLA_LAB_FIGURES_DIR"] = str(LEARNER / "figures")
+    env["FLA_LAB_FIGURES_DIR"] = str(root / "figures")
     return env
 
 
 def lab(extra: list[str]) -> int:
     setup()
     run([PY, "-m", "fla_lab", "edition"])  # creates learner/ on first use; never overwrites an edited notebook
-    args = [PY, "-m", "jupyter", "lab", "--ip=127.0.0.1", "learner/00_start_here.ipynb", *extra]
+    root = lab_root()
+    args = [PY, "-m", "jupyter", "lab", *lab_arguments(root), *extra]
     if os.geteuid() == 0:
         args.append("--allow-root")
-    say("starting JupyterLab on 127.0.0.1 with the learner's edition in learner/ (Ctrl-C stops it); "
-        "the reference notebooks with solutions and saved outputs are in notebooks/")
-    return subprocess.call([str(a) for a in args], cwd=ROOT, env=lab_env())
+    say("starting JupyterLab on 127.0.0.1 with your copies of the notebooks (learner/; Ctrl-C stops it)")
+    return subprocess.call([str(a) for a in args], cwd=ROOT, env=lab_env(root=root))
 
 
 def reset(names: list[str]) -> int:

@@ -317,18 +317,18 @@ def plot_heatmap(records: list[dict], op: str, variant: str, dtype: str, chunk_s
         grid[i, j] = STATUSES.index(r["status"])
         err = worst_error(r)
         label = {"nonfinite": "NaN", "raises": "err"}.get(r["status"], short_error(err))
-        ax.text(j, i, label, ha="center", va="center", fontsize=7, color="white" if r["status"] != "right" else "k")
+        ax.text(j, i, label, ha="center", va="center", fontsize=9, color="white" if r["status"] != "right" else "k")
     ax.imshow(grid.numpy(), cmap=ListedColormap([STATUS_COLORS[s] for s in STATUSES]), vmin=-0.5,
               vmax=len(STATUSES) - 0.5, aspect="auto", origin="lower")
-    ax.set_xticks(range(len(decays)), [f"{d:g}" for d in decays], fontsize=7)
-    ax.set_yticks(range(len(rows)), [f"{combination_name(*c)} T{t}" for c, t in rows], fontsize=7)
+    ax.set_xticks(range(len(decays)), [f"{d:g}" for d in decays], fontsize=9)
+    ax.set_yticks(range(len(rows)), [f"{combination_name(*c)} T{t}" for c, t in rows], fontsize=9)
     for i in range(1, len(rows)):  # a line between combinations
         if rows[i][0] != rows[i - 1][0]:
             ax.axhline(i - 0.5, color="white", lw=2)
     ax.set_xlabel("per-step log-decay magnitude m")
-    ax.set_ylabel("h0: initial state, dht: final-state\ncotangent (no-: absent); T", fontsize=7)
+    ax.set_ylabel("h0: initial state, dht: final-state\ncotangent (no-: absent); T", fontsize=9)
     chunk = f", c{chunk_size}" if chunk_size else ""
-    ax.set_title(f"{op} [{variant}] {dtype}{chunk}", fontsize=8)
+    ax.set_title(f"{op} [{variant}] {dtype}{chunk}", fontsize=9)
     return ax
 
 
@@ -369,9 +369,9 @@ def plot_error_vs_decay(records: list[dict], op: str, dtype: str, T: int, ax=Non
     ax.set_xlabel("per-step log-decay magnitude m")
     ax.set_ylabel("worst relative error")
     combos = sorted({combination_of(r) for r in records}, key=COMBINATIONS.index)
-    ax.set_title(f"{op}, {dtype}, T = {T}\nworst of {', '.join(combination_name(*c) for c in combos)}", fontsize=8)
+    ax.set_title(f"{op}, {dtype}, T = {T}\nworst of {', '.join(combination_name(*c) for c in combos)}", fontsize=9)
     # below the axes, never over the curves
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncols=1, frameon=False)
+    ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncols=1, frameon=False)
     return ax
 
 
@@ -404,7 +404,7 @@ def plot_atlas(records: list[dict]):
         ax.axis("off")
     handles = [__import__("matplotlib.patches", fromlist=["Patch"]).Patch(color=STATUS_COLORS[s], label=s)
                for s in STATUSES]
-    fig.legend(handles=handles, loc="outside lower center", ncols=len(STATUSES), fontsize=8)
+    fig.legend(handles=handles, loc="outside lower center", ncols=len(STATUSES), fontsize=9)
     fig.suptitle("status against float64 per (initial state h0, final-state cotangent dht) and T\n"
                  "(g = -m U(0.05, 1) per step; text: worst scale-aware relative error)",
                  fontsize=9)

@@ -6,6 +6,7 @@ from here.
 """
 from __future__ import annotations
 
+import hashlib
 import pathlib
 from dataclasses import dataclass
 
@@ -81,9 +82,9 @@ CATALOGUE: tuple[Bug, ...] = (
         located=("chunk_rwkv7", None, "rounded_decay")),
 )
 
-# Switches planted for notebook 06's hunt: real lines behind neutral names, deliberately NOT in the catalogue, so
-# `index()`, `show()` and the locator's `suspects()` never list them (answer key: docs/onboarding.md).
-PLANTED: tuple[tuple[str, str], ...] = (("capstone_a", "GatedSlotAttention"), ("capstone_b", "chunk_rwkv7"))
+# Switches that are not catalogue entries (an exercise's material): `check_bug` accepts them by the digest of
+# "op:value" (`_digest`), so that no file names them and `index()`, `show()` and `suspects()` never list them.
+_UNLISTED = frozenset({"d22760284bc462fb"})
 
 _PACKAGE = pathlib.Path(__file__).resolve().parent
 
@@ -99,9 +100,14 @@ def for_op(op: str) -> list[Bug]:
     return [b for b in CATALOGUE if b.op == op]
 
 
+def _digest(op: str, bug: str) -> str:
+    return hashlib.sha256(f"{op}:{bug}".encode()).hexdigest()[:16]
+
+
 def check_bug(bug: str | None, op: str) -> None:
-    """`bug=None` is the fixed code; anything else must be a catalogue entry or planted switch of this op or layer."""
-    if bug is None or (bug, op) in PLANTED:
+    """`bug=None` is the fixed code; anything else must be a catalogue entry of this op or layer (or one of its
+    unlisted switches)."""
+    if bug is None or _digest(op, bug) in _UNLISTED:
         return
     names = [b.name for b in for_op(op)]
     if bug not in names:

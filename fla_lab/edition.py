@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +36,10 @@ def sources(folder: Path = NOTEBOOKS) -> list[Path]:
 
 
 GOING_FURTHER = re.compile(r"^## Going further", re.M)
+# An image a notebook's markdown shows from the repository's figures/ (`../figures/atlas_gpu.png`). JupyterLab is
+# rooted at the learner's edition (`workbook.py lab`), where `../` leads out of the server's reach: the learner's copy
+# links `figures/NAME` instead, and `build` copies the image into the edition's figures/.
+REPO_FIGURE = re.compile(r"\.\./figures/([\w.-]+\.(?:png|svg|jpe?g|gif))")
 COMMENT = re.compile(r"<!--.*?-->", re.S)
 
 
@@ -88,11 +93,22 @@ def learner_copy(path: Path) -> str:
     for cell in nb.cells:
         cell.metadata.pop("jupyter", None)  # nothing left to hide: solutions are gone, not collapsed
         cell.metadata.pop("collapsed", None)
+        if cell.cell_type == "markdown":
+            cell.source = REPO_FIGURE.sub(r"figures/\1", cell.source)
     head = nbformat.v4.new_markdown_cell(banner(path.name), metadata={"tags": [BANNER_TAG]})
     head.id = BANNER_TAG
     nb.cells.insert(0, head)
     nb.metadata.pop("widgets", None)  # saved widget state of the reference run
     return nbformat.writes(nb) + "\n"
+
+
+def repo_figures(path: Path) -> list[Path]:
+    """The images of the repository's figures/ that notebook `path`'s markdown shows (`../figures/NAME`), as files
+    beside its folder; `build` copies them into the learner's edition, whose copies link them as `figures/NAME`."""
+    folder = Path(path).resolve().parent.parent / "figures"
+    names = {name for cell in json.loads(Path(path).read_text())["cells"] if cell["cell_type"] == "markdown"
+             for name in REPO_FIGURE.findall("".join(cell["source"]))}
+    return [folder / name for name in sorted(names)]
 
 
 def _digest(text: str) -> str:
@@ -118,6 +134,9 @@ def build(dest: Path = LEARNER, notebooks: list[Path] | None = None, reset: list
     manifest = _load_manifest(dest)
     outcomes = []
     for src in notebooks or sources():
+        for figure in repo_figures(src):  # what the copy's markdown shows, inside the edition (lab's root)
+            if figure.is_file():
+                shutil.copyfile(figure, dest / "figures" / figure.name)
         target = dest / src.name
         text = learner_copy(src)
         if target.exists():

@@ -488,7 +488,7 @@ class Suspects(list):
         op, kernel, cause = self.located
         head = f"[] no catalogue entry matches (op={op}, kernel={kernel or '-'}, cause={cause}): a bug it does not know"
         if CAUSES[cause][1] == "input":
-            return head + "; the op received it: follow the report's fix line upstream of the op"
+            return head + "; the op received it: look where the report's fix line points"
         return head + ("; compare the op with its float64 reference (fla_lab.harness.compare) and with the "
                        "family's fused recurrent op on the same inputs (no chunks: if that one is right, the bug is "
                        "on the chunked path), and census where the bad values sit (the report's kernel and scores "

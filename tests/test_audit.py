@@ -1,8 +1,8 @@
 """Audit mode (`fla_lab.audit`): every op call of a step replayed against float64 on its own inputs and cotangents.
 
-The wrong-but-finite cases are real paths: the capstone's planted chunk_rwkv7 switch (a state update that skips a
-chunk's last decay), and a truncated-BPTT segment (no initial state, a final-state cotangent) through an op whose
-final state is cut from the graph, so the gradient the next segment sends back is lost.
+The wrong-but-finite cases are real paths: chunk_rwkv7's unlisted switch that notebook 06's model runs (a state
+update that skips a chunk's last decay), and a truncated-BPTT segment (no initial state, a final-state cotangent)
+through an op whose final state is cut from the graph, so the gradient the next segment sends back is lost.
 """
 from __future__ import annotations
 
@@ -46,10 +46,10 @@ def test_every_call_is_right_on_the_shipped_ops_with_both_errors_and_a_peak():
     assert "0 of 2 call(s) beyond tolerance" in recorded.report()
 
 
-def test_the_planted_rwkv7_switch_is_flagged_while_every_value_stays_finite():
+def test_the_unlisted_rwkv7_switch_is_flagged_while_every_value_stays_finite():
     x = _leaves("chunk_rwkv7")
     with audit.audit() as recorded:
-        _step(lambda **kw: ops.chunk_rwkv7(**kw, bug="capstone_b"), x)
+        _step(lambda **kw: ops.chunk_rwkv7(**kw, bug="carry_ge"), x)
     (result,) = recorded.results()
     assert not result.ok, recorded.report()
     assert max(result.errors["o"], result.errors["ht"]) > result.tolerance.fwd  # the forward is wrong already

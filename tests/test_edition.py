@@ -224,3 +224,34 @@ def test_execute_file_runs_a_widget_notebook_to_the_end(tmp_path):
     assert saved.cells[1].outputs[0]["text"] == "after the explorer\n"
     assert "language_info" in saved.metadata and "widgets" in saved.metadata
     assert time.monotonic() - start < 50
+
+
+def test_learner_copies_link_nothing_outside_the_edition(tmp_path):
+    """`workbook.py lab` roots JupyterLab at the edition, where `../` is out of the server's reach: an image a
+    notebook shows from the repository's figures/ is copied into the edition's figures/ and linked there."""
+    shown = {p.name: edition.repo_figures(p) for p in NOTEBOOKS}
+    assert any(shown.values()), "no notebook shows a figure of the repository: the copy below checks nothing"
+    edition.build(tmp_path)
+    for name, figures in shown.items():
+        markdown = " ".join(text(c) for c in json.loads((tmp_path / name).read_text())["cells"]
+                            if c["cell_type"] == "markdown")
+        assert not re.search(r"\]\(\.\./|src=[\"']\.\./", markdown), f"{name}: a link out of the edition"
+        for figure in figures:
+            assert f"](figures/{figure.name})" in markdown, (name, figure.name)
+            assert (tmp_path / "figures" / figure.name).read_bytes() == figure.read_bytes()
+
+
+def test_readme_learner_part_links_no_answer():
+    """README.md is what a learner reads first: its learner part (before `# For facilitators and maintainers`) links
+    neither the guide with its answer keys nor the reference notebooks, shows no notebook's figure (00's lead figure
+    states 00's answer) and does not say what each learner writes; the generated passages are in the other part."""
+    readme = (edition.ROOT / "README.md").read_text(encoding="utf-8")
+    heading = "\n# For facilitators and maintainers\n"
+    assert readme.count(heading) == 1, "README.md has no facilitator part"
+    learner_part, facilitator_part = readme.split(heading)
+    for given_away in ("onboarding", "notebooks/", "| you write |", "figures/0", "figures/atlas"):
+        assert given_away not in learner_part, f"README's learner part: {given_away!r}"
+    assert "docs/onboarding.md" in facilitator_part and "](notebooks/" in facilitator_part
+    assert not re.search(r"<!-- [\w:-]+:begin -->", learner_part), "a generated passage in the learner part"
+    for path in NOTEBOOKS:
+        assert path.stem in learner_part, f"README's learner part does not list {path.stem}"

@@ -133,7 +133,6 @@ def test_matches_float64_recomputation(options, T):
     ("chunk", None, 65, "chunk_gsa"),
     ("fused_recurrent", None, 65, "fused_recurrent_gsa"),
     ("chunk", "unmasked_padding", 5, "chunk_gsa"),  # a chunk_gsa switch runs where it lives, at every length
-    ("chunk", "capstone_a", 5, "chunk_gsa"),  # the layer's own switch: notebook 06 studies it on the chunk path
 ])
 def test_kernel_choice_follows_upstream(monkeypatch, mode, bug, T, expected):
     calls = []
@@ -148,8 +147,10 @@ def test_kernel_choice_follows_upstream(monkeypatch, mode, bug, T, expected):
         monkeypatch.setattr(fla_lab.ops, name, spy(name))
     with torch.no_grad():
         layer(mode=mode, bug=bug)(inputs(1, T))
-    kernel_bug = None if bug == "capstone_a" else bug
-    assert calls == [(expected, kernel_bug)]
+        assert calls == [(expected, bug)]
+        calls.clear()
+        layer(mode=mode, bug=bug, gate_fn="piecewise")(inputs(1, T))  # how the gate is written picks no kernel
+        assert calls == [(expected, bug)]
 
 
 # ----------------------------------------------------------------------------------------------------------

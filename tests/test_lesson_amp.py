@@ -252,5 +252,5 @@ def test_trace_dtypes_gives_cpu_autocast_live_and_cuda_autocast_by_its_op_lists(
                                                  ("mul", "fp32", "fp32")]
     # the op lists agree with what was measured on an H200 for every op the measurement covers
     for op in ("exp", "softplus", "log", "sigmoid", "tanh"):
-        assert amp._cuda_rule(op, [torch.bfloat16]) == {"fp32": torch.float32, "bf16": torch.bfloat16}[
+        assert amp._cuda_rule(op, [torch.bfloat16], torch.bfloat16) == {"fp32": torch.float32, "bf16": torch.bfloat16}[
             amp.CUDA_AUTOCAST_BF16[op]]

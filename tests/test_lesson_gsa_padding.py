@@ -387,5 +387,19 @@ def test_probe_tile_is_a_partial_chunk_at_strong_decay():
     tile = lesson.probe_tile()
     assert tile["past_T"].sum() == 3 * lesson.EXERCISE_SLOTS and tile["real"].sum() == 13 * lesson.EXERCISE_SLOTS
     M = lesson.EXERCISE_SLOTS
-    assert (tile["gn"][:M] <= -lesson.PROBE_GN).all() and (tile["gn"][M:] == 0).all()  # exp(|gn|) = inf in fp32
+    assert (tile["gn"][:M] <= -lesson.PROBE_GN).all()  # exp(|gn|) = inf in fp32
+    assert torch.isfinite(tile["gq"][:, M:] - tile["gn"][M:]).all()  # slots past the tile: any finite exponent
     assert (tile["expected"][tile["real"]] < 0).all()  # real later rows: gq_t - gn <= 0
+
+
+@triton.jit
+def slots_only(b_gq, b_gn, o_j, m_d, T):  # masks the slot channels, not the rows past T
+    return tl.where(m_d[None, :], b_gq - b_gn, 0)
+
+
+def test_a_mask_along_the_slots_gets_its_own_hint():
+    found = lesson.diagnose(slots_only)
+    assert found["masks_slots"] and found["overflow_rows"] == [45, 46, 47]
+    stub = lesson.diagnose(stages.later_rows_exponent_unmasked)
+    assert not stub["masks_slots"] and stub["like_stub"]
+    assert "slot channels" in lesson.exponent_hints(found)[1] and "slot channels" not in lesson.exponent_hints(stub)[1]

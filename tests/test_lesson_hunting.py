@@ -1,7 +1,13 @@
-"""Notebook 06's capstone: the planted switches stay out of the catalogue, each does what the answer key says (one
-NaN made in a layer's backward, one wrong-but-finite kernel), and the checks follow the learner's mistakes."""
+"""Notebook 06's capstone: the model's two faults enter through documented options of its layers, stay out of the
+catalogue, and do what the answer key says (one NaN made in a layer's backward, one wrong-but-finite kernel); the
+checks follow the learner's mistakes; and no answer can be read from the installed package (item 2 of issue 34)."""
+import ast
 import contextlib
+import importlib.util
 import io
+import json
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,7 +17,8 @@ from fla_lab import audit, bugs, check, harness, registry
 from fla_lab.layers import GatedSlotAttention
 from fla_lab.lessons import hunting
 
-PLANTED = [name for name, _ in bugs.PLANTED]
+NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "06_nan_hunting.ipynb"
+CARRY = "carry_ge"  # chunk_rwkv7's unlisted switch (the model's RWKV-7 block binds it to its op)
 
 
 def _printed(fn, *args) -> str:
@@ -21,18 +28,14 @@ def _printed(fn, *args) -> str:
     return out.getvalue()
 
 
-def test_planted_switches_are_nowhere_in_the_catalogue():
-    assert not set(PLANTED) & {b.name for b in bugs.CATALOGUE}
-    listed = _printed(bugs.index) + _printed(bugs.show)
-    assert not any(name in listed for name in PLANTED)
-    assert not any(set(PLANTED) & set(spec.variants) for spec in registry.ops().values())
-
-
-def test_a_planted_switch_is_accepted_only_by_its_own_op():
-    bugs.check_bug("capstone_b", "chunk_rwkv7")
-    with pytest.raises(ValueError, match="unknown bug='capstone_b'") as err:
-        bugs.check_bug("capstone_b", "chunk_gsa")
-    assert "capstone" not in str(err.value).split("has", 1)[1]  # the error lists catalogue names only
+def test_the_unlisted_switch_is_nowhere_in_the_catalogue_and_only_its_op_takes_it():
+    assert CARRY not in {b.name for b in bugs.CATALOGUE}
+    assert CARRY not in _printed(bugs.index) + _printed(bugs.show)
+    assert not any(CARRY in spec.variants for spec in registry.ops().values())
+    bugs.check_bug(CARRY, "chunk_rwkv7")
+    with pytest.raises(ValueError, match=f"unknown bug='{CARRY}'") as err:
+        bugs.check_bug(CARRY, "chunk_gsa")
+    assert CARRY not in str(err.value).split("has", 1)[1]  # the error lists catalogue names only
 
 
 def _rwkv7(T: int, bug, dtype=torch.float32):
@@ -43,23 +46,23 @@ def _rwkv7(T: int, bug, dtype=torch.float32):
     return x, o.float(), ht
 
 
-def test_capstone_b_is_wrong_but_finite_and_only_past_the_first_chunk():
+def test_the_carry_switch_is_wrong_but_finite_and_only_past_the_first_chunk():
     """The state leaving a 16-row chunk is wrong: the output of one chunk is bit-identical, the final state and every
     later chunk's output are finite but off by far more than rounding."""
     x, o_fixed, ht_fixed = _rwkv7(16, None)
-    _, o_bug, ht_bug = _rwkv7(16, "capstone_b")
+    _, o_bug, ht_bug = _rwkv7(16, CARRY)
     assert torch.equal(o_fixed, o_bug)
     assert torch.isfinite(ht_bug).all() and check.rel_error(ht_bug, ht_fixed) > 1e-2
     x, o_fixed, _ = _rwkv7(32, None)
-    _, o_bug, _ = _rwkv7(32, "capstone_b")
+    _, o_bug, _ = _rwkv7(32, CARRY)
     assert torch.equal(o_fixed[:, :16], o_bug[:, :16]) and torch.isfinite(o_bug).all()
     exact, _ = registry.get("chunk_rwkv7").reference(**{n: t.double() for n, t in x.items()})
     assert check.rel_error(o_fixed, exact) < 2e-5 < 1e-2 < check.rel_error(o_bug, exact)
 
 
-def _gate_grads(bug):
+def _gate_grads(gate_fn):
     with hunting._fork(0):
-        layer = GatedSlotAttention(hidden_size=32, num_heads=1, num_slots=16, bug=bug).to(fla_lab.device())
+        layer = GatedSlotAttention(hidden_size=32, num_heads=1, num_slots=16, gate_fn=gate_fn).to(fla_lab.device())
     with torch.no_grad():
         layer.f_proj.weight.mul_(hunting.GATE_GROWTH)
     x = torch.randn(1, 20, 32, generator=torch.Generator().manual_seed(3)).to(fla_lab.device())
@@ -68,12 +71,28 @@ def _gate_grads(bug):
     return o.detach(), {n: p.grad for n, p in layer.named_parameters()}
 
 
-def test_capstone_a_keeps_the_forward_and_makes_the_gate_gradient_nan():
-    o_fixed, g_fixed = _gate_grads(None)
-    o_bug, g_bug = _gate_grads("capstone_a")
+def test_the_piecewise_gate_keeps_the_forward_and_makes_the_gate_gradient_nan():
+    o_fixed, g_fixed = _gate_grads("logsigmoid")
+    o_bug, g_bug = _gate_grads("piecewise")
     assert torch.isfinite(o_bug).all() and check.rel_error(o_bug, o_fixed) < 1e-5
     assert all(torch.isfinite(g).all() for g in g_fixed.values())
     assert [n for n, g in g_bug.items() if not torch.isfinite(g).all()] == ["f_proj.weight"]
+    with pytest.raises(ValueError, match="gate_fn must be one of"):
+        GatedSlotAttention(hidden_size=32, num_heads=1, gate_fn="where")
+
+
+def test_the_model_is_built_with_documented_options_that_switch_off_returns_to_the_defaults():
+    model = hunting.mystery_model()
+    options = [hunting._option(e) for e in hunting.EXERCISES]
+    assert hunting.switches_on(model) == 2 and [name for name, _, _ in options] == ["blocks.1.attn", "blocks.2.attn"]
+    gsa, rwkv7 = (model.get_submodule(name) for name, _, _ in options)
+    assert gsa.gate_fn == "piecewise" and gsa.bug is None
+    assert isinstance(rwkv7.attention_op, hunting.BoundOp) and rwkv7.attention_op.options == {"bug": CARRY}
+    assert not hunting.switch_off(model, "blocks.0.attn (RWKV6Attention)")  # the locator's spelling; nothing held
+    assert hunting.switch_off(model, "blocks.1.attn") and gsa.gate_fn == "logsigmoid"
+    assert hunting.switch_off(model, "blocks.2.attn") and rwkv7.attention_op is None
+    assert hunting.switches_on(model) == 0 and not hunting.switch_off(model, "blocks.2.attn")
+    assert hunting.switches_on(hunting.mystery_model(switched_on=False)) == 0
 
 
 def test_the_mystery_model_hunt_end_to_end():
@@ -85,37 +104,129 @@ def test_the_mystery_model_hunt_end_to_end():
     d = report.diagnosis
     assert report.event.call.module.startswith("blocks.0.attn") and d.cause == "nonfinite_cotangent", str(report)
     assert report.suspects() == [] and "no catalogue entry matches" in str(report.suspects())
+    assert "downstream" in str(report) and "upstream" not in str(report.suspects())  # one direction: the fix line's
     census = hunting.grad_census(model, "blocks.1.attn")
     assert [n for n, c in census.items() if c.count] == ["blocks.1.attn.f_proj.weight"]
     with audit.audit(model) as recorded:  # block 0's call gets the NaN cotangent: compared forward only
         hunting.loss_of(model, hunting.tokens()).backward()
     assert [r.call.op for r in recorded.wrong()] == ["chunk_rwkv7"], recorded.report()
 
-    victim = hunting.check_nan_hunt(model, {"module": "blocks.0.attn (RWKV6Attention)", "where": "x", "cause": ""})
-    assert not victim.passed and "arrive" in victim.hints[0]
-    method = hunting.check_nan_hunt(model, {"module": "blocks.1.attn", "where": "chunk_gsa", "cause": "a b c d"})
+    victim = hunting.check_nan_hunt(model, {"module": "blocks.0.attn (RWKV6Attention)", "where": "x"})
+    assert not victim.passed and "reach that op" in victim.hints[0] and "chunk_rwkv6" not in victim.hints[0]
+    method = hunting.check_nan_hunt(model, {"module": "blocks.1.attn", "where": "chunk_gsa"})
     assert not method.passed and "PyTorch code" in method.hints[0]
-    right = {"module": "blocks.1.attn", "where": "GatedSlotAttention.gates",
-             "cause": "where does not mask the gradient of log(sigmoid(x))"}
-    assert not hunting.check_nan_hunt(model, right).passed  # still switched on
+    nan, silent = (_solutions()[name] for name in ("finding", "finding2"))
+    assert not hunting.check_nan_hunt(model, nan).passed  # still switched on
     assert hunting.switch_off(model, "blocks.1.attn")
-    assert hunting.check_nan_hunt(model, right).passed
+    assert hunting.check_nan_hunt(model, nan).passed
 
     wrong_kernel = hunting.check_silent_hunt(model, {"module": "blocks.2.attn", "where": "dplr_fwd_o_kernel"})
     assert not wrong_kernel.passed and "T = 16" in wrong_kernel.hints[0]
+    backward = hunting.check_silent_hunt(model, {"module": "blocks.2.attn", "where": "dplr_bwd_kernel"})
+    assert "a forward kernel" in backward.hints[0]
     assert hunting.switches_on(model) == 1 and hunting.switch_off(model, "blocks.2.attn")
-    silent = {"module": "blocks.2.attn", "where": "dplr_fwd_h_kernel", "cause": "the state leaves a chunk under-decayed"}
     assert hunting.check_silent_hunt(model, silent).passed and hunting.switches_on(model) == 0
 
 
 def test_the_model_as_called_joins_the_registry_beside_the_shipped_op():
     from fla_lab import hunt
 
-    call = hunt.Call(0, "chunk_rwkv7", "blocks.2.attn", fla_lab.ops.chunk_rwkv7, {}, {"bug": "capstone_b", "scale": 1.0})
+    call = hunt.Call(0, "chunk_rwkv7", "blocks.2.attn", fla_lab.ops.chunk_rwkv7, {}, {"bug": CARRY, "scale": 1.0})
     label = hunting.register_as_called(call, library="test")
     try:
         spec = registry.get("chunk_rwkv7", library="test")
         assert label == "test:chunk_rwkv7" and spec.variants == (registry.FIXED,)
-        assert spec.fn.keywords == {"bug": "capstone_b"}  # the switch, not the options the atlas sets itself
+        assert spec.fn.keywords == {"bug": CARRY}  # the switch, not the options the atlas sets itself
     finally:
         registry.ops().pop(label)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Item 2 of issue 34: the answers are not readable from the package. The answers are taken from the reference
+# notebook's solution cells, so that putting one back in plain text anywhere in the package fails here.
+
+def _solutions() -> dict[str, dict]:
+    """{variable: finding} for every `finding... = {...}` a solution cell of notebook 06 writes."""
+    found = {}
+    for cell in json.loads(NOTEBOOK.read_text())["cells"]:
+        if cell["cell_type"] == "code" and "solution" in cell["metadata"].get("tags", []):
+            for node in ast.walk(ast.parse("".join(cell["source"]))):
+                if (isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
+                        and node.targets[0].id.startswith("finding")):
+                    found[node.targets[0].id] = ast.literal_eval(node.value)
+    assert set(found) == {"finding", "finding2"}, found
+    return found
+
+
+CAUSE = ("mechanism", "tensor", "condition")
+
+
+def _installed_sources() -> dict[str, str]:
+    """Every .py file of the fla_lab that `import fla_lab` loads (located by importlib, not by the checkout)."""
+    root = Path(next(iter(importlib.util.find_spec("fla_lab").submodule_search_locations)))
+    sources = {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("*.py"))}
+    assert "lessons/hunting.py" in sources and len(sources) > 20
+    return sources
+
+
+def _strings(tree: ast.AST) -> list[str]:
+    return [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+
+
+def _leaks(sources: dict[str, str], findings: dict[str, dict]) -> list[str]:
+    """Where an answer can be read: the module names anywhere; the code (`where`) named outside the file that
+    defines it; two parts of one cause (mechanism, tensor, condition) in one string or one literal tuple, list, set
+    or dict; and the words "capstone" and "planted"."""
+    leaks = []
+    for path, text in sources.items():
+        tree = ast.parse(text)
+        for word in ("capstone", "planted"):
+            if word in text.lower():
+                leaks.append(f"{path}: {word!r}")
+        for exercise, finding in findings.items():
+            module, where = finding["module"], finding["where"]
+            if module.lower() in text.lower():
+                leaks.append(f"{path}: the module {module!r} ({exercise})")
+            name = where.rsplit(".", 1)[-1]
+            if f"def {name}(" not in text:
+                if where in text:
+                    leaks.append(f"{path}: the code {where!r} ({exercise})")
+                if name in (s.strip() for s in _strings(tree)):
+                    leaks.append(f"{path}: the string {name!r} ({exercise})")
+            parts = {hunting._normal(field, finding[field]) for field in CAUSE}
+            words = [re.compile(rf"(?<![\w.]){re.escape(p)}(?![\w.])") for p in parts]
+            for string in _strings(tree):
+                if sum(bool(w.search(string.lower())) for w in words) >= 2:
+                    leaks.append(f"{path}: two parts of {exercise}'s cause in one string: {string[:60]!r}")
+            for node in ast.walk(tree):
+                items = (node.keys + node.values if isinstance(node, ast.Dict) else
+                         node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [])
+                held = {i.value.strip().lower() for i in items
+                        if isinstance(i, ast.Constant) and isinstance(i.value, str)}
+                if len(held & parts) >= 2:
+                    leaks.append(f"{path}:{node.lineno}: {sorted(held & parts)} of {exercise}'s cause side by side")
+    return leaks
+
+
+def test_no_answer_can_be_read_from_the_installed_package():
+    findings = _solutions()
+    assert not _leaks(_installed_sources(), findings)
+    # the test sees an answer put back in plain text, in each of the ways it looks for
+    nan, silent = findings["finding"], findings["finding2"]
+    for leaked in (f'_ANSWERS = {{"nan": ({nan["module"]!r}, ("gates",))}}',
+                   f'HINT = "kernel = {silent["where"]!r}"',
+                   f'CAUSE = ({nan["mechanism"]!r}, {nan["tensor"]!r}, {nan["condition"]!r})',
+                   f'HINT = "the {silent["mechanism"]} of {silent["tensor"]}"',
+                   "# the capstone's answers"):
+        assert _leaks({"lessons/extra.py": leaked}, findings), leaked
+
+
+def test_the_key_accepts_the_solutions_as_written_and_in_other_spellings():
+    for exercise, name in (("nan", "finding"), ("silent", "finding2")):
+        finding = _solutions()[name]
+        for field in hunting.FIELDS:
+            assert hunting._right(exercise, field, finding[field]), (exercise, field)
+        assert hunting._right(exercise, "module", finding["module"].upper() + " (SomeLayer)")
+        assert hunting._right(exercise, "where", "fla_lab.something." + finding["where"])
+        assert not hunting._right(exercise, "module", "")
+    assert hunting._right("nan", "tensor", "blocks.1.attn." + _solutions()["finding"]["tensor"])

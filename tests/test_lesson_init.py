@@ -63,7 +63,7 @@ def test_trace_is_the_real_forward_and_leaves_the_layer_untouched():
     assert torch.allclose(stages["log-decay w"][0, 0], -math.exp(-0.5) * torch.sigmoid(w0))
 
 
-@pytest.mark.parametrize("names, first", [((), None), (("x_r",), "mix x_r"), (("k_k",), "a = -kk"),
+@pytest.mark.parametrize("names, first", [((), None), (("x_r",), "mix x_r"), (("k_k",), "a, into the kernel"),
                                           (("k_a",), "k after k_a"), (("r_k",), None)])
 def test_first_nonfinite_stage(names, first):
     # (which stage turns non-finite first depends on the garbage drawn: these are the notebook's sizes)

@@ -335,8 +335,28 @@ def test_lab_opens_the_learner_edition_with_its_own_figures(wb, monkeypatch):
     assert wb.lab([]) == 0
     (_, build), (_, lab, env) = calls
     assert build[-3:] == ["-m", "fla_lab", "edition"]
-    assert "learner/00_start_here.ipynb" in lab and not any(a.startswith("notebooks/") for a in lab)
+    assert str(ROOT / "learner" / "00_start_here.ipynb") in lab and not any("notebooks/" in a for a in lab)
     assert env["FLA_LAB_FIGURES_DIR"] == str(ROOT / "learner" / "figures")
+
+
+def test_lab_roots_jupyterlab_at_the_learner_edition(wb, monkeypatch):
+    """The server's root is learner/, set on the command line (a user's Jupyter config cannot move it): the
+    reference notebooks/ and the guide's docs/ are outside the learner's file browser."""
+    calls = []
+    monkeypatch.setattr(wb, "setup", lambda: None)
+    monkeypatch.setattr(wb, "run", lambda cmd, **kw: None)
+    monkeypatch.setattr(wb.subprocess, "call", lambda cmd, **kw: calls.append(cmd) or 0)
+    assert wb.lab(["--port=9999"]) == 0
+    (cmd,) = calls
+    roots = [a.split("=", 1)[1] for a in cmd if a.startswith(("--ServerApp.root_dir=", "--notebook-dir="))]
+    assert roots == [str(ROOT / "learner")] == [str(wb.lab_root())]
+    assert cmd[cmd.index("lab") + 1:] == [*wb.lab_arguments(ROOT / "learner"), "--port=9999", *(
+        ["--allow-root"] if os.geteuid() == 0 else [])]
+    opened = [Path(a) for a in cmd if a.endswith(".ipynb")]
+    assert opened == [ROOT / "learner" / "00_start_here.ipynb"]  # inside the root, as JupyterLab requires
+    for outside in (ROOT / "notebooks", ROOT / "docs" / "onboarding.md"):
+        assert Path(roots[0]) not in outside.parents
+    assert wb.lab_root(Path("/elsewhere")) == Path("/elsewhere/learner")  # the browser test's copy of the tree
 
 
 def test_reset_names_the_notebook_or_prints_its_usage(wb, monkeypatch, capsys):

@@ -17,11 +17,13 @@ gets q, k, v, s in one dtype (the projections' dtype: the autocast dtype, or the
 `chunk_gsa`'s contract asks. The RMSNorm runs in fp32 and returns to that dtype, as upstream's fused
 `rms_norm_linear`.
 
-fla_lab additions: `gate_clamp` (the workaround users of upstream #77 applied: `f >= -gate_clamp`; it also cuts
-the gradient of every clamped gate, which is what a notebook can measure) and `bug=`, passed to `chunk_gsa`
-(`"unmasked_padding"`, #77's NaN gradients of s and g with a partial last chunk and a strong slot decay). The
-switches are `chunk_gsa`'s (and notebook 06's layer switch is studied on its path), so a layer with any `bug=` runs
-`chunk_gsa` at every length; `mode='fused_recurrent'` refuses a `chunk_gsa` switch, which it would never run.
+fla_lab additions: `gate_clamp` (the workaround users of upstream #77 applied: `f >= -gate_clamp`; it also cuts the
+gradient of every clamped gate, which is what a notebook can measure), `gate_fn` (how `log sigmoid` of the gate
+logits is written: `"logsigmoid"`, `F.logsigmoid`, the default, or `"piecewise"`, the explicit two-branch form
+`where(x < LOGSIGMOID_LINEAR_BELOW, x, log(sigmoid(x)))`, the same forward values to within fp32 rounding) and
+`bug=`, passed to `chunk_gsa` (`"unmasked_padding"`, #77's NaN gradients of s and g with a partial last chunk and a
+strong slot decay). The switches are `chunk_gsa`'s, so a layer with a `bug=` runs `chunk_gsa` at every length;
+`mode='fused_recurrent'` refuses a switch, which it would never run.
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ from fla_lab.bugs import check_bug
 from fla_lab.layers.rwkv6 import packed_kwargs, split_heads
 
 FEATURE_MAPS = {"swish": F.silu, "relu": F.relu}  # the parameter-free ones of upstream's three
-LAYER_SWITCHES = ("capstone_a",)  # switches of this layer's own code (notebook 06), never passed to the kernel
+GATE_FNS = ("logsigmoid", "piecewise")  # how `gates` writes log sigmoid of the logits (the class docstring)
 FUSED_MAX_T = 64  # upstream's layer runs fused_recurrent_gsa up to this length (fla/layers/gsa.py, 0.6.0)
 LOGSIGMOID_LINEAR_BELOW = -20.0  # log sigmoid(x) = x - log(1 + e^x): x itself to 2e-9 below this
 
@@ -60,13 +62,15 @@ class GatedSlotAttention(nn.Module):
                  elementwise_affine: bool | None = True, norm_eps: float = 1e-5, gate_logit_normalizer: int = 8,
                  feature_map: str = "swish", use_output_gate: bool = False, use_norm: bool = True,
                  layer_idx: int | None = None, scale: float | None = 1.0, gate_clamp: float | None = None,
-                 bug: str | None = None, **kwargs):
+                 gate_fn: str = "logsigmoid", bug: str | None = None, **kwargs):
         super().__init__()
         name = "GatedSlotAttention"
-        check_bug(bug, name if bug in LAYER_SWITCHES else "chunk_gsa")  # the kernel's switches go to chunk_gsa
+        check_bug(bug, "chunk_gsa")  # the switches are the kernel's
         if mode not in ("chunk", "fused_recurrent"):
             raise ValueError(f"{name}: mode must be 'chunk' or 'fused_recurrent', got {mode!r}")
-        if mode == "fused_recurrent" and bug is not None and bug not in LAYER_SWITCHES:
+        if gate_fn not in GATE_FNS:
+            raise ValueError(f"{name}: gate_fn must be one of {list(GATE_FNS)}, got {gate_fn!r}")
+        if mode == "fused_recurrent" and bug is not None:
             raise ValueError(f"{name}: bug={bug!r} is a switch of chunk_gsa, which mode='fused_recurrent' never runs; "
                              "use mode='chunk'")
         if num_kv_heads is not None and num_kv_heads != num_heads:
@@ -100,7 +104,7 @@ class GatedSlotAttention(nn.Module):
         self.num_slots = self.head_k_dim if num_slots is None else num_slots  # upstream's layer default
         self.use_short_conv, self.conv_size, self.conv_bias = use_short_conv, conv_size, conv_bias
         self.use_output_gate, self.use_norm = use_output_gate, use_norm
-        self.gate_logit_normalizer, self.gate_clamp = gate_logit_normalizer, gate_clamp
+        self.gate_logit_normalizer, self.gate_clamp, self.gate_fn = gate_logit_normalizer, gate_clamp, gate_fn
         self.feature_map_name, self.scale = feature_map, scale
 
         C = hidden_size
@@ -123,15 +127,16 @@ class GatedSlotAttention(nn.Module):
     def gates(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The forget gate and slot write `(f, s)`, fp32 `[B, T, H, M]`, from the input.
 
-        `f = logsigmoid(W_f x) / gate_logit_normalizer`, clamped to `>= -gate_clamp` when set, and
-        `s = 1 - exp(f)`, written `-expm1(f)`: the same number without the cancellation that zeroes small writes.
-        The projection may come out in bf16 (autocast); everything after it is fp32.
+        `f = logsigmoid(W_f x) / gate_logit_normalizer` (log sigmoid written as `gate_fn` says), clamped to
+        `>= -gate_clamp` when set, and `s = 1 - exp(f)`, written `-expm1(f)`: the same number without the
+        cancellation that zeroes small writes. The projection may come out in bf16 (autocast); everything after it
+        is fp32.
         """
-        if self.bug == "capstone_a":
-            x = self.f_proj(hidden_states).float()
+        x = self.f_proj(hidden_states).float()
+        if self.gate_fn == "piecewise":
             f = torch.where(x < LOGSIGMOID_LINEAR_BELOW, x, torch.log(torch.sigmoid(x))) / self.gate_logit_normalizer
         else:
-            f = F.logsigmoid(self.f_proj(hidden_states).float()) / self.gate_logit_normalizer
+            f = F.logsigmoid(x) / self.gate_logit_normalizer
         if self.gate_clamp is not None:
             f = f.clamp(min=-self.gate_clamp)
         f = split_heads(f, self.num_slots)
@@ -162,6 +167,5 @@ class GatedSlotAttention(nn.Module):
         if self.mode == "fused_recurrent" or (self.bug is None and q.shape[1] <= FUSED_MAX_T):
             o, _ = ops.fused_recurrent_gsa(q, k, v, s, g=f, scale=self.scale, **packed)
         else:
-            bug = None if self.bug in LAYER_SWITCHES else self.bug
-            o, _ = ops.chunk_gsa(q, k, v, s, g=f, scale=self.scale, bug=bug, **packed)
+            o, _ = ops.chunk_gsa(q, k, v, s, g=f, scale=self.scale, bug=self.bug, **packed)
         return o

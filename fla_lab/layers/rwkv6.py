@@ -147,12 +147,11 @@ class RWKV6Attention(nn.Module):
         return {name: x + delta * mu[:, :, i] for i, name in enumerate(init.RWKV6_MIX_ORDER)}
 
     def log_decay(self, xw: torch.Tensor) -> torch.Tensor:
-        w_raw = self.w_lora(xw)
+        # fp32 whatever autocast did to the LoRA's output: the kernels take an fp32 decay beside bf16 r, k, v
+        w_raw = self.w_lora(xw).float()
         if self.bug == "sigmoid_decay":  # upstream #11: a decay in (0, 1) where a log-decay belongs
             return torch.sigmoid(w_raw)
-        # the log-decay in fp32 whatever autocast did to w_raw: the kernels take an fp32 decay beside bf16 r, k, v
-        # (notebook 05 shows what a bf16 one costs)
-        return -torch.exp(w_raw.float())
+        return -torch.exp(w_raw)
 
     def forward(self, hidden_states: torch.Tensor, attention_mask=None, past_key_values=None, use_cache=False,
                 output_attentions=False, **kwargs):

@@ -20,6 +20,7 @@ from fla_lab import exercises, reference, runtime, viz, widgets
 from fla_lab.layers import RWKV7Attention
 from fla_lab.layers.rwkv7 import log_decay_from_lora
 
+BUG = "bf16_decay"  # the catalogue entry this notebook turns on (`bugs.show([amp.BUG])`)
 DEPTH = 12
 SIGMOID_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 AUTOCAST_OPS = ("linear", "exp", "softplus", "log", "sigmoid", "tanh", "mul by a constant")
@@ -36,7 +37,7 @@ def log_decays(lora_output: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -
     The buggy path computes the sigmoid in `dtype` (`bug="bf16_decay"`); the fixed one in fp32 (965c3553).
     """
     x = lora_output.to(dtype)
-    low = log_decay_from_lora(x, "bf16_decay")
+    low = log_decay_from_lora(x, BUG)
     fixed = log_decay_from_lora(x, None)
     return low.double(), fixed.double()
 
@@ -83,7 +84,7 @@ def cumulative_decay_varying(x: float, spread: float, T: int, dtype: torch.dtype
 
 def plot_rounding_error(dtype: torch.dtype = torch.bfloat16):
     """Left: |w_low - w_fp32| against the LoRA output, under the bound of two roundings (the sigmoid, then the
-    product), each at most the unit roundoff u = eps/2 relative: 2 u |w|. Right: the signed relative error."""
+    product), each at most the unit roundoff ε = eps/2 relative: 2 ε |w|. Right: the signed relative error."""
     x = lora_grid(n=20001)
     low, fixed = log_decays(x, dtype)
     xs = x.to(dtype).double().numpy()
@@ -91,17 +92,17 @@ def plot_rounding_error(dtype: torch.dtype = torch.bfloat16):
     name = viz.DTYPE_NAMES[dtype]
     fig, (left, right) = viz.figure(ncols=2, width=4.6, height=3.3)
     left.plot(xs, (low - fixed).abs().clamp(min=1e-12).numpy(), ".", ms=1, color=viz.DTYPE_COLORS[dtype])
-    left.plot(xs, fixed.abs().numpy() * 2 * u, color="k", lw=0.8, label=f"2 u |w|, u = {u:.1e} ({name})")
+    left.plot(xs, fixed.abs().numpy() * 2 * u, color="k", lw=0.8, label=f"2 ε |w|, ε = {u:.1e} ({name})")
     left.set(yscale="log", ylim=(1e-9, 1e-2), xlabel="decay-LoRA output x", ylabel="|w_low - w_fp32|")
     left.set_title(f"{name} sigmoid: absolute error per step", fontsize=10)
-    left.legend(fontsize=7, title="two roundings at most", title_fontsize=7)
+    left.legend(fontsize=9, title="two roundings at most", title_fontsize=9)
     right.plot(xs, (100 * (low - fixed) / fixed.abs()).numpy(), ".", ms=1, color=viz.DTYPE_COLORS[dtype])
     right.axhline(0, color="k", lw=0.6)
     for sign in (1, -1):
-        right.axhline(sign * 200 * u, color="k", lw=0.8, ls="--", label="± 2 u" if sign > 0 else None)
+        right.axhline(sign * 200 * u, color="k", lw=0.8, ls="--", label="± 2 ε" if sign > 0 else None)
     right.set(xlabel="decay-LoRA output x", ylabel="(w_low - w_fp32) / |w_fp32|  (%)",
               title=f"{name} rounding: > 0 decays too slowly")
-    right.legend(fontsize=7, loc="lower right")
+    right.legend(fontsize=9, loc="lower right")
     return fig
 
 
@@ -119,9 +120,9 @@ def plot_cumulative_decay(xs=(-8.0, -7.0, -6.0, -5.0, -4.0), T_max: int = 8192, 
         right.plot(T, decay.numpy(), color=color, label=f"x = {x:g}")
     left.set(xscale="log", yscale="log", xlabel="steps T", ylabel="|relative error| of exp(sum w)  (%)",
              title=f"{viz.DTYPE_NAMES[dtype]} sigmoid: the bias compounds ~ T")
-    left.legend(fontsize=7, title="sign: + solid, - dashed", title_fontsize=7)
+    left.legend(fontsize=9, title="sign: + solid, - dashed", title_fontsize=9)
     right.axhline(1e-6, color="k", ls=":", lw=0.8)
-    right.text(1.2, 2e-6, "below 1e-6: the token is forgotten anyway", fontsize=7)
+    right.text(1.2, 2e-6, "below 1e-6: the token is forgotten anyway", fontsize=9)
     right.set(xscale="log", yscale="log", ylim=(1e-12, 2), xlabel="steps T", ylabel="cumulative decay exp(sum w)",
               title="what the error multiplies")
     return fig
@@ -144,7 +145,7 @@ def channel_decays(layer_idx: int = 0, hidden_size: int = 768, dtype: torch.dtyp
     to `dtype`) at every token: `x`; `low` and `fixed` are the log-decays with and without `bug="bf16_decay"`.
     """
     out = {}
-    for key, bug in (("low", "bf16_decay"), ("fixed", None)):
+    for key, bug in (("low", BUG), ("fixed", None)):
         layer = decay_layer(hidden_size, layer_idx, bug, dtype=dtype)
         with torch.no_grad():
             out[key] = layer.log_decay(torch.zeros(1, 1, hidden_size, dtype=dtype))[0, 0].double()
@@ -180,7 +181,7 @@ def plot_decay_error(channel: int = 0, T: int = 4096, dtype: torch.dtype = torch
     left.axhline(0, color="k", lw=0.5)
     left.set(xlabel="channel", ylabel="relative error of exp(T w)  (%)")
     left.set_title(f"layer {layer_idx}, {viz.DTYPE_NAMES[dtype]} sigmoid, after T = {T} steps", fontsize=9)
-    left.legend(fontsize=7)
+    left.legend(fontsize=9)
     steps = np.unique(np.geomspace(1, max(T, 2), 200).astype(int))
     right.plot(steps, 100 * torch.expm1(torch.as_tensor(steps) * (d["low"] - d["fixed"])[channel]).numpy(),
                color="#d62728")
@@ -257,7 +258,7 @@ def plot_output_errors(errors: dict[str, list[tuple[int, float]]]):
         ax.plot([t for t, _ in rows], [e for _, e in rows], style, ms=4, label=name)
     ax.set(xscale="log", yscale="log", xlabel="position t (window ending at t)",
            ylabel="relative error of the layer output", title="RWKV7Attention output at long context, bf16")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=9)
     return fig
 
 
@@ -301,14 +302,15 @@ class _OpLog(torch.overrides.TorchFunctionMode):
         return out
 
 
-def _cuda_rule(name: str, inputs: list[torch.dtype]) -> torch.dtype:
-    """The dtype CUDA autocast (bf16) gives op `name` on inputs of these dtypes."""
+def _cuda_rule(name: str, inputs: list[torch.dtype], made: torch.dtype) -> torch.dtype:
+    """The dtype CUDA autocast (bf16) gives op `name` on inputs of these dtypes; `made`: the dtype the op returned
+    here, kept by an op with no tensor input (a factory such as `torch.ones`), which autocast leaves alone."""
     floats = [d for d in inputs if d.is_floating_point]
     if name in CUDA_FP32_OPS and floats:
         return torch.float32
     if name in CUDA_BF16_OPS:
         return torch.bfloat16
-    return functools.reduce(torch.promote_types, floats) if floats else inputs[0]
+    return functools.reduce(torch.promote_types, floats) if floats else (inputs[0] if inputs else made)
 
 
 def trace_dtypes(line: Callable[[torch.Tensor], torch.Tensor], device: str = "cpu") -> list[tuple[str, str, str]]:
@@ -321,7 +323,8 @@ def trace_dtypes(line: Callable[[torch.Tensor], torch.Tensor], device: str = "cp
         line(linear(h))
     rows = []
     for name, inputs, out in log.ops:
-        dtype = out.dtype if name in CASTS else _cuda_rule(name, [cuda.get(id(t), t.dtype) for t in inputs])
+        dtype = out.dtype if name in CASTS else _cuda_rule(name, [cuda.get(id(t), t.dtype) for t in inputs],
+                                                           out.dtype)
         cuda[id(out)] = dtype
         rows.append((name.strip("_"), viz.DTYPE_NAMES[out.dtype], viz.DTYPE_NAMES[dtype]))
     return rows

@@ -236,10 +236,10 @@ def plot_rwkv6_states(runs: list[RWKV6Run]):
             ax.plot([t], [FP32_MAX], "x", color=color, ms=9, mew=2,
                     label=f"kernel output: first non-finite at t={t}")
     ax.axhline(FP32_MAX, color="k", lw=0.8, ls=":")
-    ax.text(2, FP32_MAX * 4, "fp32 max 3.4e38", fontsize=8)
+    ax.text(2, FP32_MAX * 4, "fp32 max 3.4e38", fontsize=9)
     ax.set(yscale="log", xlabel="step t", ylabel="largest |entry| of the state $S_t$ (float64)",
            title="the state under three decay parametrisations")
-    ax.legend(fontsize=7, loc="upper left")  # the top left is empty: the growing state starts at the bottom
+    ax.legend(fontsize=9, loc="upper left")  # the top left is empty: the growing state starts at the bottom
     plot_bad_steps(census, runs[0])
     return fig
 
@@ -313,9 +313,9 @@ class RWKV7Trace:
                                      for where, t in self.first.items()]
         if self.u_later is not None:
             lines.append(f"  -> the chunk kernel's o[{self.chunk_row}] is NaN though its exact value is "
-                         f"{self.exact_there:.1e} (finite in fp32): u overflowed at t = {self.u_later}, later in the "
-                         f"same 16-row chunk, and the chunk's product A_rb @ U multiplies A_rb[t, s] = 0 (s > t) "
-                         f"by inf: 0 * inf = NaN")
+                         f"{self.exact_there:.1e} (finite in fp32): rho = a^T S overflowed at t = {self.u_later}, "
+                         f"later in the same 16-row chunk, and the chunk's product A_rb @ R (R: the rows rho) "
+                         f"multiplies A_rb[t, s] = 0 (s > t) by inf: 0 * inf = NaN")
         return "\n".join(lines)
 
 
@@ -339,7 +339,7 @@ def trace_rwkv7(case: str, T: int = 64, K: int = 64, seed: int = 0) -> RWKV7Trac
     first = {"reference (float64): largest |S_t| > fp32 max": first_step_above(rwkv7_state_trajectory(**x)),
              "reference (float64): largest |o_t| > fp32 max": first_step_above(o_ref),
              "fused_recurrent_rwkv7: first non-finite o": _first_row(o_rec),
-             "chunk_rwkv7: first non-finite u = a^T S": _first_row(mid["u"]),
+             "chunk_rwkv7: first non-finite rho = a^T S": _first_row(mid["u"]),
              "chunk_rwkv7: first non-finite chunk state h": int(h_bad[0]) * CHUNK if len(h_bad) else None,
              "chunk_rwkv7: first non-finite o": _first_row(mid["o"])}
     row, u_later = first["chunk_rwkv7: first non-finite o"], None
@@ -378,10 +378,10 @@ def plot_rwkv7(runs: list[RWKV7Run], widths=(4, 8, 16, 32, 64, 128)):
             t = run.output.first["t"]
             left.plot([t], [FP32_MAX], "x", color=color, ms=9, mew=2, label=f"kernel: first non-finite t={t}")
     left.axhline(FP32_MAX, color="k", lw=0.8, ls=":")
-    left.text(1, FP32_MAX * 1e3, "fp32 max 3.4e38", fontsize=8)
+    left.text(1, FP32_MAX * 1e3, "fp32 max 3.4e38", fontsize=9)
     left.set(yscale="log", xlabel="step t", ylabel="largest |entry| of $S_t$ (float64)",
              title=f"K = {runs[0].K}: exact state; x: fused_recurrent_rwkv7's first bad o")
-    left.legend(fontsize=7, loc="upper left")  # clear of the curves: they all start near 1
+    left.legend(fontsize=9, loc="upper left")  # clear of the curves: they all start near 1
     by_width = radius_by_width(widths)
     for name, radii in by_width.items():
         case = RWKV7_CASES[0] if name == "rand a, b" else name
@@ -391,7 +391,7 @@ def plot_rwkv7(runs: list[RWKV7Run], widths=(4, 8, 16, 32, 64, 128)):
     right.set(xscale="log", yscale="log", xlabel="key width K",
               ylabel="largest |eigenvalue| of diag(exp w) + b a^T", title="one step's growth factor")
     right.set_xticks(widths, [str(k) for k in widths])
-    right.legend(fontsize=7)
+    right.legend(fontsize=9)
     return fig
 
 
@@ -513,12 +513,12 @@ def plot_growth(decay: float = 0.1, sign: float = -1.0, ab: float = 1.0, T: int 
             ax.plot([first], [torch.finfo(dtype).max], "x", color=line.get_color(), ms=9, mew=2)
     for dtype, text in ((torch.float16, "fp16 max"), (torch.float32, "fp32 / bf16 max")):
         ax.axhline(torch.finfo(dtype).max, color=viz.DTYPE_COLORS[dtype], lw=0.8, ls=":")
-        ax.text(T - 1, torch.finfo(dtype).max / 4, text, fontsize=7, ha="right", va="top",  # below: inside the axes
+        ax.text(T - 1, torch.finfo(dtype).max / 4, text, fontsize=9, ha="right", va="top",  # below: inside the axes
                 color=viz.DTYPE_COLORS[dtype])
     kind = "log-space" if sign < 0 else "raw positive"
     ax.set(yscale="log", xlabel="step t", ylabel="magnitude",
            title=f"RWKV-7, K={K}: |w| ~ {decay:g} ({kind}), b.a = {ab:g}")
-    ax.legend(fontsize=7, loc="upper left")
+    ax.legend(fontsize=9, loc="upper left")
     return fig
 
 
@@ -762,8 +762,9 @@ def removal_hints(k, a_gate, a, b, probes: list[Probe]) -> tuple[str, ...]:
         return exercises.hints(
             where=f"the probe: {seen}. b . a > 0: along a, one step keeps about exp(w) + b . a of the state, more than "
                   "all of it",
-            what="a is what the step reads (u = a^T S), b is where it writes u back: to remove, b must point against "
-                 "a (b . a < 0), both along the key's direction, and the report's b, drawn at random, has no place",
+            what="a is what the step reads (rho = a^T S), b is where it writes rho back: to remove, b must point "
+                 "against a (b . a < 0), both along the key's direction, and the report's b, drawn at random, has no "
+                 "place",
             line=line)
     if min(p.ba[0] for p in probes) < -1 - 1e-6:
         return exercises.hints(
@@ -781,8 +782,8 @@ def removal_hints(k, a_gate, a, b, probes: list[Probe]) -> tuple[str, ...]:
     if close(R, R_ref.transpose(-1, -2)):
         return exercises.hints(
             where="the eigenvalues are right but the step is the transpose of RWKV-7's (same eigenvalues, other output)",
-            what="a is read (u = a^T S), b is written (channel i gets b_i u): the gate a_gate[i] says how much key "
-                 "channel i loses, so it scales b; a is the unit key alone",
+            what="a is read (rho = a^T S), b is written (channel i gets b_i rho): the gate a_gate[i] says how much "
+                 "key channel i loses, so it scales b; a is the unit key alone",
             line=line)
     return exercises.hints(
         where=f"the probe: {seen}; the step differs from RWKV-7's removal",

@@ -467,11 +467,11 @@ def plot_padded_rows(remainder: int = 45, log_decay: float = -4.0):
         left.hlines(gi[last], first - 0.5, last + 0.5, color=color, lw=2.5,
                     label=f"gn of sub-chunk {first // BC} = {gi[last]:.0f}")
     left.axhline(-FP32_EXP_MAX, color="#d62728", lw=0.8, ls="--")
-    left.text(1, -FP32_EXP_MAX + 6, "-88.7", fontsize=7, color="#d62728")
-    left.text(remainder + 0.5, -0.32 * abs(gi.min()), f"past T\n(T = {remainder})", fontsize=7, color="0.3")
+    left.text(1, -FP32_EXP_MAX + 6, "-88.7", fontsize=9, color="#d62728")
+    left.text(remainder + 0.5, -0.32 * abs(gi.min()), f"past T\n(T = {remainder})", fontsize=9, color="0.3")
     left.set(xlabel="row of the partial last chunk (lines: sub-chunks of 16)",
              ylabel="cumulative log-decay gi", title="what the kernel loads")
-    left.legend(fontsize=6.5, loc="lower left")
+    left.legend(fontsize=9, loc="lower left")
     for (first, last), color in zip(subs, colors):
         later = rows[(first // BC + 1) * BC:]
         e = gi[later] - gi[last]
@@ -483,12 +483,12 @@ def plot_padded_rows(remainder: int = 45, log_decay: float = -4.0):
     right.axhspan(FP32_EXP_MAX, 1e4, color="#d62728", alpha=0.12)
     right.axhline(FP32_EXP_MAX, color="#d62728", lw=0.8)
     right.text(BC + 0.5, FP32_EXP_MAX + 6, "exp() = inf in fp32 (> 88.7); do = 0 there: inf * 0 = NaN",
-               fontsize=7, color="#d62728")
+               fontsize=9, color="#d62728")
     right.axhline(0, color="k", lw=0.6)
     top = max(FP32_EXP_MAX, abs(gi.min())) + 45
     right.set(xlim=(-0.5, CHUNK - 0.5), ylim=(-top, top), xlabel="later row t of the chunk",
               ylabel="exponent gi_t - gn (bug)", title="the transposed factor exp(gi_t - gn), per sub-chunk i")
-    right.legend(fontsize=6.5, loc="lower left")
+    right.legend(fontsize=9, loc="lower left")
     for ax in (left, right):
         ax.title.set_fontsize(9)
     fig.suptitle(f"a partial last chunk of {remainder} rows, one slot forgetting {-log_decay:g} per step "
@@ -511,7 +511,7 @@ def plot_thresholds(measured: dict[tuple[int, float], bool] | None = None, init_
         ax.axhline(init_f, color="#1f77b4", ls="-.", lw=0.9, label=f"the layer's |f| at gate logit 0 ({init_f:.3f})")
     if measured:
         # the measured runs sit 1 % apart on either side of the curve: a linear zoom tells them apart
-        zoom = ax.inset_axes([0.33, 0.50, 0.24, 0.30])
+        zoom = ax.inset_axes([0.56, 0.10, 0.22, 0.26])  # below the curve, in the empty band under |g| = 1
         zoom.fill_between(r, th, 1e3, color="#d62728", alpha=0.12, step="mid")
         zoom.step(r, th, where="mid", color="#d62728", lw=1.2)
         for (rem, g), nan in measured.items():
@@ -520,15 +520,15 @@ def plot_thresholds(measured: dict[tuple[int, float], bool] | None = None, init_
                        label=f"kernel, T = {rem}, |g| = {g:g}: " + ("NaN" if nan else "finite"))
         rems, gs = [k[0] for k in measured], [k[1] for k in measured]
         zoom.set(xlim=(min(rems) - 3, max(rems) + 3), ylim=(min(gs) - 0.05, max(gs) + 0.05))
-        zoom.set_title("zoom (linear)", fontsize=7)
-        zoom.tick_params(labelsize=6)
+        zoom.set_title("zoom (linear)", fontsize=9)
+        zoom.tick_params(labelsize=9)
         zoom.set_facecolor("white")
         ax.indicate_inset_zoom(zoom, edgecolor="0.4")
-    ax.annotate("T mod 64 = 0 (no partial chunk): never", (0, 0.3), (2, 0.3), fontsize=7, va="center",
+    ax.annotate("T mod 64 = 0 (no partial chunk): never", (0, 0.3), (2, 0.3), fontsize=9, va="center",
                 arrowprops=dict(arrowstyle="->", lw=0.8))
     ax.set(yscale="log", ylim=(0.05, 200), xlim=(0, CHUNK), xlabel="T mod 64 (rows in the partial last chunk)",
            ylabel="constant per-step forgetting |g|", title="where the bug fires: the cumulative decay, not the step")
-    ax.legend(fontsize=7, loc="upper right")
+    ax.legend(fontsize=9, loc="upper right")
     return fig
 
 
@@ -607,12 +607,12 @@ def plot_accuracy(results: dict[float, dict], dtype: str = "bf16", T: int = SWEE
                label=f"{dtype} gradient tolerance")
     if len(plain) < len(decays):
         ax.axvspan(max(plain) * 3, decays.max() * 3, color="grey", alpha=0.1, lw=0)
-        ax.text(max(plain) * 3.5, 2e-4, "exact dg\nunderflows:\nno plain\nrel. error", fontsize=7, color="0.3")
+        ax.text(max(plain) * 3.5, 2e-4, "exact dg\nunderflows:\nno plain\nrel. error", fontsize=9, color="0.3")
     ax.set(xscale="log", yscale="log", ylim=(1e-7, 100), xlim=(decays.min() / 3, decays.max() * 3),
            xlabel="decay knob m: g = -m·U(0.05, 1)", ylabel="rel. error vs float64 reference",
            title=f"{dtype}, chunk 64: lines T = {T} on the CPU interpreter (fp32 dots); markers GPU measurements")
     ax.title.set_fontsize(9)
-    fig.legend(fontsize=6.5, loc="outside lower center", ncol=2)  # below the axes: the weak-decay points are top left
+    fig.legend(fontsize=9, loc="outside lower center", ncol=2)  # below the axes: the weak-decay points are top left
     return fig
 
 
@@ -645,7 +645,7 @@ def plot_setting(dtype: torch.dtype = torch.float32, decay: float = 5.0, remaind
                 ax.add_patch(Rectangle((m - 0.5, bad[0] - 0.5), 1, bad[-1] - bad[0] + 1, fill=False, ec="k", lw=0.9))
         for b in range(BC, CHUNK, BC):
             ax.axhline(b - 0.5, color="k", lw=0.5, ls=":")
-        ax.set(xlabel="slot m", ylabel="time step t (dotted: sub-chunks)",
+        ax.set(xlabel="slot c", ylabel="time step t (dotted: sub-chunks)",
                title=f"bug: {key} (red: NaN/inf, white: finite, grey: past T)")
         ax.title.set_fontsize(8)
     names = list(fixed.errors)
@@ -658,12 +658,12 @@ def plot_setting(dtype: torch.dtype = torch.float32, decay: float = 5.0, remaind
     tol = check.tolerance(dtype)
     right.axhline(tol.grad, color="grey", ls=":", lw=0.8, label=f"gradient tolerance {tol.grad:g}")
     right.axhline(tol.fwd, color="grey", ls="--", lw=0.8, label=f"output tolerance {tol.fwd:g}")
-    right.set_xticks(pos, names, fontsize=7, rotation=60, ha="right")  # the names of the comparison printed above
+    right.set_xticks(pos, names, fontsize=9, rotation=60, ha="right")  # the names of the comparison printed above
     right.set(ylim=(1e-12, 10), ylabel="rel. error vs reference (x: non-finite)",
               xlabel="o, ht: outputs; the others: gradients",
               title=f"fixed: {'all within tolerance' if fixed.ok else 'FAILING'}")
     right.title.set_fontsize(9)
-    right.legend(fontsize=7, loc="upper left")
+    right.legend(fontsize=9, loc="upper left")
     fig.suptitle(f"{name}, T = {T} (T mod 64 = {remainder % CHUNK}), decay knob m = {decay:g}; "
                  "black outline: predicted from the gate", fontsize=10)
     return fig
@@ -714,13 +714,15 @@ def _probe_kernel(GQ, GN, E, T, ROW0: tl.constexpr, M: tl.constexpr, BC: tl.cons
 
 def probe_tile() -> dict[str, torch.Tensor]:
     """A tile as `cols_from_later_subchunks` loads it: later rows t = 32..47 of a partial chunk with T = 45, 24 slots
-    of a 32-wide tile. gn = -(100 + slot); gq_t = gn - 1.5 (t - 31) on real rows and slots, the load's 0 elsewhere.
+    of a 32-wide tile. gn = -(100 + slot); gq_t = gn - 1.5 (t - 31) on real rows and slots, the load's 0 on rows
+    past T. Slots past the tile's 24 get gn = -1, gq = -3 (any finite exponent will do there): unlike the load's 0,
+    they tell a helper that masks slots only from the stub, so its hint can name the rows past T.
     `expected`: gq - gn on real cells (NaN where any finite exponent will do)."""
     rows, slots = torch.arange(BC)[:, None] + PROBE_ROWS, torch.arange(32)[None, :]
     real_slot = slots < EXERCISE_SLOTS
-    gn = torch.where(real_slot, -(PROBE_GN + slots), 0.0).float()
+    gn = torch.where(real_slot, -(PROBE_GN + slots), -1.0).float()
     real = (rows < PROBE_T) & real_slot
-    gq = torch.where(real, gn - 1.5 * (rows - PROBE_ROWS + 1), 0.0).float()
+    gq = torch.where(real, gn - 1.5 * (rows - PROBE_ROWS + 1), torch.where(real_slot, 0.0, -3.0)).float()
     return {"gq": gq, "gn": gn[0], "real": real, "past_T": (rows >= PROBE_T) & real_slot,
             "rows": rows.expand(BC, 32), "expected": torch.where(real, gq - gn, math.nan)}
 
@@ -746,7 +748,8 @@ def _message(error: Exception) -> str:
 def diagnose(helper) -> dict:
     """What the helper got wrong on the probe tile: `raised` (the error's first line, or None), `overflow_rows` (rows
     past T whose exp() is inf or NaN), `wrong_real` (real cells whose exponent is not gq - gn), `like_stub` (the
-    same values as the unmasked line), `example` (one wrong real cell: row, slot, got, expected)."""
+    unmasked line's values on every cell of a real slot), `masks_slots` (like the stub there, and 0 on the slots
+    past the tile: a mask along the slot channels only), `example` (one wrong real cell: row, slot, got, expected)."""
     from fla_lab.ops.common import chunk
 
     try:
@@ -762,8 +765,11 @@ def diagnose(helper) -> dict:
         r, m = (int(i) for i in wrong.nonzero()[0])
         example = (PROBE_ROWS + r, m, float(got[r, m]), float(tile["expected"][r, m]))
     stub = probe_exponent(chunk.later_rows_exponent_unmasked)
+    real_slots = tile["real"] | tile["past_T"]
+    like_stub = bool(torch.equal(got[real_slots], stub[real_slots]))
     return {"raised": None, "overflow_rows": overflow_rows, "wrong_real": int(wrong.sum()),
-            "real": int(tile["real"].sum()), "like_stub": bool(torch.equal(got, stub)), "example": example}
+            "real": int(tile["real"].sum()), "like_stub": like_stub,
+            "masks_slots": like_stub and bool((got[~real_slots] == 0).all()), "example": example}
 
 
 LINE = ("`return tl.where((o_j < T)[:, None] & m_d[None, :], b_gq - b_gn, 0)`: a [16, 1] row mask (with the "
@@ -787,8 +793,12 @@ def exponent_hints(found: dict) -> tuple[str, ...]:
         if rows == [PROBE_T]:
             what = ("row t = T itself: rows 0..T-1 exist, so row T is the first past the end. A comparison "
                     "o_j <= T keeps it live, with gq = 0 and an exponent |gn|")
+        elif found.get("masks_slots"):
+            what = ("your mask follows the slot channels (m_d): it zeroes the slots past the tile, which were "
+                    "harmless, and leaves every real slot as the unmasked line has it. What overflows is a *row*: on "
+                    "a row past T the load gave gq = 0, so gq - gn = |gn| > 88.7. The mask has to vary down the rows")
         elif found["like_stub"]:
-            what = ("your helper returns what the unmasked line returns, everywhere. On a row past T the load "
+            what = ("your helper returns what the unmasked line returns on every real slot. On a row past T the load "
                     "already gave gq = 0 (masking b_gq again changes nothing): the difference 0 - gn = |gn| is "
                     "what overflows, before the multiplication by the row's zero W can cancel it")
         else:

@@ -1,32 +1,41 @@
 """Notebook 06: hunting bugs nobody has catalogued, with the package's own tools (`fla_lab.hunt`, the census in
-`fla_lab.check`, `fla_lab.atlas`).
+`fla_lab.check`, `fla_lab.audit`, `fla_lab.atlas`).
 
 Two kinds of models live here:
 - `scenario(name)`: one layer (or one op call) per catalogue entry, triggered the way its report met it; the
   tests check the locator names the entry's op, kernel and cause (`bugs.Bug.located`) on every one;
-- `mystery_model()`: a small language model built from fla_lab layers with switches planted inside that are NOT
-  in the catalogue (`bugs.PLANTED`), for the learner to find while training it in bf16 (`fla_lab.audit` replays
-  every op call of a step against float64), `register_as_called` puts an op as the model called it in the atlas,
-  `check_nan_hunt` / `check_silent_hunt` are the two exercises' checks.
+- `mystery_model()`: a small language model built from fla_lab layers, some of them with options that are not
+  the defaults, for the learner to find what goes wrong while training it in bf16 (`fla_lab.audit` replays every
+  op call of a step against float64); `register_as_called` puts an op as the model called it in the atlas;
+  `check_nan_hunt` / `check_silent_hunt` are the two exercises' checks, `cause_choices()` the words they take.
+
+Which options the model is built with, and the last hint tier of each check, are kept in `_MATERIAL`, encoded, and
+the exercises' answers only as digests (`_digest`), so that reading or grepping the package does not answer them:
+decoding `_MATERIAL` by hand is reading the answer key (the facilitator's is docs/onboarding.md).
 """
 from __future__ import annotations
 
+import base64
 import contextlib
 import functools
+import hashlib
+import inspect
+import json
 import math
+import re
+import zlib
 from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
 
-from fla_lab import bugs, check, exercises, harness, hunt, registry, runtime
+from fla_lab import check, exercises, harness, hunt, registry, runtime
 from fla_lab.layers import GatedSlotAttention, RWKV6Attention, RWKV7Attention
 from fla_lab.lessons import gsa_padding
 
 VOCAB, HIDDEN, T_TRAIN = 64, 32, 80  # T = 80: past the chunk path's 64 and a partial last chunk (80 = 64 + 16)
-T_HUNT = 48  # the capstone's model: three 16-row chunks of RWKV-7; GSA: a partial 64-row chunk while its switch
-#             is on (chunk_gsa), fused_recurrent_gsa once it is off (T <= 64, as upstream's layer)
-GATE_GROWTH = 90.0  # the capstone's GSA gate weights, scaled from their init: slots trained to forget fast
+T_HUNT = 48  # the mystery model's sequence: three 16-row chunks of RWKV-7; GSA runs fused_recurrent_gsa (T <= 64)
+GATE_GROWTH = 90.0  # the mystery model's GSA gate weights, scaled from their init: slots trained to forget fast
 FAST_DECAY_BIAS = 5.0  # w = -exp(5) = -148 per step on a few channels: a decay training pushed to forget at once
 
 
@@ -72,63 +81,104 @@ class TinyLM(nn.Module):
         return self.head(x)
 
 
-def _layers(switches: dict[str, str | None], seed: int) -> list[nn.Module]:
+def _layers(seed: int) -> list[nn.Module]:
     with _fork(seed):
         rwkv6 = fast_forgetting(RWKV6Attention("chunk", hidden_size=HIDDEN, num_heads=1, layer_idx=0,
-                                               num_hidden_layers=3, bug=switches.get("rwkv6")))
-        gsa = GatedSlotAttention(hidden_size=HIDDEN, num_heads=1, num_slots=16, bug=switches.get("gsa"))
+                                               num_hidden_layers=3))
+        gsa = GatedSlotAttention(hidden_size=HIDDEN, num_heads=1, num_slots=16)
         with torch.no_grad():
             gsa.f_proj.weight.mul_(GATE_GROWTH)  # some slots have learnt to forget fast (notebook 03b)
         rwkv7 = RWKV7Attention("chunk", hidden_size=HIDDEN, head_dim=HIDDEN, layer_idx=0, num_hidden_layers=3)
-        if switches.get("rwkv7"):
-            rwkv7.attention_op = KernelSwitch("chunk_rwkv7", switches["rwkv7"])
     return [rwkv6, gsa, rwkv7]
 
 
-class KernelSwitch:
-    """An op looked up in `fla_lab.ops` at call time (so the locator sees the call) with a `bug=` switch on: how a
-    layer without a kernel switch of its own (RWKV7Attention) runs a switched kernel."""
+class BoundOp:
+    """An op of `fla_lab.ops` with some of its keyword arguments bound, looked up at call time (so the locator and
+    the audit see the call): how a layer runs its op with options of its own (`RWKV7Attention.attention_op`)."""
 
-    def __init__(self, op: str, bug: str):
-        self.op, self.bug = op, bug
+    def __init__(self, op: str, **options):
+        self.op, self.options = op, options
 
     def __call__(self, *args, **kwargs):
         from fla_lab import ops
 
-        return getattr(ops, self.op)(*args, **kwargs, bug=self.bug)
+        return getattr(ops, self.op)(*args, **kwargs, **self.options)
+
+    def __repr__(self) -> str:
+        return f"BoundOp({self.op!r}{''.join(f', {n}={v!r}' for n, v in self.options.items())})"
 
 
-_SWITCHES = {"gsa": "capstone_a", "rwkv7": "capstone_b"}  # bugs.PLANTED, by the block that holds each
+# The exercises' material, encoded (see the module docstring): per exercise, the module that holds the option the
+# model is built with, that option, and the last hint tier of each field of the finding.
+_MATERIAL = (
+    "eNqNVM1u2zAMfhXClzSDkyYZsBYpetiptw7YCvRQFIZs0bYWRTIkOW5Q5N1HSk6bYF2xUxyJJr8/+jUzwmTr12xrZa8xW2elttXG"
+    "z5dzEYLJ8sx2QVkqecoaEbCo+axTWOGgPGbPeaaVQX/WIj3ALUzOmk3WEFoEa/QeOuHEFgM6sDWdigCxFIbWeoTGCanQBFAejDWz"
+    "WhkVkP/VRefs7/mAqmnDDTgUEu4Il/ylbfgeAr1EaOcM1RPQoUXHiOIvA/pX7QQuGFttXYMB+CiPYJlcwlfZbddTJdRTarzFqhVG"
+    "+S3TPT7zgK3wG5RF6YSpWmZsXdXO0/wNYufhBUrUdoDZagHKwDh2EE7mUPYhHpSi2vAJ+KC0BqnqmhoQXsYK2jYXXjVbq+TFy3Sa"
+    "j6pJdGongtohLC/f71m25eWCwClTk/oVwsmls72RnmDC4gYW8CUW3cK9uCeWJJG3jiimB+Z3ZsDo6Jtd0UuM8jFIFTw8FjUxDr0z"
+    "npseGb8RpFeiATkII+NVRbN6D1tEel0FqJXz1Nqce0/oKmukSuF8f2aMPjhrmkJiJfYE8RTOKP319fyKZWNXRjFOlWCUdfd1lUJB"
+    "cUY98alPmk5wgxOUDcn1Y2pq4UPOkaxaEKUlK2fL1WKaHQ555pUmgT5atNXfiyaO2Sxsl+WvdMMM295sCjdsdldUXPYNnwnn9kWD"
+    "2eH/9jDNoqyzFCcNoRKUMsoJ0xU9KUl0H3/+uL8j3XF6w+ekiBod2qAzqD9aL9lpV9SDLNoiFZH8cUfPd0lbIdOw6BGIlPqIiCZr"
+    "EpLsGD7bM9+qmla5oLIxhT5En1HslGlApG5MKs4gp8o93D3F3jNYPqf9xpdK955Xhhrl5LsPDHcMsjLH2/Ti85r1oEnYcUkCH6wl"
+    "aiGQ0h19z+LYj3fnbWESVHZPES5OCnXDHbr9iDp9jJQROtVSVjnSLNQDdVp+A6FZ1/308z3gL3blrPfoi6TumpQ5a0zQHsgQ0xB2"
+    "MsdEhstvM9Jj5HI4HP4A+FofcQ=="
+)
+EXERCISES = ("nan", "silent")
+
+
+@functools.cache
+def _material() -> dict:
+    return json.loads(zlib.decompress(base64.b64decode(_MATERIAL)))
+
+
+def _option(exercise: str) -> tuple[str, str, object]:
+    """(module name, attribute, value) of the option the model is built with for `exercise`."""
+    entry = _material()[exercise]
+    attr, value = entry["option"]
+    return entry["module"], attr, BoundOp(**value) if isinstance(value, dict) else value
+
+
+def _default(module: nn.Module, attr: str):
+    """The layer's default for `attr`: its constructor's, or None (an attribute the constructor sets to None)."""
+    parameter = inspect.signature(type(module)).parameters.get(attr)
+    return None if parameter is None else parameter.default
+
+
+def _is_on(model: nn.Module, exercise: str) -> bool:
+    name, attr, _ = _option(exercise)
+    module = model.get_submodule(name)
+    return getattr(module, attr, None) != _default(module, attr)
 
 
 def mystery_model(seed: int = 0, switched_on: bool = True) -> TinyLM:
-    """Three blocks (RWKV6, GSA, RWKV-7) with bugs planted somewhere inside, none of them in the catalogue. Where,
-    and why, is the exercise (the answer key: docs/onboarding.md, "Answer keys")."""
-    return TinyLM(_layers(_SWITCHES if switched_on else {}, seed)).to(runtime.device())
+    """Three blocks (RWKV6, GSA, RWKV-7), some built with options other than the defaults; what goes wrong,
+    where, and why, is the exercise (the answer key: docs/onboarding.md, "Answer keys")."""
+    model = TinyLM(_layers(seed))
+    for exercise in EXERCISES if switched_on else ():
+        name, attr, value = _option(exercise)
+        setattr(model.get_submodule(name), attr, value)
+    return model.to(runtime.device())
 
 
 def switches_on(model: TinyLM) -> int:
-    """How many planted switches are still on (not which)."""
-    return sum(_switch(m) is not None for m in model.modules())
-
-
-def _switch(module: nn.Module) -> str | None:
-    planted = {name for name, _ in bugs.PLANTED}
-    op = getattr(module, "attention_op", None)
-    for bug in (getattr(module, "bug", None), getattr(op, "bug", None)):
-        if bug in planted:
-            return bug
-    return None
+    """How many of the options that make the model go wrong are still on (not which)."""
+    return sum(_is_on(model, exercise) for exercise in EXERCISES)
 
 
 def switch_off(model: nn.Module, module_name: str) -> bool:
-    """Turn off every switch of the module `module_name` (the locator's `module` line, or a name like
-    "blocks.0.attn"): its `bug=` and a switched op. Returns whether it held one."""
-    module = model.get_submodule(module_name.split(" (")[0])
-    held = _switch(module) is not None or getattr(module, "bug", None) is not None
-    module.bug = None
-    if isinstance(getattr(module, "attention_op", None), KernelSwitch):
-        module.attention_op = None
+    """Put the module `module_name` (the locator's `module` line, or a name like "blocks.0.attn") back on the
+    layer's defaults: its `bug=` switch off, and any option the model was built with back to the default. Returns
+    whether it held one."""
+    name = module_name.split(" (")[0].strip()
+    module = model.get_submodule(name)
+    held = getattr(module, "bug", None) is not None
+    if hasattr(module, "bug"):
+        module.bug = None
+    for exercise in EXERCISES:
+        where, attr, _ = _option(exercise)
+        if where == name and _is_on(model, exercise):
+            setattr(module, attr, _default(module, attr))
+            held = True
     return held
 
 
@@ -209,113 +259,274 @@ def register_as_called(call: hunt.Call, library: str = "model") -> str:
 
 
 # --- the checks ------------------------------------------------------------------------------------------------
+# A finding names the module, the code (`where`) and the cause, chosen from `cause_choices()`: the mechanism, the
+# tensor it first makes wrong, and the condition for it to show; `why` is a free sentence for the discussion, not
+# graded. Each field is compared with the answer key as a digest (`_digest` of the normalised answer).
 
-@dataclass(frozen=True)
-class Answer:
-    module: str
-    where: tuple[str, ...]  # accepted last names of the code that holds the line (a kernel, a layer method)
-    victim: str             # the module the locator (or a careless reading) points at instead
+FIELDS = ("module", "where", "mechanism", "tensor", "condition")
+MECHANISMS = {  # the locator's causes (`hunt.CAUSES`), and what else a kernel or a layer can get wrong
+    "exp_overflow": "exp of a large positive exponent overflows to inf (then inf * 0 = NaN)",
+    "padded_rows": "rows past the end of the sequence stay live in a computation",
+    "positive_decay": "a log-decay above 0: the state grows at every step",
+    "rounded_decay": "a decay rounded to 16 bits: a per-step bias that compounds",
+    "uninitialised": "values read before anything wrote them (torch.empty)",
+    "cancellation": "a difference of two nearly equal numbers keeps none of their digits",
+    "masked_branch": "a branch that torch.where (or a mask) discards in the forward still enters the backward",
+    "shifted_row": "a value read from the neighbouring row or step (t - 1 for t, exclusive for inclusive)",
+    "unmasked_load": "a load or store reaches past the valid rows or channels of its tile",
+    "transposed_index": "a tile or a mask indexed with its two axes swapped",
+    "narrow_accumulator": "a sum accumulated in 16 bits",
+}
+CONDITIONS = {  # the atlas's axes and the locator's stats
+    "any_input": "any input at all",
+    "strong_decay": "a per-step log-decay, or a gate logit, far below 0 (the atlas's large m)",
+    "weak_decay": "a per-step log-decay near 0",
+    "partial_last_chunk": "T not a multiple of the chunk size",
+    "state_crosses_chunk": "a state carried out of a chunk: a final state, or T longer than one chunk",
+    "initial_state": "an initial state passed in",
+    "bf16_inputs": "inputs in 16 bits (autocast)",
+    "long_sequence": "hundreds of steps, for something that compounds",
+    "packed_batch": "several sequences packed into one (cu_seqlens)",
+}
+OP_TENSORS = ("o", "ht", "dq", "dk", "dv", "dg", "ds", "dr", "dw", "du", "da", "db", "dinitial_state")  # the audit's
+
+_KEY = {  # per exercise and field: the digests of the accepted answers ("victim": the module whose op received the NaN)
+    "nan": {"module": {"0f8b8362b163bf01"}, "where": {"7a3340fc6b7b0573"}, "mechanism": {"36aed9b43f0dbd08"},
+            "tensor": {"f0ab84b583ffddd5"}, "condition": {"255001a47441f368"}, "victim": {"28e878b910f6a551"}},
+    "silent": {"module": {"786ad87fd605d364"}, "where": {"aa079ccfd217013e"}, "mechanism": {"02a2ce9e99bd1440"},
+               "tensor": {"81c88b0619f98690"}, "condition": {"dac50e60a6f724d6"}},
+}
 
 
-_ANSWERS = {"nan": Answer("blocks.1.attn", ("gates",), "blocks.0.attn"),
-           "silent": Answer("blocks.2.attn", ("dplr_fwd_h_kernel",), "")}
+def _normal(field: str, value) -> str:
+    """A finding's field as the key compares it: lower case, without the locator's " (Class)"; `where`: the last
+    dotted name (`Class.method` -> `method`); `tensor`: without its block's prefix (`blocks.0.attn.`)."""
+    text = str(value or "").split(" (")[0].strip().lower()
+    if field == "where":
+        return text.removesuffix("()").rsplit(".", 1)[-1]
+    if field == "tensor":
+        return re.sub(r"^blocks\.\d+\.(attn\.)?", "", text.removesuffix(".grad"))
+    return text
 
 
-def _named(finding: dict, key: str) -> str:
-    return str(finding.get(key) or "").split(" (")[0].strip().rsplit(".", 1)[-1] if key == "where" else \
-        str(finding.get(key) or "").split(" (")[0].strip()
+def _digest(exercise: str, field: str, value) -> str:
+    return hashlib.sha256(f"fla_lab 06 {exercise} {field}: {_normal(field, value)}".encode()).hexdigest()[:16]
 
 
-def _finding_facts(finding: dict, answer: Answer, what: str) -> tuple[list[tuple[bool, str]], str, str]:
-    module, where = _named(finding, "module"), _named(finding, "where")
-    cause = len(str(finding.get("cause") or "").split())
-    facts = [(module == answer.module, f"module: {module or '(empty)'}"
-                                       + ("" if module == answer.module else f" (not where {what} is made)")),
-             (module == answer.module and where in answer.where, f"where: {where or '(empty)'}"
-                                                                 + ("" if where in answer.where else " (not yet)")),
-             (cause >= 4, f"cause: {cause} word(s) (write a sentence)" if cause < 4 else f"cause: {cause} words")]
-    return facts, module, where
+def _right(exercise: str, field: str, value) -> bool:
+    return bool(_normal(field, value)) and _digest(exercise, field, value) in _KEY[exercise][field]
+
+
+def _tensors(model: nn.Module) -> set[str]:
+    return set(OP_TENSORS) | {_normal("tensor", name) for name, _ in model.named_parameters()}
+
+
+def cause_choices() -> None:
+    """Print the words a finding's cause is written in: mechanisms, tensors, conditions."""
+    width = max(map(len, [*MECHANISMS, *CONDITIONS]))
+    print("mechanism: what goes wrong")
+    print("\n".join(f"  {key:<{width}}  {text}" for key, text in MECHANISMS.items()))
+    print("tensor: the first value it makes wrong (or non-finite)")
+    print("  an op's output, final state or gradient, as the audit names them:")
+    print(f"    {', '.join(OP_TENSORS)}")
+    print("  or a parameter's gradient, as lesson.grad_census names it, with or without its block:")
+    print("    blocks.0.attn.r_proj.weight or r_proj.weight")
+    print("condition: what the input must have for it to show")
+    print("\n".join(f"  {key:<{width}}  {text}" for key, text in CONDITIONS.items()))
+
+
+@dataclass
+class _Finding:
+    shown: dict[str, str]     # each field as the check prints it
+    right: dict[str, bool]
+    offered: dict[str, bool]  # the cause's fields: one of `cause_choices()`
+    facts: list[tuple[bool, str]]
+
+
+def _read(model: nn.Module, finding, exercise: str, what: str) -> _Finding:
+    finding = finding if isinstance(finding, dict) else {}
+    shown = {field: _normal(field, finding.get(field)) for field in FIELDS}
+    shown["module"] = str(finding.get("module") or "").split(" (")[0].strip()
+    right = {field: _right(exercise, field, finding.get(field)) for field in FIELDS}
+    right["where"] &= right["module"]
+    choices = {"mechanism": set(MECHANISMS), "tensor": _tensors(model), "condition": set(CONDITIONS)}
+    offered = {field: shown[field] in options for field, options in choices.items()}
+    facts = [(right["module"], f"module: {shown['module'] or '(empty)'}"
+                               + ("" if right["module"] else f" (not where {what} is made)")),
+             (right["where"], f"where: {shown['where'] or '(empty)'}" + ("" if right["where"] else " (not yet)"))]
+    for field in choices:
+        note = ("" if right[field] else " (not yet)" if offered[field] else
+                " (not one of lesson.cause_choices())" if shown[field] else " (choose from lesson.cause_choices())")
+        facts.append((right[field], f"{field}: {shown[field] or '(empty)'}{note}"))
+    words = len(str(finding.get("why") or "").split())
+    facts.append((True, f"why: {words} word(s), for the discussion (not graded)"))
+    return _Finding(shown, right, offered, facts)
+
+
+def _module_hint(model: nn.Module, module: str) -> tuple[str, ...] | None:
+    """A hint when `module` is no layer of the model: not a module at all, or a block rather than its layer."""
+    try:
+        found = model.get_submodule(module)
+    except AttributeError:
+        return exercises.hints(where=f"{module!r} is not a module of the model: print(model) lists them, and the "
+                                     "report's `module` line spells one")
+    if isinstance(found, Block):
+        return exercises.hints(what=f"name the layer, not its block: {module}.attn, as the locator's `module` "
+                                    "line and grad_census spell it")
+    return None
+
+
+def _cause_hints(finding: _Finding, field: str, tiers: tuple[str, str], line: str) -> tuple[str, ...]:
+    where, what = tiers
+    if finding.shown[field] and not finding.offered[field]:
+        where = f"{finding.shown[field]!r} is not one of lesson.cause_choices()'s {field}s; {where}"
+    return exercises.hints(where=where, what=what, line=line)
+
+
+NAN_CAUSE_HINTS = {
+    "mechanism": ("the forward is finite and no op made the NaN: read the line of the method you named that computes "
+                  "the gate. Which operation there has a backward that can be non-finite where its forward is not?",
+                  "autograd differentiates both branches of torch.where and multiplies the discarded branch's "
+                  "gradient by 0: where that branch's derivative is infinite, 0 * inf = NaN"),
+    "tensor": ("lesson.grad_census(model, <the module you named>): which parameter's gradient holds NaN while the "
+               "block's other parameters are finite?",
+               "the op's own gradients are finite (the locator checked every op boundary): the first non-finite value "
+               "is a parameter's gradient, as grad_census names it"),
+    "condition": ("which inputs make the discarded branch infinite? log(sigmoid(x)) is -inf, and its derivative "
+                  "1/sigmoid(x) is inf, once sigmoid(x) rounds to 0",
+                  "in fp32, sigmoid(x) rounds to 0 below x = -88.7 (bf16 has the same range: the 16 bits are not the "
+                  "cause); a logit that low is a gate that forgets everything in one step"),
+}
 
 
 def check_nan_hunt(model: TinyLM, finding: dict, steps: int = 1) -> exercises.Verdict:
-    """Exercise 1: `finding` names the module and the code (kernel or layer method) that make the NaN, and says
-    why; the module's switch is off; a bf16 training step is finite."""
-    answer = _ANSWERS["nan"]
-    facts, module, where = _finding_facts(finding, answer, "the NaN")
-    on = _switch(model.get_submodule(answer.module)) is not None
-    facts.append((not on, f"the NaN's switch is off: {not on}"))
+    """Exercise 1: `finding` names the module and the code (kernel or layer method) that make the NaN, and its
+    cause from `cause_choices()`; the module's option is back to its default; a bf16 training step is finite."""
+    found = _read(model, finding, "nan", "the NaN")
+    on = _is_on(model, "nan")
+    facts = found.facts + [(not on, f"the NaN's switch is off: {not on}")]
     if all(ok for ok, _ in facts):
         trained = train(model, steps=steps)
         finite = all(step.grads_finite for step in trained)
         facts.append((finite, f"{steps} bf16 training step(s), every gradient finite: {finite}"))
-    return exercises.verdict("find where the NaN is made", facts, hint=_nan_hints(module, where, on))
+    return exercises.verdict("find where the NaN is made", facts, hint=_nan_hints(model, found, on))
 
 
-def _nan_hints(module: str, where: str, on: bool) -> tuple[str, ...]:
-    answer = _ANSWERS["nan"]
-    if module in ("", answer.victim):
+def _nan_hints(model: nn.Module, found: _Finding, on: bool) -> tuple[str, ...]:
+    lines, module = _material()["nan"]["lines"], found.shown["module"]
+    if not found.right["module"]:
+        if not module or _right("nan", "victim", module):
+            return exercises.hints(
+                where="the report's `call` and `cause` lines: did the NaN appear in the op the report names, or did "
+                      "it reach that op already non-finite?",
+                what="the gradient reached block 0 already non-finite, so it was made later in the forward; the "
+                     "census of the parameter gradients of blocks.1 and blocks.2 shows where finite turns non-finite",
+                line=lines["module"])
+        return _module_hint(model, module) or exercises.hints(
+            where=f"{module}'s parameter gradients: are they all finite? (grad_census)",
+            what="the block whose gradients turn non-finite on the way back is the one between the finite ones and "
+                 "block 0", line=lines["module"])
+    if not found.right["where"]:
         return exercises.hints(
-            where="the report's `call` line: did the NaN appear in chunk_rwkv6, or did it arrive there?",
-            what="the gradient reached block 0 already non-finite, so it was made later in the forward; the census "
-                 "of the parameter gradients of blocks.1 and blocks.2 shows where finite turns non-finite",
-            line="blocks.1.attn: the only parameter of that block whose gradient is non-finite is f_proj.weight: "
-                 "read GatedSlotAttention.gates")
-    if module != answer.module:
-        return exercises.hints(where=f"{module}'s parameter gradients: are they all finite? (grad_census)",
-                               what="the block whose gradients turn non-finite on the way back is the one "
-                                    "between the finite ones and block 0")
-    if where not in answer.where:
-        return exercises.hints(
-            where="no op of blocks.1.attn reports a non-finite gradient (the locator watched them): the NaN is "
-                  "made in the layer's own PyTorch code",
-            what="which parameter of the block has a non-finite gradient? Follow it to the method that uses it",
-            line="where = 'GatedSlotAttention.gates' (the forget gate)")
+            where="no op of this module reports a non-finite gradient (the locator watched them): the NaN is made in "
+                  "the layer's own PyTorch code",
+            what="which parameter of the module has a non-finite gradient? Follow it to the method that uses it",
+            line=lines["where"])
+    for field, tiers in NAN_CAUSE_HINTS.items():
+        if not found.right[field]:
+            return _cause_hints(found, field, tiers, lines[field])
     if on:
         return exercises.hints(what="the finding is right: now switch it off, lesson.switch_off(model, module)")
-    return exercises.hints(what="write the cause as a sentence: which operation, why finite forward, why NaN backward")
+    return ()
+
+
+SILENT_CAUSE_HINTS = {
+    "mechanism": ("nothing overflows and nothing is NaN: the kernel computes a finite number from the wrong data. "
+                  "Read the branch that loads the decay at the chunk's last row",
+                  "the module docstring defines two cumulative decays of a chunk: G_t (inclusive: up to row t) and "
+                  "Ge_t = G_{t-1} (exclusive). Which one carries the state, and which one should?"),
+    "tensor": ("the atlas at T = 16 (one chunk): which tensors are already wrong there?",
+               "the first chunk's output never reads the carried state, so it is right: the value the kernel gets "
+               "wrong first is the one it carries out of the chunk, as the audit's table names it"),
+    "condition": ("the atlas: the output is right at T = 16 and wrong from T = 32; what has to happen for the error "
+                  "to show?",
+                  "one chunk's output reads no carried state: the error needs a state that leaves a chunk"),
+}
 
 
 def check_silent_hunt(model: TinyLM, finding: dict) -> exercises.Verdict:
-    """Exercise 2: `finding` names the module and the kernel of the wrong-but-finite result and why; its switch
-    is off; the module's op, as the model calls it now, matches float64 over two chunks."""
-    answer = _ANSWERS["silent"]
-    facts, module, where = _finding_facts(finding, answer, "the wrong result")
-    layer = model.get_submodule(answer.module)
-    on = _switch(layer) is not None
-    facts.append((not on, f"the wrong result's switch is off: {not on}"))
+    """Exercise 2: `finding` names the module and the kernel of the wrong-but-finite result, and its cause from
+    `cause_choices()`; the module's option is back to its default; the module's op, as the model calls it now,
+    matches float64 over two chunks."""
+    found = _read(model, finding, "silent", "the wrong result")
+    on = _is_on(model, "silent")
+    facts = found.facts + [(not on, f"the wrong result's switch is off: {not on}")]
     if all(ok for ok, _ in facts):
-        cmp = _layer_op_check(layer)
+        cmp = _layer_op_check(model.get_submodule(found.shown["module"]))
         worst = max(cmp.errors.values())
         facts.append((cmp.ok, f"the block's op against float64 (T = 32, bf16): worst error {worst:.1e}, tolerance "
                               f"{cmp.tolerance.fwd:.0e}: {'right' if cmp.ok else 'WRONG'}"))
-    return exercises.verdict("find the wrong-but-finite result", facts, hint=_silent_hints(module, where, on))
+    return exercises.verdict("find the wrong-but-finite result", facts, hint=_silent_hints(model, found, on))
+
+
+def _layer_op(layer: nn.Module):
+    """The op a layer runs now, and its registry name."""
+    op = getattr(layer, "attention_op", None) or layer.default_op()
+    return op, getattr(op, "op", None) or op.__name__
 
 
 def _layer_op_check(layer) -> harness.Comparison:
-    spec = registry.get("chunk_rwkv7")
-    op = layer.attention_op or layer.default_op()
+    op, name = _layer_op(layer)
+    spec = registry.get(name)
     return harness.compare(op, spec.reference, spec.inputs(registry.Shape(1, 32, 1, 16, 16), initial_state=False),
                            dtype=torch.bfloat16)
 
 
-def _silent_hints(module: str, where: str, on: bool) -> tuple[str, ...]:
-    answer = _ANSWERS["silent"]
-    if module != answer.module:
-        return exercises.hints(where="the audit table: which call is WRONG while finite?",
-                               what="the module is the one whose op call is beyond its tolerance; its op's "
-                                    "kernels are in that op's module (fla_lab.ops.<family>.chunk)",
-                               line="module = 'blocks.2.attn' (its chunk_rwkv7 call); then find the kernel")
-    if where not in answer.where:
-        forward = where in ("dplr_scores_kernel", "dplr_intra_kernel", "dplr_fwd_o_kernel")
+@functools.cache
+def _kernels(op: str) -> tuple[frozenset[str], frozenset[str]]:
+    """The Triton kernels `op` launches in its forward, and in its forward and backward (traced on a small call)."""
+    spec = registry.get(op)
+    x = harness.leaves(spec.inputs(registry.Shape(1, 32, 1, 16, 16), initial_state=False), torch.float32,
+                       runtime.device())
+    with hunt.trace_kernels() as tracer:
+        o, _ = spec.fn(**x)
+        o.sum().backward()
+    launched = {phase: frozenset(l.kernel for l in tracer.launches if l.phase == phase)
+                for phase in ("forward", "backward")}
+    return launched["forward"], launched["forward"] | launched["backward"]
+
+
+def _silent_hints(model: nn.Module, found: _Finding, on: bool) -> tuple[str, ...]:
+    lines, module, where = _material()["silent"]["lines"], found.shown["module"], found.shown["where"]
+    if not found.right["module"]:
+        return (module and _module_hint(model, module)) or exercises.hints(
+            where="the audit table: which call is WRONG while finite?",
+            what="the module is the one whose op call is beyond its tolerance; its op's kernels are in that op's "
+                 "module (fla_lab.ops.<family>.chunk)", line=lines["module"])
+    if not found.right["where"]:
+        _, op = _layer_op(model.get_submodule(module))
+        forward, launched = _kernels(op)
+        family = registry.get(op).family
+        if not where:
+            first = "the atlas lines: which tensors are wrong at T = 16 (one chunk), and which only from T = 32?"
+        elif where in forward:
+            first = "the atlas: at T = 16 (one chunk) the output is right; from T = 32 it is not"
+        elif where in launched:
+            first = "the output o is already wrong, so a forward kernel is at fault, and only with more than one chunk"
+        else:
+            first = (f"{where!r} is not a kernel {op} launches: the module docstring of "
+                     f"fla_lab.ops.{family}.chunk names its kernels")
         return exercises.hints(
-            where="the atlas: at T = 16 (one chunk) the output is right; from T = 32 it is not" if forward else
-                  "the output o is already wrong, so a forward kernel is at fault, and only with more than one chunk",
-            what="only one forward kernel carries the state from one chunk to the next (the module docstring of "
-                 "fla_lab.ops.rwkv7.chunk names it); the final state is wrong even at T = 16",
-            line="kernel = 'dplr_fwd_h_kernel': read the line that loads the decay at the chunk's last row")
+            where=first,
+            what=f"only one forward kernel carries the state from one chunk to the next (the module docstring of "
+                 f"fla_lab.ops.{family}.chunk names it); the final state is wrong even at T = 16",
+            line=lines["where"])
+    for field, tiers in SILENT_CAUSE_HINTS.items():
+        if not found.right[field]:
+            return _cause_hints(found, field, tiers, lines[field])
     if on:
         return exercises.hints(what="the finding is right: now switch it off, lesson.switch_off(model, module)")
-    return exercises.hints(what="write the cause as a sentence: which row's decay, and why the error grows per chunk")
+    return ()
 
 
 # --- one scenario per catalogue entry -----------------------------------------------------------------------------

@@ -137,7 +137,7 @@ def trace(layer: RWKV7Attention, x: torch.Tensor) -> dict[str, torch.Tensor]:
     kernel = layer.default_op()
 
     def record_kernel(r, w, k, v, a, b, **kwargs):
-        seen.update({"k after k_a": k, "a = -kk": a, "b = kk * sigmoid": b})
+        seen.update({"k after k_a": k, "a, into the kernel": a, "b, into the kernel": b})
         o, state = kernel(r, w, k, v, a, b, **kwargs)
         seen["kernel output"] = o.detach()
         return o, state
@@ -205,14 +205,14 @@ def plot_trace(names=None, dtype: torch.dtype = torch.bfloat16, hidden_size: int
     rows = range(len(labels))
     ax.barh(rows, nonfinite, color="#d62728", label="NaN or inf")
     ax.barh(rows, huge, left=nonfinite, color="#ff7f0e", label=f"finite but |x| > {HUGE:g}")
-    ax.set_yticks(rows, labels, fontsize=8)
+    ax.set_yticks(rows, labels, fontsize=9)
     ax.invert_yaxis()
     ax.set(xlim=(0, 118), xlabel="% of values")
     chosen = ", ".join(names) if names else "none"
     ax.set_title(f"{viz.DTYPE_NAMES[dtype]}, uninitialised: {chosen}", fontsize=9)
     for i, (n, h) in enumerate(zip(nonfinite, huge)):
-        ax.text(n + h + 1, i, f"{n:.0f}% / {h:.0f}%", va="center", fontsize=7)
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
+        ax.text(n + h + 1, i, f"{n:.0f}% / {h:.0f}%", va="center", fontsize=9)
+    ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
     return fig
 
 
@@ -259,7 +259,7 @@ def plot_decay_speeds(layers=(0, 3, 6, 9, 11), hidden_size: int = 768, head_dim:
         left.axvline(h, color="#bbbbbb", lw=0.4, zorder=0)
     right.set(xscale="log", xlabel="half-life (steps)", ylabel="% of channels with a shorter half-life")
     right.set_title(f"{DEPTH}-layer model: deeper layers keep more slow channels", fontsize=9)
-    right.legend(fontsize=7)
+    right.legend(fontsize=9)
     return fig
 
 
@@ -274,7 +274,7 @@ def plot_mix_coefficients(layers=(0, 3, 6, 9, 11), hidden_size: int = 768, head_
         ax.title.set_fontsize(8)
     axes[0].set_ylabel("share of the previous token")
     axes[3].set_ylabel("share of the previous token")
-    axes[0].legend(fontsize=6)
+    axes[0].legend(fontsize=9)
     fig.suptitle("token-shift mixes x_r..x_g: x + (shift(x) - x) * x_*, per channel and layer", fontsize=10)
     return fig
 

@@ -372,7 +372,7 @@ def _cell_legend(fig, drawn: set[str], ncols: int = 4) -> None:
     lines = {"dashed": Line2D([], [], color="k", ls="--", lw=1.2, label="dashed: end of the problem (k = K or v = V)"),
              "solid": Line2D([], [], color="k", lw=1, label="solid: tile edges")}
     handles += [line for key, line in lines.items() if key in drawn]
-    fig.legend(handles=handles, loc="outside lower center", ncols=ncols, fontsize=7)
+    fig.legend(handles=handles, loc="outside lower center", ncols=ncols, fontsize=9)
 
 
 def _draw_shape_clash(ax, BK: int, BV: int) -> None:
@@ -384,8 +384,8 @@ def _draw_shape_clash(ax, BK: int, BV: int) -> None:
     ax.add_patch(Rectangle((0, 0), mc, mr, fc="#d62728", alpha=0.25, ec="#d62728", lw=2.5))
     # labels written inside the shapes they name (a legend box would cover the tall pointer tile)
     ax.text(pc / 2, (mr + pr) / 2, f"pointers [{pr}, {pc}]", rotation=90, ha="center", va="center",
-            color="#1f77b4", fontsize=8)
-    ax.text((pc + mc) / 2, mr / 2, f"mask [{mr}, {mc}]", ha="center", va="center", color="#d62728", fontsize=8)
+            color="#1f77b4", fontsize=9)
+    ax.text((pc + mc) / 2, mr / 2, f"mask [{mr}, {mc}]", ha="center", va="center", color="#d62728", fontsize=9)
     size = max(pr, pc, mr, mc)
     ax.set(xlim=(-1, size + 1), ylim=(size + 1, -1), aspect="equal", xlabel="tile column", ylabel="tile row",
            title=f"(BK, BV) = ({BK}, {BV}): the shapes differ,\nTriton refuses the load")
@@ -423,13 +423,13 @@ def plot_sweep(results: dict[tuple, Outcome]):
                 if outcome.status == "wrong":
                     outside = (t, p) in reads_outside
                     ax.text(c, r, " ".join(outcome.failing) + ("\n(oob)" if outside else ""), ha="center",
-                            va="center", fontsize=6, color="w")
-        ax.set_xticks(range(len(problems)), [f"{K},{V}" for K, V in problems], rotation=60, fontsize=8)
-        ax.set_yticks(range(len(tiles)), [f"{BK},{BV}" for BK, BV in tiles], fontsize=8)
+                            va="center", fontsize=9, color="w")
+        ax.set_xticks(range(len(problems)), [f"{K},{V}" for K, V in problems], rotation=60, fontsize=9)
+        ax.set_yticks(range(len(tiles)), [f"{BK},{BV}" for BK, BV in tiles], fontsize=9)
         ax.set(xlabel="problem (K, V)", ylabel="dq tiles (BK, BV)",
                title=f"{'buggy' if buggy else 'fixed'} kernel")
     fig.legend(handles=[Patch(color=STATUS_COLORS[s], label=s) for s in STATUSES], loc="outside lower center",
-               ncols=3, fontsize=8)
+               ncols=3, fontsize=9)
     fig.suptitle(f"RWKV6 backward with an initial state (T={T}); text: the gradients that fail,\n"
                  "(oob): the buggy load also reads past the end of h0 (into a NaN-filled pad)", fontsize=10)
     return fig
@@ -461,10 +461,10 @@ def plot_config(BK: int = 32, BV: int = 32, K: int = 32, V: int = 16):
     right.axhline(check.tolerance(torch.float32).grad, color="k", ls=":", label="fp32 gradient tolerance")
     right.set_yscale("log")
     right.set_ylim(floor / 2, 1e4)  # headroom above the largest error (1, a NaN) for the legend
-    right.set_xticks(range(len(names)), names, rotation=45, fontsize=8)
+    right.set_xticks(range(len(names)), names, rotation=45, fontsize=9)
     right.set(ylabel="relative error vs float64",
               title="with h0, buggy vs fixed kernel\n(o, ht: forward; the rest: gradients)")
-    right.legend(fontsize=7, loc="upper left")
+    right.legend(fontsize=9, loc="upper left")
     return fig
 
 

@@ -173,7 +173,7 @@ def plot_exponents(log_decay: float = -100.0, panels: tuple[str, ...] = ("buggy"
         e = exponents(log_decay, which)
         ax.axhspan(FP32_EXP_MAX, 1e9, color="#d62728", alpha=0.12)
         ax.axhline(FP32_EXP_MAX, color="#d62728", lw=0.8)
-        ax.text(0.3, FP32_EXP_MAX + 12, "exp() = inf in fp32 (> 88.7)", fontsize=7, color="#d62728")
+        ax.text(0.3, FP32_EXP_MAX + 12, "exp() = inf in fp32 (> 88.7)", fontsize=9, color="#d62728")
         ax.axhline(0, color="k", lw=0.6)
         for rows, exps, marker, color, label in ((e["key_rows"], e["key_exp"], "s", "#1f77b4", "key side gn - gi[s]"),
                                                  (e["query_rows"], e["query_exp"], "o", "#ff7f0e",
@@ -184,13 +184,13 @@ def plot_exponents(log_decay: float = -100.0, panels: tuple[str, ...] = ("buggy"
                     color=color)
         ax.plot([], [], "v", ms=4, mfc="none", color="grey", label=f"off scale (below {EXPONENT_FLOOR:g})")
         first = float(e["query_exp"][0])
-        ax.annotate(f"first query row: {first:+.0f}", (BC, first), (BC + 2.5, first + 55), fontsize=8,
+        ax.annotate(f"first query row: {first:+.0f}", (BC, first), (BC + 2.5, first + 55), fontsize=9,
                     arrowprops=dict(arrowstyle="->", lw=0.8))
         ax.axvline(BC - 0.5, color="grey", ls=":", lw=0.8)
         ax.set(ylim=(EXPONENT_FLOOR, 220), xlabel="row in chunk (keys: sub-chunk 0, queries: sub-chunk 1)",
                ylabel="exponent", title=title)
         ax.title.set_fontsize(9)
-        ax.legend(fontsize=7, loc="center right")
+        ax.legend(fontsize=9, loc="center right")
     what = "what each row exponentiates, " if len(panels) > 1 else ""  # a single panel has no room for it
     fig.suptitle(f"{what}per-step log-decay {log_decay:g} (one channel)", fontsize=10)
     return fig
@@ -290,10 +290,10 @@ def plot_clamp_cost(levels=(1, 2, 4, 6, 8, 10, 12, 16, 20, 24, 30), decays=(30.0
     own = clamp_cost(100.0, 12.0)["fixed kernel, true w"]
     ax.axhline(own, color="k", ls="-.", lw=0.8, label="fixed kernel's own fp32 error (m = 100)")
     ax.axvline(12, color="grey", lw=0.8)
-    ax.text(12.4, 1e-1, "|w| < 12 (#77)", fontsize=7, color="grey")
+    ax.text(12.4, 1e-1, "|w| < 12 (#77)", fontsize=9, color="grey")
     ax.set(yscale="log", ylim=(1e-16, 3), xlabel="clamp level: w >= -level",
            ylabel="rel. error of o vs the exact model", title="the clamp changes the model by about e^-level")
-    ax.legend(fontsize=7, loc="lower left")
+    ax.legend(fontsize=9, loc="lower left")
     return fig
 
 
@@ -479,7 +479,7 @@ def plot_sweep(results: dict, chunk_size: int = 64, T: int = 64):
         ax.axvline(threshold, color="k", lw=0.6, alpha=0.5)
         ax.set(xscale="log", yscale="log", ylim=(1e-9, 40), xlabel="decay knob m: w = -m·U(0.05, 1)",
                ylabel="rel. error vs float64 reference", title=f"{name}, chunk {chunk_size}")
-    axes[-1].legend(fontsize=6, loc="lower left", ncol=2)
+    axes[-1].legend(fontsize=9, loc="lower left", ncol=2)
     fig.suptitle(f"chunk_rwkv6 against the exact recurrence, T = {T}: x = NaN/inf; vertical line: the bug's "
                  f"threshold for these inputs, m = {threshold:.1f} (88.72 / max U on a first row)", fontsize=9)
     return fig
@@ -508,9 +508,9 @@ def plot_setting(decay: float = 100.0, dtype: torch.dtype = torch.float32, chunk
                 cmap=mcolors.ListedColormap(["#e8e8e8", "#d62728"]), vmin=0, vmax=1)
     for s, top in first_row_decays(decay, T, chunk_size, K).items():
         left.axvline(s, color="k", lw=0.4, alpha=0.4)
-        left.text(s + 0.5, -0.6, f"{top:.3g}", fontsize=6, va="bottom",
+        left.text(s + 0.5, -0.6, f"{top:.3g}", fontsize=9, va="bottom",
                   color="#d62728" if top > FP32_EXP_MAX else "k")
-    left.set_yticks(range(len(labels)), labels, fontsize=7)
+    left.set_yticks(range(len(labels)), labels, fontsize=9)
     left.set_ylim(len(labels) - 0.5, -1.3)
     left.set(xlabel="time step t (lines: first rows of later sub-chunks,\nlabelled with their largest |w|; red > 88.7)",
              title=f"non-finite rows (red), w = -{decay:g}·U(0.05, 1), T = {T}")
@@ -526,11 +526,11 @@ def plot_setting(decay: float = 100.0, dtype: torch.dtype = torch.float32, chunk
     tol = check.tolerance(dtype)  # `harness.Comparison`: o and ht are held to the forward tolerance
     right.hlines(tol.fwd, -0.5, 1.5, color="k", ls="--", lw=0.8, label="output tolerance (o, ht)")
     right.hlines(tol.grad, 1.5, len(names) - 0.5, color="grey", ls=":", lw=0.8, label="gradient tolerance")
-    right.set_xticks(pos, ["o", "ht", *(f"d{n}" for n in GRADS)], fontsize=7, rotation=30, ha="right")
+    right.set_xticks(pos, ["o", "ht", *(f"d{n}" for n in GRADS)], fontsize=9, rotation=30, ha="right")
     right.set(ylim=(1e-12, 1e5), ylabel="rel. error vs reference (x: non-finite)",
               title=f"{viz.DTYPE_NAMES[dtype]}, chunk {chunk_size}")
     right.title.set_fontsize(9)
-    right.legend(fontsize=6, loc="upper right", ncol=2)  # above the bars and the x marks
+    right.legend(fontsize=9, loc="upper right", ncol=2)  # above the bars and the x marks
     return fig
 
 

@@ -166,7 +166,7 @@ def plot_chunk_factors(magnitude: float = 2.0, dtype: torch.dtype = torch.float3
     left.set(xlabel="row in chunk (t for queries, s for keys)", ylabel="log10(factor)",
              ylim=(bottom - 0.12 * (top - bottom), top + 0.12 * (top - bottom)),
              title=f"factors per row (lines: largest and smallest {viz.DTYPE_NAMES[dtype]})")
-    left.legend(fontsize=6.5, loc="lower left")
+    left.legend(fontsize=9, loc="lower left")
     naive, _ = naive_scores(magnitude, chunk_size, dtype)
     causal = torch.tril(torch.ones(chunk_size, chunk_size, dtype=torch.bool))
     state = torch.ones(naive.shape, dtype=torch.int64)
@@ -177,7 +177,7 @@ def plot_chunk_factors(magnitude: float = 2.0, dtype: torch.dtype = torch.float3
     right.imshow(state.numpy(), cmap=cmap, vmin=0, vmax=3, interpolation="nearest")
     from matplotlib.patches import Patch
     right.legend(handles=[Patch(color=c, label=n) for c, n in zip(cmap.colors[1:], ("finite", "inf", "NaN"))],
-                 fontsize=7, loc="upper right")
+                 fontsize=9, loc="upper right")
     right.set(title=f"naive scores: {census['inf scores']} inf + {census['NaN scores']} NaN "
                     f"of {census['causal scores']}", xlabel="key row s", ylabel="query row t")
     if census["first key row inf"] is None:
@@ -202,12 +202,12 @@ def plot_overflow_thresholds(chunk_sizes=CHUNK_SIZES):
             below = dtype == torch.float16
             for c, limit in limits.items():
                 ax.annotate(f"{limit:g}", (c, limit), xytext=(0, -12 if below else 7), textcoords="offset points",
-                            ha="center", fontsize=8, color=viz.DTYPE_COLORS[dtype])
+                            ha="center", fontsize=9, color=viz.DTYPE_COLORS[dtype])
     ax.set(xscale="log", yscale="log", xlabel="chunk size C", ylabel="largest per-step |log-decay|",
            ylim=(0.1, 10), title="the naive split exp(G_t)*exp(-G_s) overflows above these lines")
     ax.minorticks_off()
     ax.set_xticks(list(chunk_sizes), [str(c) for c in chunk_sizes])
-    ax.legend(fontsize=7, loc="upper right")
+    ax.legend(fontsize=9, loc="upper right")
     return fig
 
 
@@ -268,7 +268,7 @@ def _draw_split(ax, G, t, s, n, title, strong: float = 100.0):
                     arrowprops=dict(arrowstyle="->", color=color, lw=1.6))
         ax.hlines([float(G[a]), float(G[b])], [a, b], x, colors="0.6", lw=0.6, linestyles=":")
         ax.annotate(label, (x, (float(G[a]) + float(G[b])) / 2), xytext=(3, 0), textcoords="offset points",
-                    fontsize=7, va="center", color=color)
+                    fontsize=9, va="center", color=color)
     split = split_around(G, t, s, n)
     q, k = split["query exponent G_t - G_n"], split["key exponent G_n - G_s"]
     mark = lambda e: "<= 1" if e <= 0 else "> 1"  # noqa: E731
@@ -279,7 +279,7 @@ def _draw_split(ax, G, t, s, n, title, strong: float = 100.0):
         lines.append(f"at {strong:g}x the decay (fp32): exp({big:+.0f}) = inf,\nexp({small:+.0f}) = 0: inf*0 = NaN")
     else:
         lines.append(f"at {strong:g}x the decay: both factors\nunderflow at worst (the exact answer ~ 0)")
-    ax.text(0.03, 0.03, "\n".join(lines), transform=ax.transAxes, fontsize=7, family="monospace", va="bottom",
+    ax.text(0.03, 0.03, "\n".join(lines), transform=ax.transAxes, fontsize=9, family="monospace", va="bottom",
             bbox=dict(boxstyle="round", fc="white", ec="0.7"))
     low = float(G.min())
     ax.set(xlabel="row in chunk", ylabel="G (natural log)", title=title, xlim=(-1, len(G) + 6),
@@ -303,7 +303,7 @@ def plot_subchunk_reference(chunk_size: int = 64, t: int = 40, s: int = 10, bad_
         blocks.hlines(i, -0.5, i - 0.5, colors="C3", lw=1.8)  # the reference row of query sub-chunk i
     n = int(query_reference_rows(chunk_size)[t])
     blocks.plot([s], [t], "*", color="k", ms=10)
-    blocks.annotate(f"(t={t}, s={s})", (s, t), xytext=(6, 8), textcoords="offset points", fontsize=8)
+    blocks.annotate(f"(t={t}, s={s})", (s, t), xytext=(6, 8), textcoords="offset points", fontsize=9)
     ticks = list(range(0, chunk_size, SUBCHUNK))
     blocks.set_xticks(ticks)
     blocks.set_yticks(ticks)
@@ -311,7 +311,7 @@ def plot_subchunk_reference(chunk_size: int = 64, t: int = 40, s: int = 10, bad_
     blocks.legend(handles=[Patch(color=cmap.colors[1], label="diagonal block: pair by pair"),
                            Patch(color=cmap.colors[2], label="earlier sub-chunk: one matmul"),
                            Patch(color="C3", label="reference row n (GLA, GSA)")],
-                  fontsize=6.5, loc="upper right")
+                  fontsize=9, loc="upper right")
     G = torch.cumsum(example_decays(chunk_size), 0)
     _draw_split(good, G, t, s, n, f"n = {n} between s and t: both <= 1")
     _draw_split(bad, G, t, s, bad_n, f"n = {bad_n} after t: one factor > 1")

@@ -1,13 +1,20 @@
-"""Fixtures for the browser test: one JupyterLab server and one headless Chromium per session.
+"""Fixtures for the browser test: JupyterLab servers and one headless Chromium per session.
 
-The server serves a temporary copy of the notebooks (so neither autosave nor the notebooks' own writes touch
-the repository) with private settings, workspaces and Jupyter directories, and is always stopped by its PID.
+Two servers, each on a temporary copy (so neither autosave nor the notebooks' own writes touch the repository), with
+private settings, workspaces and Jupyter directories, each always stopped by its PID:
+- `lab_server` serves a copy of the reference notebooks (notebooks/), which the test runs top to bottom;
+- `learner_lab` is the lab as `python3 workbook.py lab` opens it for a learner: a copy of the checkout's layout
+  (notebooks/, docs/, the learner's edition built by fla_lab.edition) served with workbook.py's own `lab_root`,
+  `lab_arguments` and `lab_env`, so it is rooted where the learner's lab is.
 """
 
 from __future__ import annotations
 
+import html
+import importlib.util
 import json
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -46,13 +53,31 @@ class LabServer:
     token: str
     root_dir: Path
     log_path: Path
-    learner_dir: str = "learner"  # the learner's edition, under root_dir
+    runtime_dir: Path | None = None  # the server's JUPYTER_RUNTIME_DIR (its browser-open files)
 
     def url(self, path: str) -> str:
         return f"{self.base_url}{path}?token={self.token}"
 
     def log_tail(self, chars: int = 3000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:]
+
+    def opened_url(self) -> str:
+        """The URL the server hands the learner's web browser (`workbook.py lab` without --no-browser opens it):
+        read from the browser-open file it writes for the notebook it was started with."""
+        pages = sorted(self.runtime_dir.glob("jpserver-file-to-run-*-open.html"))
+        assert pages, f"no browser-open file for a notebook in {self.runtime_dir}:\n{self.log_tail()}"
+        found = re.search(r'url=([^"]+)"', pages[-1].read_text())
+        assert found, pages[-1].read_text()
+        return html.unescape(found.group(1))
+
+
+def workbook():
+    """workbook.py as a module: the learner's lab is started with its functions, not a copy of them."""
+    spec = importlib.util.spec_from_file_location("fla_lab_workbook_browser", REPO / "workbook.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
 
 
 def missing_piece() -> str | None:
@@ -105,14 +130,27 @@ def _write_settings(settings_dir: Path) -> None:
 
 
 def _prepare_tree(top: Path) -> Path:
-    """Copy notebooks/ into `top` with the learner's edition beside them (root/learner/, built from the tracked
-    notebooks as `python3 workbook.py lab` builds it); a figures/ sibling keeps `../figures` writes in the copy."""
-    from fla_lab import edition
-
+    """Copy notebooks/ into `top`; a figures/ sibling keeps `../figures` writes in the copy."""
     root = top / "notebooks"
     shutil.copytree(NOTEBOOK_DIR, root, symlinks=True, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
-    edition.build(root / LabServer.learner_dir, notebooks=edition.sources(NOTEBOOK_DIR))
     (top / "figures").mkdir()
+    return root
+
+
+def _prepare_checkout(top: Path, wb) -> Path:
+    """The checkout's layout under `top/checkout`, as a learner's clone has it when `workbook.py lab` starts: the
+    reference notebooks/, the facilitator's docs/ (the guide with its answer keys) and the learner's edition built
+    from those notebooks as `python -m fla_lab edition` builds it. Returns the folder the lab serves,
+    `workbook.lab_root` of that checkout."""
+    from fla_lab import edition
+
+    checkout = top / "checkout"
+    shutil.copytree(NOTEBOOK_DIR, checkout / "notebooks", symlinks=True,
+                    ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    shutil.copytree(REPO / "docs", checkout / "docs")
+    (checkout / "figures").mkdir()
+    root = wb.lab_root(checkout)
+    edition.build(root, notebooks=edition.sources(NOTEBOOK_DIR))  # its figures from the repository's figures/
     return root
 
 
@@ -127,12 +165,14 @@ def _server_env(top: Path) -> dict[str, str]:
     return env
 
 
-def _server_command(port: int, token: str, root: Path, top: Path) -> list[str]:
+def _server_command(port: int, token: str, root_args: list[str], top: Path) -> list[str]:
+    """JupyterLab on `port`; `root_args` say where it listens (127.0.0.1) and what it serves (`--ServerApp.root_dir`,
+    or workbook.py's `lab_arguments`: the learner's edition as root and the first notebook)."""
     cmd = [
         sys.executable, "-m", "jupyterlab",
-        "--no-browser", "--ip=127.0.0.1", f"--port={port}", "--ServerApp.port_retries=0",
+        "--no-browser", f"--port={port}", "--ServerApp.port_retries=0",
         f"--IdentityProvider.token={token}",
-        f"--ServerApp.root_dir={root}",
+        *root_args,
         f"--LabApp.workspaces_dir={top / 'workspaces'}",
         f"--LabApp.user_settings_dir={top / 'settings'}",
         "--LabApp.news_url=None",
@@ -182,22 +222,38 @@ def _stop(proc: subprocess.Popen, server: LabServer) -> None:
             continue
 
 
-@pytest.fixture(scope="session")
-def lab_server(tmp_path_factory) -> Iterator[LabServer]:
-    top = tmp_path_factory.mktemp("jupyterlab")
-    root = _prepare_tree(top)
+def _serve(top: Path, root: Path, root_args: list[str], env: dict[str, str], cwd: Path) -> Iterator[LabServer]:
     _write_settings(top / "settings")
     (top / "workspaces").mkdir()
     port, token = _free_port(), secrets.token_hex(24)
-    server = LabServer(f"http://127.0.0.1:{port}", token, root, top / "server.log")
+    server = LabServer(f"http://127.0.0.1:{port}", token, root, top / "server.log", Path(env["JUPYTER_RUNTIME_DIR"]))
     with server.log_path.open("wb") as log:
-        proc = subprocess.Popen(_server_command(port, token, root, top), cwd=top, env=_server_env(top),
+        proc = subprocess.Popen(_server_command(port, token, root_args, top), cwd=cwd, env=env,
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
     try:
         _wait_until_up(proc, server)
         yield server
     finally:
         _stop(proc, server)
+
+
+@pytest.fixture(scope="session")
+def lab_server(tmp_path_factory) -> Iterator[LabServer]:
+    """The reference notebooks' server (a copy of notebooks/ as its root)."""
+    top = tmp_path_factory.mktemp("jupyterlab")
+    root = _prepare_tree(top)
+    yield from _serve(top, root, ["--ip=127.0.0.1", f"--ServerApp.root_dir={root}"], _server_env(top), cwd=top)
+
+
+@pytest.fixture(scope="session")
+def learner_lab(tmp_path_factory) -> Iterator[LabServer]:
+    """The learner's lab: rooted, opened and set up by workbook.py's `lab_root`, `lab_arguments` and `lab_env` (the
+    learner's figures in the edition's figures/), on a copy of the checkout's layout."""
+    wb = workbook()
+    top = tmp_path_factory.mktemp("learner-lab")
+    root = _prepare_checkout(top, wb)
+    env = wb.lab_env(_server_env(top), root=root)
+    yield from _serve(top, root, wb.lab_arguments(root), env, cwd=root.parent)
 
 
 @pytest.fixture(scope="session")

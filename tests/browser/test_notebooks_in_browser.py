@@ -12,9 +12,12 @@ dropdown or slider), the explorer's own button is clicked when it has one (`inte
 output (figure image or text) must change, with no error. A screenshot of each explorer after the change goes to
 artifacts/browser/<notebook>-widget.png (-widget-2.png, ... for further explorers).
 
-Last, the learner's edition: a learner notebook (as `python3 workbook.py lab` opens it: no outputs, no
-solutions) is opened, the cells up to its first exercise check run with the stub in place, and the check must say
-NOT YET, and `verdict.hint()` must print the first hint tier.
+Last, the learner's lab, started as `python3 workbook.py lab` starts it (workbook.py's root, arguments and
+environment; conftest.py's `learner_lab`): the page the server hands the learner's browser opens 00, and the file
+browser, like the contents API behind it, lists the learner's copies and nothing of the reference notebooks/ or the
+facilitator's docs/ (the answer keys), which lie beside the edition in the checkout; then a learner notebook (no
+outputs, no solutions) is opened, the cells up to its first exercise check run with the stub in place, and the check
+must say NOT YET, and `verdict.hint()` must print the first hint tier.
 
 Set FLA_LAB_BROWSER_NOTEBOOKS to run it on another folder of notebooks, FLA_LAB_BROWSER_TIMEOUT (seconds, per
 notebook) to change the execution time limit, FLA_LAB_BROWSER_WIDGET_TIMEOUT (seconds, per explorer) the time an
@@ -23,8 +26,11 @@ explorer may take to redraw.
 
 from __future__ import annotations
 
+import json
 import os
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from urllib.parse import quote
 
@@ -481,11 +487,79 @@ def first_check_cell(notebook: dict) -> int:
     pytest.fail("the learner notebook has no cell tagged `check`")
 
 
-def test_learner_edition_check_says_not_yet_with_the_stub(browser, lab_server):
-    name = f"{lab_server.learner_dir}/{LEARNER_NOTEBOOK}"
+# The learner's file browser: the names it lists once its listing has loaded, and the folder it shows ('' = the root).
+JS_FILE_BROWSER = """async () => {
+  const app = window.jupyterapp;
+  await app.commands.execute('filebrowser:activate');
+  const listing = document.querySelector('#filebrowser .jp-DirListing-content');
+  const names = listing ? Array.from(listing.querySelectorAll('.jp-DirListing-item .jp-DirListing-itemText'))
+    .map(n => n.textContent.trim()) : [];
+  const crumbs = document.querySelector('#filebrowser .jp-BreadCrumbs');
+  return {names, crumbs: crumbs ? crumbs.textContent.trim() : null};
+}"""
+
+
+def api_get(server, path: str) -> tuple[int, dict | None]:
+    """(HTTP status, JSON body or None) of GET `path` on `server`'s REST API."""
+    try:
+        with urllib.request.urlopen(server.url(path), timeout=30) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as err:
+        return err.code, None
+
+
+def test_learner_file_browser_shows_the_learner_copies_only(browser, learner_lab):
+    """The learner's lab lists the learner's copies, and neither the reference notebooks nor the guide: notebooks/
+    and docs/ exist beside the edition in the checkout, and neither the file browser nor the contents API reaches
+    them."""
+    from fla_lab import edition
+
+    checkout = learner_lab.root_dir.parent
+    assert (checkout / "notebooks").is_dir() and (checkout / "docs" / "onboarding.md").is_file()  # beside it
+    copies = {p.name for p in edition.sources(checkout / "notebooks")}  # one learner copy per reference notebook
+    status, root = api_get(learner_lab, "/api/contents")
+    assert status == 200, status
+    served = {item["name"] for item in root["content"]}
+    assert copies <= served, f"learner copies missing from the lab's root: {sorted(copies - served)}"
+    assert not served & {"notebooks", "docs", "README.md", "workbook.py", "learner"}, sorted(served)
+    assert {n for n in served if not n.startswith(".")} <= copies | {"figures"}, sorted(served)
+    for outside in ("notebooks", "docs/onboarding.md", "../notebooks", "../docs/onboarding.md",
+                    "%2E%2E/docs/onboarding.md", f"../notebooks/{LEARNER_NOTEBOOK}"):
+        status, body = api_get(learner_lab, f"/api/contents/{outside}")
+        assert status != 200, f"/api/contents/{outside} answered {status}: {str(body)[:200]}"
+    for figure in {f.name for p in edition.sources(checkout / "notebooks") for f in edition.repo_figures(p)}:
+        status, _ = api_get(learner_lab, f"/api/contents/figures/{figure}")  # a copy's image link
+        assert status == 200, f"figures/{figure}, which a learner copy shows, is not in the lab ({status})"
+
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    start = learner_lab.opened_url()  # the page `workbook.py lab` opens in the learner's browser
+    opened = start.split("?")[0].split("/lab/tree/", 1)[-1]
+    try:
+        assert opened == "00_start_here.ipynb", start
+        page.goto(start)
+        page.wait_for_function("() => !!(window.jupyterapp && window.jupyterapp.shell)", timeout=OPEN_TIMEOUT_MS)
+        page.evaluate(JS_HELPERS)
+        page.wait_for_function("(path) => { const p = window.__fla.panel(path); return !!(p && p.context.isReady); }",
+                               arg=opened, timeout=OPEN_TIMEOUT_MS)
+        deadline = time.monotonic() + OPEN_TIMEOUT_MS / 1000
+        while not copies <= set((listing := page.evaluate(JS_FILE_BROWSER))["names"]):
+            assert time.monotonic() < deadline, f"the file browser lists {listing}, not the learner's copies"
+            time.sleep(0.5)
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "learner-file-browser.png"))
+    finally:
+        shutdown_kernel_and_close(page, opened)
+    names = set(listing["names"])
+    assert not names & {"notebooks", "docs", "onboarding.md", "README.md", "learner"}, sorted(names)
+    assert names <= copies | {"figures"}, sorted(names - copies)
+    print(f"learner's file browser ({learner_lab.root_dir}): {sorted(names)}")
+
+
+def test_learner_edition_check_says_not_yet_with_the_stub(browser, learner_lab):
+    name = LEARNER_NOTEBOOK
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     try:
-        open_notebook(page, lab_server, name)
+        open_notebook(page, learner_lab, name)
         model = page.evaluate(JS_MODEL, name)
         assert not any(cell.get("outputs") for cell in model["cells"] if cell["cell_type"] == "code"), \
             f"{name}: the learner's edition opened with saved outputs"

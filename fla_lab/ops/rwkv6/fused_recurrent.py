@@ -108,9 +108,9 @@ def fused_recurrent_bwd_dq_kernel(k, v, g, gv, do, dq, h0, scale, cu_seqlens, B,
     i_bh, i_b, i_h = batch_head(i_bh, H)
     bos, T_seq = sequence_rows(i_b, T, cu_seqlens, VARLEN)
     o_k, o_v, m_k, m_v, m_kv, p_kv = state_tile(i_k, i_v, K, V, BK, BV)
-    b_h = tl.zeros([BV, BK], dtype=tl.float32)  # value-major state tile: rows are values, columns keys
+    b_h = tl.zeros([BV, BK], dtype=tl.float32)  # the state tile
     if USE_H0:
-        p_h0 = h0 + i_bh * K * V + o_k[None, :] * V + o_v[:, None]  # h0 is stored key-major, [K, V] per head
+        p_h0 = h0 + i_bh * K * V + o_k[None, :] * V + o_v[:, None]  # h0: [K, V] per head
         b_h += tl.load(p_h0, mask=H0_MASK(m_k, m_v), other=0).to(tl.float32)
     b_g = tl.zeros([BK], dtype=tl.float32)
     for t in range(0, T_seq):

@@ -274,7 +274,7 @@ def dplr_intra_kernel(a, b, v, gi, do, Arb, Aab, Aak, W, U0, Wb, dX0, flags, sca
 def dplr_fwd_h_kernel(k, v, b, gi, W, U0, h, u, h0, ht, cu_seqlens, chunk_offsets, T, H: tl.constexpr,
                       K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                       DOT: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
-                      CAPSTONE_B: tl.constexpr = False, VARLEN: tl.constexpr = False):
+                      CARRY_GE: tl.constexpr = False, VARLEN: tl.constexpr = False):
     """The only loop over chunks of the forward: `h[n]` (the state entering chunk n, fp32) and
     `u = W S_0 + U0` (the rows the transition removes, fp32), one `[K, BV]` state tile of one sequence per
     program."""
@@ -293,7 +293,7 @@ def dplr_fwd_h_kernel(k, v, b, gi, W, U0, h, u, h0, ht, cu_seqlens, chunk_offset
         m_tk, m_tv, m_kt = m_t[:, None] & m_k[None, :], m_t[:, None] & m_v[None, :], m_k[:, None] & m_t[None, :]
         b_u = mma_split(load_rows(W, o_t, o_k, m_tk, HK), b_h, DOT) + load_rows(U0, o_t, o_v, m_tv, H * V)
         tl.store(u + o_t[:, None] * H * V + o_v[None, :], b_u, mask=m_tv)
-        if CAPSTONE_B:
+        if CARRY_GE:
             b_glast = load_query_decay(gi, t_last + 0 * o_k, o_k, m_k, t_first, HK, True)
         else:
             b_glast = tl.load(gi + t_last * HK + o_k, mask=m_k, other=0)
@@ -624,7 +624,7 @@ def _states(k, v, b, gi, W, U0, h0, store_ht, dot, bug=None, seqs=None):
     ht = _f32(k, N, H, K, V) if store_ht else None
     dplr_fwd_h_kernel[(grid_size(V, BV), N * H)](k, v, b, gi, W, U0, h, u, h0, ht, *sequence_tables(seqs), T, H=H,
                                                  K=K, V=V, BT=CHUNK, BK=BK, BV=BV, DOT=dot, USE_H0=h0 is not None,
-                                                 STORE_HT=store_ht, CAPSTONE_B=bug == "capstone_b",
+                                                 STORE_HT=store_ht, CARRY_GE=bug == "carry_ge",
                                                  VARLEN=seqs is not None, num_warps=WARPS["fwd_h"])
     return h, u, ht
 
