@@ -390,7 +390,8 @@ def reference_row_hints(offset: float | None) -> tuple[str, ...]:
             "the key factor exp(gn - gi[s]) of the last key rows before the sub-chunk.",
             f"Your helper reads row {row}, above the last earlier key's gi[start - 1]: gn - gi[start - 1] > 0 for "
             "that key, and exp overflows once the steps in between pass 88.72. gn must not lie above any earlier "
-            "key's gi[s] (and not below any query's ge[t]).", line)
+            "key's gi[s] (and not below any query's ge[t]). A row far from the one you meant points at the pointer "
+            "itself: rows lie HK elements apart (gi + row * HK + o_k).", line)
     return exercises.hints(
         "Your helper reads the safe row, yet the results differ from float64: check the rest of the pointer "
         "(the channel offsets o_k, the row stride HK).", "", line)
