@@ -75,14 +75,14 @@ def assert_finite_step(module, x):
 
 
 def test_defaults_match_upstream():
-    """flash-linear-attention 0.6.0 `fla/layers/gsa.py`: same names, same defaults (plus fla_lab's two)."""
+    """flash-linear-attention 0.6.0 `fla/layers/gsa.py`: same names, same defaults (plus fla_lab's three)."""
     upstream = dict(mode="chunk", hidden_size=1024, expand_k=1.0, expand_v=1.0, num_heads=4, num_kv_heads=None,
                     use_short_conv=False, conv_size=4, conv_bias=False, num_slots=None, elementwise_affine=True,
                     norm_eps=1e-5, gate_logit_normalizer=8, feature_map="swish", use_output_gate=False,
                     use_norm=True, layer_idx=None, scale=1.0)
     params = inspect.signature(GatedSlotAttention).parameters
     got = {name: p.default for name, p in params.items() if p.kind is p.POSITIONAL_OR_KEYWORD}
-    assert got == {**upstream, "gate_clamp": None, "bug": None}
+    assert got == {**upstream, "gate_clamp": None, "gate_fn": "logsigmoid", "bug": None}
     assert list(got)[:len(upstream)] == list(upstream)  # positional order too
     default = GatedSlotAttention()
     assert (default.key_dim, default.value_dim, default.head_k_dim, default.num_slots) == (1024, 1024, 256, 256)

@@ -141,9 +141,9 @@ def _source(cell):
 def test_notebook_carries_the_one_notation_table():
     """00's notation table holds the workbook's notation (every later notebook uses it): symbol and code name."""
     table = next(_source(c) for c in _cells() if _source(c).startswith("## Notation"))
-    for entry in ("$g_t \\le 0$", "`w` (RWKV6, RWKV-7)", "$G_t = \\sum_{s \\le t} g_s$", "`gi`", "$G^e_t = G_{t-1}$",
+    for entry in ("$g_t \\le 0$", "`w` (RWKV6, RWKV-7)", "$G_t = \\sum_{\\tau \\le t} g_\\tau$", "`gi`", "$G^e_t = G_{t-1}$",
                   "`ge`", "`gn`", "(`BC`)", "-m \\cdot U(0.05, 1)", "$S_t \\in \\mathbb{R}^{K\\times V}$", "`h0`",
-                  "`ht`"):
+                  "`ht`", "$\\alpha$ | `scale`", "$\\beta_t$", "$\\rho_t = a_t^\\top S_{t-1}$", "$\\varepsilon$"):
         assert entry in table, entry
 
 
