@@ -12,6 +12,10 @@ goes to `benchmarks/results/fla_tests.md`.
     python benchmarks/fla_tests.py --fla /work/.mirror/fla-org+flash-linear-attention/repo --commit bc3b101d
     python benchmarks/fla_tests.py --files test_gla.py -k "varlen"   # a subset (-k as pytest's)
     python benchmarks/fla_tests.py --junit a/junit.xml b/junit.xml    # the table from runs kept with --keep
+    python benchmarks/fla_tests.py --gpu --fla DIR --workers 4        # on a GPU, at FLA's own sizes (no shrink)
+
+`--gpu` runs the same tests where FLA wrote them to run: on the CUDA device, at FLA's own parametrized sizes, with
+FLA's own shared-memory gate; the table goes to `benchmarks/results/fla_tests_gpu.md` (with `--out`, elsewhere).
 
 Needs `einops` importable (FLA imports it): `--site DIR` is put on the path after the commit's `fla`, e.g. a
 `pip install --no-deps --target DIR .whl/*.whl einops`; `--fla-package site` uses DIR's `fla` (0.6.0) instead.
@@ -47,6 +51,8 @@ ROOT = Path(__file__).resolve().parent.parent
 MIRROR = Path("/work/.mirror/fla-org+flash-linear-attention/repo")
 SITE = Path("/tmp/fla_site")
 OUT = ROOT / "benchmarks" / "results" / "fla_tests.md"
+GPU_OUT = ROOT / "benchmarks" / "results" / "fla_tests_gpu.md"
+DEVICE_ENV = "FLA_TESTS_DEVICE"  # set by run_pytest for the pytest process: "cpu" (shrunk) or "cuda" (FLA's sizes)
 
 # test file -> {test function prefix: why it is not run}; every other test in the file runs
 FILES = {
@@ -159,7 +165,7 @@ def reason(message: str, traceback: str = "") -> str:
     return lines[0][:300] if lines else "(no message)"
 
 
-CONFTEST = '''"""Written by benchmarks/fla_tests.py (see its docstring): FLA's ops -> fla_lab's, sizes shrunk."""
+CONFTEST = '''"""Written by benchmarks/fla_tests.py (see its docstring): FLA's ops -> fla_lab's{shrunk}."""
 import sys
 
 sys.path.insert(0, {bench!r})
@@ -170,14 +176,22 @@ import pytest  # noqa: E402
 fla_tests.install_shim()
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_generate_tests(metafunc):
-    fla_tests.shrink_marks(metafunc.definition)
-
-
 def pytest_collection_modifyitems(items):
     fla_tests.check_ops_and_bind_references(items)
 '''
+
+SHRINK_HOOK = '''
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_generate_tests(metafunc):
+    fla_tests.shrink_marks(metafunc.definition)
+'''
+
+
+def conftest(gpu: bool) -> str:
+    """The shim always; the shrinking hook only for the interpreter (on a GPU the tests keep FLA's sizes)."""
+    text = CONFTEST.format(bench=str(ROOT / "benchmarks"), shrunk="" if gpu else ", sizes shrunk")
+    return text if gpu else text + SHRINK_HOOK
 
 
 OP_NAMES = ("chunk_gla", "fused_recurrent_gla", "chunk_rwkv6", "fused_recurrent_rwkv6", "chunk_gsa",
@@ -186,7 +200,8 @@ OP_NAMES = ("chunk_gla", "fused_recurrent_gla", "chunk_rwkv6", "fused_recurrent_
 
 
 def install_shim() -> None:
-    """Inside the pytest process: FLA's device -> cpu, FLA's op names -> fla_lab's (see the module docstring)."""
+    """Inside the pytest process: FLA's device -> cpu (or cuda with --gpu), FLA's op names -> fla_lab's (see the
+    module docstring). On the CPU FLA's shared-memory gate is opened (no GPU to ask); on a GPU it stays FLA's."""
     import importlib
     import importlib.util
 
@@ -194,11 +209,13 @@ def install_shim() -> None:
 
     import fla_lab.ops as lab
 
-    fla.utils.device = "cpu"
-    fla.utils.check_shared_mem = lambda *args, **kwargs: True  # FLA's GPU shared-memory gate (GSA D > 64 or M > 64)
+    device = os.environ.get(DEVICE_ENV, "cpu")
+    fla.utils.device = device
+    if device == "cpu":
+        fla.utils.check_shared_mem = lambda *args, **kwargs: True  # FLA's GPU gate (GSA D > 64 or M > 64)
     for where in ("fla.utils._device", "fla.utils.hardware"):  # the commit's module, or 0.6.0's
         if importlib.util.find_spec(where) is not None:
-            importlib.import_module(where).device = "cpu"
+            importlib.import_module(where).device = device
     names = {name: getattr(lab, name) for name in OP_NAMES[:8]}
     names.update(chunk_dplr_delta_rule=dplr_chunk_as_rwkv7, fused_recurrent_dplr_delta_rule=dplr_recurrent_as_rwkv7,
                  fused_mul_recurrent_rwkv7=fused_mul_as_rwkv7)
@@ -296,13 +313,17 @@ def export(fla: Path, commit: str, files: list[str], dest: Path, with_package: b
     return head.stdout.strip() if head.returncode == 0 else "unknown"
 
 
-def run_pytest(work: Path, files: list[str], site: Path, keyword: str | None) -> tuple[int, str, float]:
-    env = {k: v for k, v in os.environ.items() if k not in ("FLA_CI_ENV", "PYTEST_ADDOPTS")}
-    env.update(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1",
+def run_pytest(work: Path, files: list[str], site: Path, keyword: str | None, gpu: bool = False,
+               workers: int = 0) -> tuple[int, str, float]:
+    env = {k: v for k, v in os.environ.items() if k not in ("FLA_CI_ENV", "PYTEST_ADDOPTS", "TRITON_INTERPRET")}
+    env.update({DEVICE_ENV: "cuda" if gpu else "cpu"},
                PYTHONPATH=os.pathsep.join([str(work), str(site), str(ROOT)]))
+    if not gpu:
+        env.update(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
     deselect = [f"--deselect={f}::{test}" for f in files for test in FILES.get(f, {})]
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-o", "log_cli=false",
            "--junitxml=junit.xml", "--rootdir", str(work), *deselect, *files] + (["-k", keyword] if keyword else [])
+    cmd += ["-n", str(workers)] if workers else []
     start = time.time()
     with open(work / "pytest.log", "w") as log:  # -v: `tail -f` it to follow the run
         rc = subprocess.run(cmd + ["-v"], cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
@@ -334,16 +355,30 @@ def details(results: dict[str, dict], files: list[str]) -> list[str]:
     return lines
 
 
-def report(results, files, commit, package, seconds, keyword) -> str:
+def report(results, files, commit, package, seconds, keyword, gpu: str | None = None) -> str:
+    """The markdown table; `gpu` names the card of a --gpu run (FLA's sizes), None for the shrunk CPU run."""
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    where = f"{gpu} (CUDA, FLA's own sizes)" if gpu else "CPU (Triton interpreter, one pytest process)"
     head = ["# flash-linear-attention's op tests against fla_lab", "",
-            f"`benchmarks/fla_tests.py`, {date}, CPU (Triton interpreter, one pytest process), FLA commit "
+            f"`benchmarks/fla_tests.py`, {date}, {where}, FLA commit "
             f"`{commit}` (tests; naive references and `assert_close` from {package}), {seconds:.0f} s"
-            + (f", `-k {keyword}`" if keyword else "") + ".", "",
-            "FLA's ops replaced by fla_lab's, FLA's tolerances and assertions unchanged; parametrized sizes "
-            "shrunk for the interpreter (FLA's case ids kept, they name the original sizes):", ""]
-    head += [f"- {rule}" for _, rule in SHRINK.values()] + [""]
+            + (f", `-k {keyword}`" if keyword else "") + ".", ""]
+    if gpu:
+        head += ["FLA's ops replaced by fla_lab's; FLA's sizes, tolerances, assertions and shared-memory gate "
+                 "unchanged.", ""]
+    else:
+        head += ["FLA's ops replaced by fla_lab's, FLA's tolerances and assertions unchanged; parametrized sizes "
+                 "shrunk for the interpreter (FLA's case ids kept, they name the original sizes):", ""]
+        head += [f"- {rule}" for _, rule in SHRINK.values()] + [""]
     return "\n".join(head + table(results, files) + details(results, files)) + "\n"
+
+
+def gpu_name() -> str:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("--gpu needs a CUDA device (torch.cuda.is_available() is False)")
+    return torch.cuda.get_device_name()
 
 
 def from_junit(args) -> int:
@@ -377,11 +412,14 @@ def main() -> int:
                         help="naive references from the tests' commit or from --site")
     parser.add_argument("--files", nargs="+", default=list(FILES))
     parser.add_argument("-k", dest="keyword")
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--out", type=Path, help=f"default {OUT.relative_to(ROOT)} ({GPU_OUT.name} with --gpu)")
+    parser.add_argument("--gpu", action="store_true", help="on the CUDA device at FLA's own sizes (no shrink)")
+    parser.add_argument("--workers", type=int, default=0, help="pytest-xdist workers (0: one process)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     parser.add_argument("--junit", type=Path, nargs="+",
                         help="no run: the table from these junit.xml files (a later file's test files replace)")
     args = parser.parse_args()
+    args.out = args.out or (GPU_OUT if args.gpu else OUT)
     if args.junit:
         return from_junit(args)
 
@@ -389,16 +427,17 @@ def main() -> int:
     print(f"running in {work} (log: {work / 'pytest.log'})", flush=True)
     try:
         commit = export(args.fla, args.commit, args.files, work, args.fla_package == "commit")
-        (work / "conftest.py").write_text(CONFTEST.format(bench=str(ROOT / "benchmarks")))
+        gpu = gpu_name() if args.gpu else None
+        (work / "conftest.py").write_text(conftest(args.gpu))
         (work / "pytest.ini").write_text("[pytest]\n")
-        rc, log, seconds = run_pytest(work, args.files, args.site, args.keyword)
+        rc, log, seconds = run_pytest(work, args.files, args.site, args.keyword, args.gpu, args.workers)
         junit = work / "junit.xml"
         if not junit.exists():
             print(log[-5000:])
             return 2
         results = parse_junit(junit.read_text())
         package = f"`fla` of {commit[:8]}" if args.fla_package == "commit" else f"`fla` in {args.site}"
-        text = report(results, args.files, commit, package, seconds, args.keyword)
+        text = report(results, args.files, commit, package, seconds, args.keyword, gpu)
         print(log[-3000:] if rc not in (0, 1) else log.splitlines()[-1])
         print(text)
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -52,7 +52,7 @@ class Mutation:
 
 CS = "fla_lab/ops/common/chunk.py"
 GLA = "fla_lab/ops/gla/chunk.py"
-FR = "fla_lab/ops/rwkv6/fused_recurrent.py"
+FR = "fla_lab/ops/common/fused_recurrent.py"
 GSA = "fla_lab/ops/gsa/chunk.py"
 R7 = "fla_lab/ops/rwkv7/chunk.py"
 R7F = "fla_lab/ops/rwkv7/fused_recurrent.py"

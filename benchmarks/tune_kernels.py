@@ -2,8 +2,10 @@
 (the others at their defaults), at several (B, T) of constant tokens: where a setting measured at bench.py's shape
 (B=8, T=4096) loses at B=64, T=1024 or B=1, T=65536, this shows it.
 
-A knob is a module-level setting: a tuple (value tile, num_warps), or a dict of num_warps per kernel. Prints one
-line per measurement (forward, or forward+backward where the knob is a backward kernel's) and writes
+A knob is one field of the op's launch object (`fla_lab.ops.common.launch`: RecurrentLaunch, RWKV7RecurrentLaunch,
+RWKV7ChunkLaunch), swept by passing `launch=dataclasses.replace(default, field=value)`; nothing global changes, and a
+(value tile, num_warps) pair or None (the per-call rule) is a value like any other. Prints one line per measurement
+(forward, or forward+backward where the knob is a backward kernel's) and writes
 tune_kernels.json to $OUT. `--profile` first prints each kernel's share of one forward+backward (torch.profiler),
 FLA's too with `--upstream`. `--host` prints the host's time per forward call (kernels enqueued, not waited for),
 value checks deferred (the default) and off: where it exceeds the GPU's time, do_bench measures the host.
@@ -14,6 +16,7 @@ Usage on a GPU:
     python benchmarks/tune_kernels.py chunk_rwkv6 chunk_gla --host --shapes 8x4096   # host-bound at this shape?
 """
 import argparse
+import dataclasses
 import itertools
 import json
 import os
@@ -29,41 +32,33 @@ import bench_scaling  # noqa: E402
 
 from fla_lab import ops  # noqa: E402
 from fla_lab.ops import contract  # noqa: E402
-from fla_lab.ops.rwkv6 import fused_recurrent as fr6  # noqa: E402
-from fla_lab.ops.rwkv7 import chunk as c7, fused_recurrent as fr7  # noqa: E402
+from fla_lab.ops.common.launch import default_launch  # noqa: E402
 
 TILES, WARPS = (16, 32, 64), (1, 2, 4, 8)
 OPS = ("fused_recurrent_rwkv7", "fused_recurrent_rwkv6", "chunk_rwkv7", "chunk_gla", "chunk_rwkv6", "chunk_gsa")
 
 
+FAMILY = {"fused_recurrent_rwkv7": "rwkv7_recurrent", "fused_recurrent_rwkv6": "recurrent",
+          "chunk_rwkv7": "rwkv7_chunk"}
+RWKV7_CHUNK_WARPS = ("scores", "intra", "fwd_h", "fwd_o", "bwd_dh", "bwd_dv", "bwd")
+
+
 def knobs(op):
-    """op -> [(module, attribute, key or None, values, backward?)]"""
+    """op -> [(launch field, values, backward?)]"""
     tile_warps = list(itertools.product(TILES, WARPS))
     return {
-        "fused_recurrent_rwkv7": [(fr7, "FWD_LAUNCH", None, tile_warps, False),
-                                  (fr7, "BWD_LAUNCH", None, tile_warps, True)],
-        "fused_recurrent_rwkv6": [(fr6, "FWD_BV", None, TILES, False), (fr6, "WARPS", "fwd", WARPS, False),
-                                  (fr6, "DKV_BK", None, TILES, True), (fr6, "WARPS", "dkv", WARPS, True),
-                                  (fr6, "WARPS", "dq", WARPS, True)],
-        "chunk_rwkv7": [(c7, "WARPS", name, WARPS, name.startswith("bwd")) for name in c7.WARPS]
-                       + [(c7, "STATE_BV", None, TILES, True), (c7, "FWD_STATE_BV", None, TILES, False),
-                          (c7, "BWD_BK", None, (16, 32, 64), True), (c7, "BWD_BV", None, TILES, True),
-                          (c7, "DV_BV", None, TILES, True)],
+        "fused_recurrent_rwkv7": [("fwd_launch", tile_warps, False), ("bwd_launch", tile_warps, True)],
+        "fused_recurrent_rwkv6": [("fwd_BV", TILES, False), ("fwd_warps", WARPS, False), ("dkv_BK", TILES, True),
+                                  ("dkv_warps", WARPS, True), ("dq_warps", WARPS, True)],
+        "chunk_rwkv7": [(f"{name}_warps", WARPS, name.startswith("bwd")) for name in RWKV7_CHUNK_WARPS]
+                       + [("state_BV", TILES, True), ("fwd_state_BV", TILES, False), ("bwd_BK", (16, 32, 64), True),
+                          ("bwd_BV", TILES, True), ("dv_BV", TILES, True)],
     }.get(op, [])  # the ChunkLaunch ops: benchmarks/tune_launch.py; here their profile and host time
 
 
-READ = object()
-
-
-def setting(module, attr, key, value=READ):
-    """Read (no value) or set one knob, None included (a per-call rule); returns the old value."""
-    old = getattr(module, attr) if key is None else getattr(module, attr)[key]
-    if value is not READ:
-        if key is None:
-            setattr(module, attr, value)
-        else:
-            getattr(module, attr)[key] = value
-    return old
+def op_launch(op, x):
+    """The launch the op runs with by default on x's device."""
+    return default_launch(FAMILY[op], x[0])
 
 
 def time_it(fn, x, do, kwargs, backward):
@@ -83,18 +78,15 @@ def sweep(op, B, T, rows, with_profile, with_sweep, only=None, with_host=False):
         profile(f"fla_lab {op} B={B} T={T}", fn, x, do, kwargs, backward=True)
     if with_host:
         host_times(op, fn, x, kwargs, rows, B, T)
-    for module, attr, key, values, backward in knobs(op):
-        default = setting(module, attr, key)
-        name = attr if key is None else f"{attr}[{key}]"
+    for name, values, backward in knobs(op):
+        default = getattr(op_launch(op, x), name)
         for value in values if with_sweep and (not only or name in only) else ():
-            setting(module, attr, key, value)
+            launch = dataclasses.replace(op_launch(op, x), **{name: value})
             try:
-                ms = time_it(fn, x, do, kwargs, backward)
+                ms = time_it(fn, x, do, {**kwargs, "launch": launch}, backward)
             except Exception as exc:  # a setting that does not compile (registers, shared memory) is a result too
                 ms = float("nan")
                 print(f"  {type(exc).__name__}: {str(exc)[:120]}", flush=True)
-            finally:
-                setting(module, attr, key, default)
             rows.append(dict(op=op, B=B, T=T, knob=name, value=value, default=value == default,
                              metric="fwd_bwd_ms" if backward else "fwd_ms", ms=ms))
             print(f"{op:<22} B={B:<3} T={T:<6} {name:<12} {str(value):<9}{' *' if value == default else '  '} "
@@ -171,7 +163,7 @@ def main(argv):
     p.add_argument("--upstream", action="store_true", help="time FLA 0.6.0's op at each shape too")
     p.add_argument("--profile", action="store_true", help="per-kernel times of one forward+backward first")
     p.add_argument("--sweep", action=argparse.BooleanOptionalAction, default=True, help="the knobs' sweep")
-    p.add_argument("--knobs", nargs="+", help="only these knobs, as printed (FWD_LAUNCH, WARPS[bwd_dh], ...)")
+    p.add_argument("--knobs", nargs="+", help="only these knobs, as printed (fwd_launch, bwd_dh_warps, ...)")
     p.add_argument("--host", action="store_true", help="host time per forward call, value checks deferred and off")
     args = p.parse_args(argv)
     rows = []

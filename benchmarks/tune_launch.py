@@ -3,7 +3,8 @@ at bench.py's shape: each field in turn takes the value with the fastest forward
 at no cost to it), the others held at the best found so far.
 
 Usage on a GPU: python benchmarks/tune_launch.py chunk_gla [chunk_gsa ...] [--json PATH]
-(set the winners as `ChunkLaunch`'s defaults in `fla_lab/ops/common/launch.py`)
+(set the winners in `TUNED[<the card's name>]["chunk"]`, fla_lab/ops/common/launch.py)
+The pass starts from the card's default launch (`default_launch`).
 """
 import dataclasses
 import json
@@ -13,8 +14,9 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bench  # noqa: E402
+import torch  # noqa: E402
 
-from fla_lab.ops.common.launch import DEFAULT_LAUNCH  # noqa: E402
+from fla_lab.ops.common.launch import default_launch  # noqa: E402
 
 CHOICES = {  # field -> values tried; an op ignores the fields of kernels it does not run
     "state_BV": (None, 16, 32, 64), "state_warps": (1, 2, 4, 8), "state_stages": (1, 2, 3, 4),
@@ -28,7 +30,7 @@ CHOICES = {  # field -> values tried; an op ignores the fields of kernels it doe
 
 def tune(name: str) -> dict:
     fn, inputs, kwargs = bench.cases()[0][name]
-    best = DEFAULT_LAUNCH
+    best = default_launch("chunk", "cuda" if torch.cuda.is_available() else "cpu")
     fwd, fwd_bwd, _ = bench.timings(fn, inputs, {**kwargs, "launch": best})
     start = {"fwd_ms": fwd, "fwd_bwd_ms": fwd_bwd}
     print(f"{name} defaults: fwd {fwd:.3f} ms  fwd+bwd {fwd_bwd:.3f} ms", flush=True)

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fla_lab import check, harness, hunt, registry
+from fla_lab import check, harness, hunt
 from fla_lab.ops import contract
 
 
@@ -46,6 +46,11 @@ class CallAudit:
     plain: dict[str, float]   # no floor
     peaks: dict[str, dict] = field(default_factory=dict)  # tensor -> {"b":.., "t":.., "h":..} of max |got - exact|
     backward: bool = True
+    replayed_on: str = ""  # "" the op the model called; "fla_lab" fla_lab's kernel on the same call (an FLA call)
+
+    @property
+    def label(self) -> str:
+        return self.call.label + (f" [{self.replayed_on}]" if self.replayed_on else "")
 
     @property
     def tolerance(self) -> check.Tolerance:
@@ -64,7 +69,7 @@ class CallAudit:
     def line(self) -> str:
         n = self.worst
         where = ", ".join(f"{k}={v}" for k, v in self.peaks.get(n, {}).items() if k in ("b", "t", "h")) or "-"
-        return (f"#{self.call.index:<3} {self.call.module.split(' (')[0]:<14} {self.call.op:<22} "
+        return (f"#{self.call.index:<3} {self.call.module.split(' (')[0]:<14} {self.label:<30} "
                 f"{str(self.dtype)[6:]:<9} {n:<5} {self.errors[n]:>9.1e} {self.plain[n]:>9.1e} "
                 f"{self.tolerance.of(n):>9.0e}  {where:<14} {'right' if self.ok else 'WRONG'}"
                 + ("" if self.backward else "  (forward only)")
@@ -72,7 +77,7 @@ class CallAudit:
                    if self.call.detached else ""))
 
 
-HEADER = (f"{'call':<4} {'module':<14} {'op':<22} {'dtype':<9} {'worst':<5} {'scale-aw.':>9} {'plain':>9} "
+HEADER = (f"{'call':<4} {'module':<14} {'op':<30} {'dtype':<9} {'worst':<5} {'scale-aw.':>9} {'plain':>9} "
           f"{'tolerance':>9}  {'peak at':<14} verdict")
 
 
@@ -83,9 +88,12 @@ def _ratio(error: float, tol: float) -> float:
 class Auditor:
     """Records through the locator (without its NaN replay); `report()` replays every call against float64."""
 
-    def __init__(self, model: torch.nn.Module | None = None):
-        self._locator = hunt.Locator(model, replay=False)
+    def __init__(self, model: torch.nn.Module | None = None, fla: bool | None = None, kernel: bool = False):
+        """`fla`: record flash-linear-attention's op calls too (None: when `fla` is imported); `kernel`: replay each
+        FLA call on fla_lab's kernel as well (a second line per call)."""
+        self._locator = hunt.Locator(model, replay=False, fla=fla)
         self._results: list[CallAudit] | None = None
+        self.kernel = kernel
 
     @property
     def calls(self) -> list[hunt.Call]:
@@ -101,8 +109,16 @@ class Auditor:
 
     def results(self) -> list[CallAudit]:
         if self._results is None:
-            self._results = [replay_call(call) for call in self.calls]
+            self._results = [result for call in self.calls for result in self._replays(call)]
         return self._results
+
+    def _replays(self, call: hunt.Call) -> list[CallAudit]:
+        results = [replay_call(call)]
+        if self.kernel and call.library != "fla_lab":
+            from fla_lab import upstream
+
+            results.append(replay_call(call, upstream.kernel(call.op), replayed_on="fla_lab"))
+        return results
 
     def wrong(self) -> list[CallAudit]:
         return [r for r in self.results() if not r.ok]
@@ -110,33 +126,38 @@ class Auditor:
     def report(self) -> str:
         lines = [HEADER] + [r.line() for r in self.results()]
         bad = self.wrong()
+        replays = len(self.results())
         lines.append(f"{len(bad)} of {len(self.calls)} call(s) beyond tolerance" + (
-            ": " + ", ".join(f"#{r.call.index} {r.call.op} {r.worst}" for r in bad) if bad else ""))
+            f" ({replays} replays)" if replays != len(self.calls) else "") + (
+            ": " + ", ".join(f"#{r.call.index} {r.label} {r.worst}" for r in bad) if bad else ""))
         return "\n".join(lines)
 
 
-def audit(model: torch.nn.Module | None = None) -> Auditor:
+def audit(model: torch.nn.Module | None = None, fla: bool | None = None, kernel: bool = False) -> Auditor:
     """`with audit(model) as recorded: <forward and backward>`; then `print(recorded.report())`.
 
-    `model` only names the module of each call; without it every fla_lab op call is still recorded.
+    `model` only names the module of each call; without it every fla_lab op call is still recorded. With
+    flash-linear-attention imported (or `fla=True`) its op calls are recorded too and replayed against fla_lab's
+    float64 reference through `fla_lab.upstream`'s mapping (`kernel=True`: and on fla_lab's kernel).
     """
-    return Auditor(model)
+    return Auditor(model, fla=fla, kernel=kernel)
 
 
 # --- one call ----------------------------------------------------------------------------------------------------
 
-def replay_call(call: hunt.Call) -> CallAudit:
-    """The kernel and the float64 reference on the call's recorded inputs and cotangents; errors per tensor."""
-    spec = registry.get(call.op)
+def replay_call(call: hunt.Call, fn=None, replayed_on: str = "") -> CallAudit:
+    """The kernel (the call's own, or `fn` with the same signature) and the float64 reference on the call's
+    recorded inputs and cotangents; errors per tensor."""
+    spec = hunt.spec_of(call)
+    fn = fn or call.fn
     dtype = next(t.dtype for _, t in hunt._tensors(call.inputs) if t.is_floating_point())
     cotangent, backward = _recorded_cotangent(call)
-    accepted = inspect.signature(spec.reference).parameters
     # float64 where the call ran (a GPU's float64 is fast; the reference is a loop over time steps)
     exact = harness.run(spec.reference, harness.exact_leaves(call.inputs, grads=backward), cotangent,
-                        **{n: v for n, v in call.kwargs.items() if n in accepted})
+                        **_accepted(spec.reference, call.kwargs))
     with contract.value_checks(False), hunt._quiet():  # the model's call got through: let the replay through too
-        got = harness.run(call.fn, harness.leaves(call.inputs, grads=backward), cotangent, **call.kwargs)
-    o = got.o if call.output_final_state else _worse(_output_as_called(call), got.o, exact.o)
+        got = harness.run(fn, harness.leaves(call.inputs, grads=backward), cotangent, **call.kwargs)
+    o = got.o if call.output_final_state else _worse(_output_as_called(call, fn), got.o, exact.o)
     pairs = {"o": (o, exact.o), **{n: (got.states[n], s) for n, s in exact.states.items()}}
     errors = {n: check.rel_error(g, r) for n, (g, r) in pairs.items()}
     if backward:  # gradients named as the atlas names them: d + the input's name
@@ -144,14 +165,22 @@ def replay_call(call: hunt.Call) -> CallAudit:
         pairs.update({f"d{n}": (got.grads[n], r) for n, r in exact.grads.items()})
     plain = {n: check.rel_error(g, r) for n, (g, r) in pairs.items()}
     peaks = {n: peak(g, r, state=_is_state(n)) for n, (g, r) in pairs.items()}
-    return CallAudit(call, dtype, errors, plain, peaks, backward)
+    return CallAudit(call, dtype, errors, plain, peaks, backward, replayed_on)
 
 
-def _output_as_called(call: hunt.Call) -> torch.Tensor:
+def _accepted(fn, kwargs: dict) -> dict:
+    """The options `fn` takes (all of them when it takes **kwargs: the adapter's references for FLA's ops)."""
+    parameters = inspect.signature(fn).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return dict(kwargs)
+    return {n: v for n, v in kwargs.items() if n in parameters}
+
+
+def _output_as_called(call: hunt.Call, fn) -> torch.Tensor:
     """The kernel's output with `output_final_state` as the model called it (the replay above asks for the state;
     an op whose output depends on that flag is wrong where the model uses it)."""
     with torch.no_grad(), contract.value_checks(False), hunt._quiet():
-        o, _ = call.fn(**harness.leaves(call.inputs, grads=False), **call.kwargs, output_final_state=False)
+        o, _ = fn(**harness.leaves(call.inputs, grads=False), **call.kwargs, output_final_state=False)
     return o
 
 

@@ -71,7 +71,7 @@ CATALOGUE: tuple[Bug, ...] = (
         trigger="backward with an initial_state and non-square dq tiles (BK=16, BV=64)",
         symptom="Triton refuses the initial-state load: mask [16, 64] against pointers [64, 16]",
         notebook="04_backward_fails_with_initial_state",
-        anchor=("ops/rwkv6/fused_recurrent.py", "upstream #18 (before 1547448b)"),
+        anchor=("ops/common/fused_recurrent.py", "upstream #18 (before 1547448b)"),
         located=("fused_recurrent_rwkv6", "fused_recurrent_bwd_dq_kernel", "kernel_raised")),
     Bug(name="bf16_decay", title="a precision gap against the official RWKV-7 under AMP",
         op="RWKV7Attention", component="RWKV7Attention.forward (decay LoRA sigmoid)",

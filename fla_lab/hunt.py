@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import math
+import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -280,9 +281,17 @@ def input_stats(spec: registry.OpSpec, inputs: dict) -> dict:
     if spec.family == "rwkv7":
         from fla_lab.ops.contract import transition_radius
 
-        radius = transition_radius(inputs["w"], inputs["a"], inputs["b"]) if not bad else math.nan
+        ours = inputs if spec.library == "fla_lab" else _as_ours(spec, inputs)
+        radius = transition_radius(ours["w"], ours["a"], ours["b"]) if not bad else math.nan
         stats["transition radius"] = radius
     return stats
+
+
+def _as_ours(spec, inputs: dict) -> dict:
+    """An FLA call's tensors under fla_lab's names (RWKV-7's a, b from FLA's kk, a; DPLR's q, gk as r, w)."""
+    from fla_lab import upstream
+
+    return upstream.ENTRIES[spec.name].to_ours(inputs)
 
 
 def _reference_run(spec, inputs: dict, do, dht) -> dict:
@@ -441,6 +450,21 @@ class Call:
     dht: object = None
     detached: tuple[str, ...] = ()  # outputs returned without a graph although an input required grad
     output_final_state: bool = True  # as called (replays ask for the final state; the audit also runs it as called)
+    library: str = "fla_lab"  # or "fla": flash-linear-attention's op, `op` its FLA name (fla_lab.upstream)
+
+    @property
+    def label(self) -> str:
+        return self.op if self.library == "fla_lab" else f"{self.library}:{self.op}"
+
+
+def spec_of(call: Call) -> registry.OpSpec:
+    """The registry's spec for an fla_lab op call; for an FLA call, the adapter's (FLA's names, fla_lab's
+    float64 reference through the mapping of `fla_lab.upstream`)."""
+    if call.library == "fla_lab":
+        return registry.get(call.op)
+    from fla_lab import upstream
+
+    return upstream.spec(call.op, call.fn)
 
 
 @dataclass
@@ -498,8 +522,11 @@ class Suspects(list):
 
 
 class Locator:
-    def __init__(self, model: torch.nn.Module | None = None, replay: bool = True):
+    def __init__(self, model: torch.nn.Module | None = None, replay: bool = True, fla: bool | None = None):
+        """`fla`: also record flash-linear-attention's op calls (None: when `fla` is already imported)."""
         self.model, self.do_replay = model, replay
+        self.record_fla = ("fla" in sys.modules) if fla is None else fla
+        self._inside_fla = 0  # > 0 while an FLA op runs: the ops it calls are its own, not the model's
         self.calls: list[Call] = []
         self.event: Event | None = None
         self.report: Report | None = None
@@ -509,26 +536,37 @@ class Locator:
         self.own_error: Exception | None = None  # a failure of the locator itself (its hooks)
 
     # forward ---------------------------------------------------------------------------------------------------
-    def _wrap_op(self, spec: registry.OpSpec, real):
+    def _wrap_op(self, name: str, real, library: str = "fla_lab"):
         signature = inspect.signature(real)
+        fla = library != "fla_lab"
 
         def located(*args, **kwargs):
+            if fla and self._inside_fla:  # 0.6.0's chunk_rwkv7 calls chunk_dplr_delta_rule: one call, the outer
+                return real(*args, **kwargs)
             bound = signature.bind(*args, **kwargs).arguments
             bound = {**bound, **bound.pop("kwargs", {})}  # a wrapper's **kwargs may carry tensors too
             inputs = {n: v for n, v in bound.items() if _is_input(v)}
             options = {n: v for n, v in bound.items() if n not in inputs and n != "output_final_state"}
+            if fla:
+                from fla_lab import upstream
+
+                options = upstream.recorded_options(real, options)
             flag = signature.parameters.get("output_final_state")
-            call = Call(len(self.calls), spec.name, self._stack[-1] if self._stack else "-", real,
+            call = Call(len(self.calls), name, self._stack[-1] if self._stack else "-", real,
                         {n: _copy(v) for n, v in inputs.items()}, options,
                         output_final_state=bool(bound.get("output_final_state",
-                                                          flag.default if flag is not None else True)))
+                                                          flag.default if flag is not None else True)),
+                        library=library)
             self.calls.append(call)
+            self._inside_fla += fla
             try:
                 o, ht = real(*args, **kwargs)
             except Exception:
                 self._record(call, "forward", "the op raised")
                 self._op_raised = True
                 raise
+            finally:
+                self._inside_fla -= fla
             if self.event is None and not _all_finite(o, ht):
                 self._record(call, "forward", "non-finite output")
             self._watch_backward(call, inputs, o, ht)
@@ -598,8 +636,10 @@ class Locator:
         for spec in registry.ops().values():
             if spec.library == "fla_lab":
                 real = getattr(ops, spec.name)
-                self._patches.append((spec.name, real))
-                setattr(ops, spec.name, self._wrap_op(spec, real))
+                self._patches.append((ops, spec.name, real))
+                setattr(ops, spec.name, self._wrap_op(spec.name, real))
+        if self.record_fla:
+            self._patch_fla()
         self._hooks = []
         if self.model is not None:
             for name, module in self.model.named_modules():
@@ -608,11 +648,20 @@ class Locator:
                 self._hooks.append(module.register_forward_hook(self._leave_module))
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
-        from fla_lab import ops
+    def _patch_fla(self) -> None:
+        """Wrap FLA's op entry points in every `fla.*` namespace that holds them (its layers import them by name):
+        one wrapper per function, so each call is recorded once whichever namespace it came through."""
+        from fla_lab import upstream
 
-        for name, real in self._patches:
-            setattr(ops, name, real)
+        functions = upstream.entry_points()
+        wrapped = {name: self._wrap_op(name, fn, "fla") for name, fn in functions.items()}
+        for module, attribute, name in upstream.call_sites(functions):
+            self._patches.append((module, attribute, functions[name]))
+            setattr(module, attribute, wrapped[name])
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        for module, name, real in self._patches:
+            setattr(module, name, real)
         for hook in self._hooks:
             hook.remove()
         if self.own_error is not None:  # the locator's failure: no report to trust, and the exception propagates
@@ -631,7 +680,7 @@ class Locator:
             return Report(self.calls, audit and Event(audit[0], "forward", "precision audit"),
                           audit and audit[1])
         call = self.event.call
-        spec = registry.get(call.op)
+        spec = spec_of(call)
         diagnosis = None
         if self.do_replay:
             do = call.do if self.event.phase == "backward" else None
@@ -642,7 +691,7 @@ class Locator:
 
     def _precision_audit(self):
         for call in self.calls:
-            spec = registry.get(call.op)
+            spec = spec_of(call)
             g = call.inputs.get(spec.decay_name)
             if g is not None and g.dtype in (torch.bfloat16, torch.float16):
                 return call, Diagnosis(spec.label, "forward", "rounded_decay", stats=input_stats(spec, call.inputs),
@@ -664,8 +713,12 @@ def _store_state_grad(call: Call, i: int):
 
 
 def _is_input(v) -> bool:
-    return isinstance(v, torch.Tensor) or (isinstance(v, (tuple, list)) and v and
-                                           all(isinstance(t, torch.Tensor) for t in v))
+    """Floating-point tensors (or tuples of them: GSA's state pair); integer tensors (cu_seqlens) are options."""
+    return _is_float(v) or (isinstance(v, (tuple, list)) and bool(v) and all(_is_float(t) for t in v))
+
+
+def _is_float(v) -> bool:
+    return isinstance(v, torch.Tensor) and v.is_floating_point()
 
 
 def _copy(v):

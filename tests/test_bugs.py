@@ -353,7 +353,7 @@ def test_index_names_every_entry_by_its_symptom_without_giving_the_cause_away(ca
 def test_a_bug_switch_and_a_slot_helper_together_are_refused():
     """Each slot-carrying op resolves (switch, learner's helper, shipped) in one place: `utils.slot_helper`."""
     from fla_lab.ops.common import chunk as common_chunk
-    from fla_lab.ops.rwkv6 import fused_recurrent
+    from fla_lab.ops.common import fused_recurrent
     from fla_lab.ops.common.utils import slot_helper
     from fla_lab.ops.gsa.chunk import padded_rows_exponent
 

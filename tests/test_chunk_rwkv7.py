@@ -2,11 +2,13 @@
 every dtype, agreement with `fused_recurrent_rwkv7`, what it saves for the backward, and its chunk size."""
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
 from fla_lab import check, harness, reference, runtime
-from fla_lab.ops import chunk_rwkv7, fused_recurrent_rwkv7
+from fla_lab.ops import RWKV7ChunkLaunch, chunk_rwkv7, default_launch, fused_recurrent_rwkv7
 from fla_lab.ops.rwkv7 import chunk as chunk_module
 
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
@@ -23,12 +25,12 @@ def test_exact_over_the_decay_range(decay, dtype):
     assert result.ok, f"{result.failures()} | {result}"
 
 
-def test_narrow_state_tiles(monkeypatch):
-    """The two sequential passes split V over several programs (`STATE_BV`), each with its own share of dw's
+def test_narrow_state_tiles():
+    """The two sequential passes split V over several programs (`state_BV`), each with its own share of dw's
     boundary term: still exact, initial state and final-state cotangent included."""
-    monkeypatch.setattr(chunk_module, "STATE_BV", 16)
     inputs = harness.rwkv7_inputs(1, 37, 2, 32, 48, decay=3.0, initial_state=True, seed=3)
-    result = harness.compare(chunk_rwkv7, reference.recurrent_rwkv7, inputs)
+    op = functools.partial(chunk_rwkv7, launch=RWKV7ChunkLaunch(state_BV=16))
+    result = harness.compare(op, reference.recurrent_rwkv7, inputs)
     assert result.ok, f"{result.failures()} | {result}"
 
 
@@ -81,10 +83,12 @@ def test_rejects_head_first():
 
 @pytest.mark.parametrize("B, width", [(4, 16), (8, 32), (16, 64), (64, 64)])
 def test_state_tiles_narrow_until_the_passes_fill_every_sm(monkeypatch, B, width):
-    """`STATE_BV = None` on an H200 (132 SMs), 16 heads, V = 64: the widths measured fastest there, by how full the
+    """`state_BV = None` on an H200 (132 SMs), 16 heads, V = 64: the widths measured fastest there, by how full the
     pass keeps the SMs, the forward's at most 32 columns; off the GPU 32."""
     x = torch.empty(B, 4096, 16, 64)
-    assert chunk_module._state_block(x, 64, backward=True) == chunk_module._state_block(x, 64) == 32
+    launch, per_call = default_launch("rwkv7_chunk", x), RWKV7ChunkLaunch()
+    assert chunk_module._state_block(x, 64, launch, backward=True) == chunk_module._state_block(x, 64, launch) == 32
+    assert chunk_module._state_block(x, 64, per_call) == 32
     monkeypatch.setattr(chunk_module, "gpu_sms", lambda _: 132)
-    assert chunk_module._state_block(x, 64, backward=True) == width
-    assert chunk_module._state_block(x, 64) == min(width, 32)
+    assert chunk_module._state_block(x, 64, per_call, backward=True) == width
+    assert chunk_module._state_block(x, 64, per_call) == min(width, 32)

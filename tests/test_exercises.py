@@ -69,7 +69,7 @@ def _shipped(exercise):
     from fla_lab.layers.rwkv7 import log_decay_from_lora
     from fla_lab.lessons import amp, masks, overflow
     from fla_lab.ops.common import chunk as common_chunk
-    from fla_lab.ops.rwkv6 import fused_recurrent
+    from fla_lab.ops.common import fused_recurrent
 
     return {  # exercise: (check, shipped fix, historical bug)
         "03a reference row": (overflow.check_reference_row, common_chunk.reference_row,

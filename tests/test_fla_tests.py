@@ -51,3 +51,14 @@ def test_junit_parses_into_counts_and_one_line_reasons():
     lines = ft.table(results, ["test_gla.py", "test_rwkv7.py", "test_gsa.py"])
     assert "| test_gla.py | 1 | 1 | 0 | 0 functions |" in lines
     assert lines[-1].startswith("| **total** | **1** | **2** | **1** |")
+
+
+def test_gpu_run_keeps_fla_sizes_and_its_shared_memory_gate():
+    cpu, gpu = ft.conftest(gpu=False), ft.conftest(gpu=True)
+    assert "shrink_marks" in cpu and "shrink_marks" not in gpu
+    assert "install_shim" in gpu and "check_ops_and_bind_references" in gpu
+    compile(cpu, "conftest.py", "exec"), compile(gpu, "conftest.py", "exec")
+    results = {"test_gla.py": {"passed": ["a"], "failed": [], "skipped": []}}
+    on_gpu = ft.report(results, ["test_gla.py"], "abc", "`fla`", 12.0, None, gpu="NVIDIA H100 80GB HBM3")
+    assert "NVIDIA H100 80GB HBM3 (CUDA, FLA's own sizes)" in on_gpu and "B -> 1" not in on_gpu
+    assert "B -> 1" in ft.report(results, ["test_gla.py"], "abc", "`fla`", 12.0, None)

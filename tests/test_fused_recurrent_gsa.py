@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from fla_lab import harness, reference
-from fla_lab.ops import fused_recurrent_gsa
-from fla_lab.ops.rwkv6 import fused_recurrent
+from fla_lab.ops import RecurrentLaunch, fused_recurrent_gsa
 
 FP32, FP16, BF16 = torch.float32, torch.float16, torch.bfloat16
 
@@ -34,18 +33,18 @@ def test_fused_recurrent_gsa(B, T, H, K, V, M, dtype, decay, h0):
 
 @pytest.mark.parametrize("state_grad", [True, False], ids=["dht", "no_dht"])
 def test_several_state_blocks(state_grad):
-    """M = 80 > DKV_BV slots: pass 1's dkv kernel and its value-side decay gradient run over two slot blocks; V = 96:
+    """M = 80 > dkv_BV slots: pass 1's dkv kernel and its value-side decay gradient run over two slot blocks; V = 96:
     pass 2's dg comes from the fallback (`decay_and_bonus_grads`)."""
     x = harness.gsa_inputs(1, 12, 1, 40, 96, 80, decay=3.0, initial_state=True, seed=5)
     result = harness.compare(fused_recurrent_gsa, reference.recurrent_gsa, x, state_grad=state_grad)
     assert result.ok, f"{result.failures()} | {result}"
 
 
-def test_value_decay_gradient_over_several_key_blocks(monkeypatch):
-    """The value-side decay gradient's final-state term sums ht * dht over the keys in DKV_BK blocks: three here."""
-    monkeypatch.setattr(fused_recurrent, "DKV_BK", 16)
+def test_value_decay_gradient_over_several_key_blocks():
+    """The value-side decay gradient's final-state term sums ht * dht over the keys in dkv_BK blocks: three here."""
     x = harness.gsa_inputs(1, 9, 2, 40, 16, 24, decay=1.0, initial_state=True, seed=2)
-    result = harness.compare(fused_recurrent_gsa, reference.recurrent_gsa, x, dtype=FP16)
+    op = functools.partial(fused_recurrent_gsa, launch=RecurrentLaunch(dkv_BK=16))
+    result = harness.compare(op, reference.recurrent_gsa, x, dtype=FP16)
     assert result.ok, f"{result.failures()} | {result}"
 
 

@@ -10,6 +10,7 @@ from fla_lab import bugs
 from fla_lab.ops.gla import chunk as gla_chunk
 from fla_lab.ops.gsa import chunk as gsa_chunk
 from fla_lab.ops.rwkv6 import chunk as rwkv6_chunk
+from fla_lab.ops.common import fused_recurrent as common_fused
 from fla_lab.ops.rwkv6 import fused_recurrent as rwkv6_fused
 
 
@@ -59,11 +60,13 @@ def test_gsa_padded_rows_kernel_is_two_calls_from_chunk_gsa():
 
 
 def test_h0_mask_kernel_is_two_calls_from_fused_recurrent_rwkv6():
-    """fused_recurrent_rwkv6 -> FusedRecurrentFunction (backward: _backward) -> the dq kernel."""
+    """fused_recurrent_rwkv6 -> FusedRecurrentFunction (backward: fused_recurrent_bwd) -> the dq kernel, in
+    common/fused_recurrent.py, the kernels GLA and GSA run too."""
     assert "apply" in _calls(rwkv6_fused.fused_recurrent_rwkv6)
-    assert "_backward" in _calls(rwkv6_fused.FusedRecurrentFunction.backward)
-    assert "fused_recurrent_bwd_dq_kernel" in _calls(rwkv6_fused._backward)
-    assert "H0_MASK" in inspect.signature(rwkv6_fused.fused_recurrent_bwd_dq_kernel.fn).parameters
+    assert rwkv6_fused.FusedRecurrentFunction is common_fused.FusedRecurrentFunction
+    assert "fused_recurrent_bwd" in _calls(common_fused.FusedRecurrentFunction.backward)
+    assert "fused_recurrent_bwd_dq_kernel" in _calls(common_fused.fused_recurrent_bwd)
+    assert "H0_MASK" in inspect.signature(common_fused.fused_recurrent_bwd_dq_kernel.fn).parameters
 
 
 @pytest.mark.parametrize("name", [b.name for b in bugs.CATALOGUE])

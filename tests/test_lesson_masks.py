@@ -128,7 +128,7 @@ def test_the_shipped_kernel_takes_the_mask_from_its_slot():
     runs in the same kernel (the stub raises exactly where bug="transposed_h0_mask" does)."""
     import inspect
 
-    from fla_lab.ops.rwkv6 import fused_recurrent as fr
+    from fla_lab.ops.common import fused_recurrent as fr
 
     slot = inspect.signature(fr.fused_recurrent_bwd_dq_kernel.fn).parameters["H0_MASK"]
     assert slot.default is fr.h0_mask
@@ -162,7 +162,7 @@ def test_check_accepts_the_pointer_shaped_mask():
 
 def test_the_probe_counts_the_cells_the_real_load_reads():
     """The probe's cells for the historical helper are the cell model's (1, 3, 4: let through), tile by tile."""
-    from fla_lab.ops.rwkv6.fused_recurrent import h0_mask, h0_mask_transposed
+    from fla_lab.ops.common.fused_recurrent import h0_mask, h0_mask_transposed
 
     for BK, BV, K, V in [s for s in masks.EXERCISE_SHAPES if s[0] == s[1]]:
         model = masks.h0_cells(K, V, BK, BV)

@@ -1,11 +1,12 @@
 """Fused recurrent GLA and RWKV6 kernels against the float64 references: output, final state, every gradient."""
+import functools
+
 import pytest
 import torch
 
 import fla_lab
 from fla_lab import harness, reference
-from fla_lab.ops import fused_recurrent_gla, fused_recurrent_rwkv6
-from fla_lab.ops.rwkv6 import fused_recurrent
+from fla_lab.ops import RecurrentLaunch, fused_recurrent_gla, fused_recurrent_rwkv6
 
 FP32, FP16, BF16 = torch.float32, torch.float16, torch.bfloat16
 
@@ -55,8 +56,8 @@ def test_explicit_scale_and_no_final_state():
     torch.testing.assert_close(o.double().cpu(), ref, rtol=1e-5, atol=1e-5)
 
 
-# The dkv kernel's tile is at most [DKV_BK, DKV_BV]: several key blocks keep dg and the bonus in the kernel,
-# several value blocks (V > DKV_BV = 64) send them to the fallback (`decay_and_bonus_grads`: dg in
+# The dkv kernel's tile is at most `RecurrentLaunch`'s [dkv_BK, dkv_BV]: several key blocks keep dg and the bonus
+# in the kernel, several value blocks (V > dkv_BV = 64) send them to the fallback (`decay_and_bonus_grads`: dg in
 # `decay_grad_kernel`, the bonus in torch).
 WIDE = [  # B, T, H, K, V
     (1, 9, 2, 128, 64),   # several key blocks: fused, dv summed over key blocks
@@ -87,13 +88,13 @@ def _grads_of(op, x, output_final_state):
 
 @pytest.mark.parametrize("output_final_state", [True, False], ids=["dht", "no_dht"])
 @pytest.mark.parametrize("bonus", [False, True], ids=["gla", "rwkv6"])
-def test_in_kernel_decay_grad_matches_the_torch_fallback(monkeypatch, bonus, output_final_state):
+def test_in_kernel_decay_grad_matches_the_torch_fallback(bonus, output_final_state):
     names = ("r", "k", "v", "w") if bonus else ("q", "k", "v", "gk")
     x = harness.gated_inputs(2, 11, 2, 48, 40, initial_state=True, bonus=bonus, names=names)
     op = fused_recurrent_rwkv6 if bonus else fused_recurrent_gla
     in_kernel = _grads_of(op, x, output_final_state)
-    monkeypatch.setattr(fused_recurrent, "DKV_BV", 16)  # three value blocks: dg and the bonus in the fallback
-    fallback = _grads_of(op, x, output_final_state)
+    narrow = RecurrentLaunch(dkv_BV=16)  # three value blocks: dg and the bonus in the fallback
+    fallback = _grads_of(functools.partial(op, launch=narrow), x, output_final_state)
     # The two paths sum the same terms in different orders (the final state's term first or last; the bonus of dk
     # and dv added in torch), so they agree to rounding at the scale of the summed terms, not of each element:
     # with torch's reverse cumsum as the fallback (before decay_grad_kernel), on an H200, dw's worst
@@ -103,15 +104,17 @@ def test_in_kernel_decay_grad_matches_the_torch_fallback(monkeypatch, bonus, out
         assert diff <= 1e-6 * float(grad.abs().max()), f"{name}: max |in-kernel - fallback| = {diff:.3g}"
 
 
-# The forward keeps at most FWD_BK = 256 keys per program; a larger K is split into key blocks whose fp32 output
+# The forward keeps at most `RecurrentLaunch.fwd_BK` = 256 keys per program; a larger K is split into key blocks
+# whose fp32 output
 # partials add up (the backward's kernels tile K already). FLA's GLA fused recurrent tests use head dims of 512.
 @pytest.mark.parametrize("bonus", [False, True], ids=["gla", "rwkv6"])
 @pytest.mark.parametrize("state_grad", [True, False], ids=["dht", "no_dht"])
-def test_split_key_blocks(monkeypatch, bonus, state_grad):
-    monkeypatch.setattr(fused_recurrent, "FWD_BK", 16)  # K = 40: three key blocks, the last one masked
+def test_split_key_blocks(bonus, state_grad):
     names = ("r", "k", "v", "w") if bonus else ("q", "k", "v", "gk")
     x = harness.gated_inputs(2, 13, 2, 40, 24, decay=3.0, initial_state=True, bonus=bonus, names=names)
-    op = fused_recurrent_rwkv6 if bonus else fused_recurrent_gla
+    # K = 40: three key blocks, the last one masked
+    op = functools.partial(fused_recurrent_rwkv6 if bonus else fused_recurrent_gla,
+                           launch=RecurrentLaunch(fwd_BK=16))
     result = harness.compare(op, reference.recurrent_rwkv6 if bonus else _gla, x, dtype=FP16, state_grad=state_grad)
     assert result.ok, f"{result.failures()} | {result}"
 

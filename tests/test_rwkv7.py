@@ -6,12 +6,15 @@ range and far outside it. Odd T exercises the partial last checkpoint segment; V
 """
 from __future__ import annotations
 
+import functools
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 
 from fla_lab import check, harness, reference, runtime
+from fla_lab.ops import RWKV7RecurrentLaunch, default_launch
 from fla_lab.ops.rwkv7 import fused_recurrent as rwkv7
 from fla_lab.ops.rwkv7 import chunk_rwkv7, fused_recurrent_rwkv7
 
@@ -159,14 +162,15 @@ def test_rejects_misshapen_removal_vectors(op, name):
 def test_launch_follows_how_full_the_gpu_is(monkeypatch, B, forward, backward):
     """The fused kernels' per-call tiles and warps on an H200 (132 SMs), 16 heads, V = 64: few sequences take the
     narrowest tile (the shortest step), many take one warp per program (`forward_launch`, `backward_launch`)."""
-    x = torch.empty(B, 65536 // B, 16, 64)
-    assert rwkv7.forward_launch(x, 64, 16, None) == (64, 4)  # off the GPU: one value tile
-    assert rwkv7.backward_launch(x, 64) == (64, 4)
+    x, launch = torch.empty(B, 65536 // B, 16, 64), RWKV7RecurrentLaunch()
+    assert default_launch("rwkv7_recurrent", x) == launch  # off the GPU the rules are the device's
+    assert rwkv7.forward_launch(x, 64, 16, None, launch) == (64, 4)  # off the GPU: one value tile
+    assert rwkv7.backward_launch(x, 64, launch) == (64, 4)
     monkeypatch.setattr(rwkv7, "gpu_sms", lambda _: 132)
-    assert rwkv7.forward_launch(x, 64, 16, None) == forward
-    assert rwkv7.backward_launch(x, 64) == backward
-    monkeypatch.setattr(rwkv7, "FWD_LAUNCH", (32, 2))  # a tuner's setting wins
-    assert rwkv7.forward_launch(x, 64, 16, None) == (32, 2)
+    assert rwkv7.forward_launch(x, 64, 16, None, launch) == forward
+    assert rwkv7.backward_launch(x, 64, launch) == backward
+    fixed = replace(launch, fwd_launch=(32, 2))  # a tuner's setting wins
+    assert rwkv7.forward_launch(x, 64, 16, None, fixed) == (32, 2)
 
 
 def test_checkpoints_only_where_autograd_records_the_call(monkeypatch):
@@ -183,13 +187,12 @@ def test_checkpoints_only_where_autograd_records_the_call(monkeypatch):
 
 
 @pytest.mark.parametrize("forward", [(16, 4), (32, 1)])
-def test_narrow_forward_and_backward_tiles(monkeypatch, forward):
+def test_narrow_forward_and_backward_tiles(forward):
     """What the GPU rules pick: 16-column forward programs for few sequences, (32, 1) with the state tile held
-    keys-last (`KEYS_LAST_LAUNCHES`: its checkpoints and final state stored back in `[K, V]` order), 32-column
+    keys-last (`keys_last_launches`: its checkpoints and final state stored back in `[K, V]` order), 32-column
     backward programs with fp32 partials of the key-side gradients, against the float64 reference."""
-    assert (forward in rwkv7.KEYS_LAST_LAUNCHES) == (forward == (32, 1))  # both layouts run
-    monkeypatch.setattr(rwkv7, "FWD_LAUNCH", forward)
-    monkeypatch.setattr(rwkv7, "BWD_LAUNCH", (32, 4))
+    launch = RWKV7RecurrentLaunch(fwd_launch=forward, bwd_launch=(32, 4))
+    assert (forward in launch.keys_last_launches) == (forward == (32, 1))  # both layouts run
     inputs = harness.rwkv7_inputs(1, 37, 2, 32, 64, decay=3.0, initial_state=True, seed=4)
-    result = harness.compare(fused_recurrent_rwkv7, reference.recurrent_rwkv7, inputs)
+    result = harness.compare(functools.partial(fused_recurrent_rwkv7, launch=launch), reference.recurrent_rwkv7, inputs)
     assert result.ok, f"{result.failures()} | {result}"

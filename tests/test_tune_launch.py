@@ -4,7 +4,8 @@ import pytest
 
 from conftest import benchmark_script
 from fla_lab.ops import ChunkLaunch
-from fla_lab.ops.common.launch import DEFAULT_LAUNCH
+
+DEFAULT_LAUNCH = ChunkLaunch()  # off the GPU, the chunk ops' default
 
 
 @pytest.fixture(scope="module")

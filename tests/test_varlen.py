@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fla_lab import harness, registry, runtime
-from fla_lab.ops import contract
+from fla_lab.ops import RecurrentLaunch, contract
 from fla_lab.ops.common import conventions
 from fla_lab.ops.common.conventions import per_sequence
 
@@ -118,13 +118,11 @@ def test_one_launch_is_the_op_called_per_sequence(name):
 
 @pytest.mark.filterwarnings("ignore::fla_lab.ops.LayoutWarning")
 @pytest.mark.parametrize("name", ["fused_recurrent_gla", "fused_recurrent_rwkv6", "fused_recurrent_gsa"])
-def test_one_launch_decay_grad_fallback(monkeypatch, name):
-    """Several value blocks (V = 32 > DKV_BV = 16): dg's reverse cumulative sum in `decay_grad_kernel` (GSA: pass 2)
+def test_one_launch_decay_grad_fallback(name):
+    """Several value blocks (V = 32 > dkv_BV = 16): dg's reverse cumulative sum in `decay_grad_kernel` (GSA: pass 2)
     and the bonus in torch must stop at the sequences' boundaries too. There `u`'s gradient is one torch sum over
     every row of the batch, against a sum per sequence then autograd's: 1.3e-6 relative seen, so 1e-5."""
-    from fla_lab.ops.rwkv6 import fused_recurrent
-    monkeypatch.setattr(fused_recurrent, "DKV_BV", 16)
-    _check_one_launch(name, u_tol=(1e-5, 1e-6))
+    _check_one_launch(name, u_tol=(1e-5, 1e-6), launch=RecurrentLaunch(dkv_BV=16))
 
 
 @pytest.mark.filterwarnings("ignore::fla_lab.ops.LayoutWarning")

@@ -551,7 +551,7 @@ def decay_lines() -> str:
     """Where the RWKV-6 step kernel uses `w` (`b_g`): it exponentiates it and multiplies the state, unchecked."""
     import inspect
 
-    from fla_lab.ops.rwkv6 import fused_recurrent
+    from fla_lab.ops.common import fused_recurrent
 
     first = inspect.getsourcelines(fused_recurrent.fused_recurrent_fwd_kernel.fn)[1]
     return source_lines(fused_recurrent, ("b_g = tl.load", "if RWKV6:  # read", "b_o = tl.sum((b_h + b_u",

@@ -28,7 +28,7 @@ import triton.language as tl
 from fla_lab import check, exercises, harness, reference, runtime, viz, widgets
 from fla_lab.exercises import Verdict
 from fla_lab.ops import fused_recurrent_rwkv6
-from fla_lab.ops.rwkv6.fused_recurrent import fused_recurrent_bwd_dq_kernel
+from fla_lab.ops.common.fused_recurrent import fused_recurrent_bwd_dq_kernel
 from fla_lab.ops.common.utils import state_tile
 
 BUG = "transposed_h0_mask"

@@ -64,11 +64,11 @@ import torch
 import triton.language as tl
 
 from fla_lab import runtime
-from fla_lab.ops import contract
+# `checks` come from the ops (`contract.KernelChecks`): the contract imports this package, never the reverse
 from fla_lab.ops.common.conventions import Packed
 from fla_lab.ops.common.launch import MIN_DOT, ChunkLaunch
 from fla_lab.ops.common.utils import (batch_head, chunk_of_sequence, dot_dtype, grid_size, kernel, mma, mma_split,
-                                      next_pow2, sequence_chunks, slot_helper, state_tile)
+                                      next_pow2, packed_switch, sequence_chunks, slot_helper, state_tile)
 from fla_lab.ops.common.value_flags import nonfinite_probe, or_nonfinite_bit, or_positive_decay_bit
 
 BC = 16  # rows per sub-chunk: the smallest tile a GPU `tl.dot` takes
@@ -219,9 +219,10 @@ def cols_from_later_subchunks(S, W, gi, b_gk, i_start, t_first, i_i, T, o_c, o_d
 # Kernels both sides run: cumulative decay, states, plain scores, state adjoints, plain rows, decay gradient
 
 
+@packed_switch
 @kernel
 def chunk_cumsum_kernel(g, gi, x, flags, cu_seqlens, chunk_indices, T, H: tl.constexpr, K: tl.constexpr,
-                        BT: tl.constexpr, BK: tl.constexpr, VARLEN: tl.constexpr = False, G_SLOT: tl.constexpr = -1,
+                        BT: tl.constexpr, BK: tl.constexpr, VARLEN: tl.constexpr, G_SLOT: tl.constexpr = -1,
                         X_SLOT: tl.constexpr = -1):
     """Chunk-local inclusive cumulative sum of the log-decay, in fp32 (and g's value check: finite, <= 0), plus the
     finite check of `x`, a tensor shaped like g (the key side's keys): k is checked here rather than in the scores
@@ -243,11 +244,12 @@ def chunk_cumsum_kernel(g, gi, x, flags, cu_seqlens, chunk_indices, T, H: tl.con
     tl.store(gi + p, tl.cumsum(b_g, axis=0), mask=m)
 
 
+@packed_switch
 @kernel
 def chunk_fwd_h_kernel(k, v, gi, h, h0, ht, cu_seqlens, chunk_offsets, T, H: tl.constexpr, K: tl.constexpr,
                        V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
                        GATE_V: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
-                       VARLEN: tl.constexpr = False):
+                       VARLEN: tl.constexpr):
     """The state before every chunk, `h [B, NT, H, K, V]` (accumulated in fp32, stored in h's dtype): the only loop
     over chunks of the forward, one program per (sequence, head, state tile)."""
     i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -281,9 +283,10 @@ def chunk_fwd_h_kernel(k, v, gi, h, h0, ht, cu_seqlens, chunk_offsets, T, H: tl.
         tl.store(ht + i_bh * K * V + p_kv, b_h, mask=m_kv)
 
 
+@packed_switch
 @kernel
 def plain_scores_kernel(x, y, A, scale, cu_seqlens, chunk_indices, T, H: tl.constexpr, D: tl.constexpr,
-                        BT: tl.constexpr, BD: tl.constexpr, DOT: tl.constexpr, VARLEN: tl.constexpr = False):
+                        BT: tl.constexpr, BD: tl.constexpr, DOT: tl.constexpr, VARLEN: tl.constexpr):
     """`A = scale * x @ y^T` on the causal part of each chunk, diagonal included: the value side's scores
     (x = q, y = k) and the key side's dA (x = do, y = v; RWKV6's bonus reads its diagonal)."""
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
@@ -332,11 +335,12 @@ def boundary_term(bnd, i_c, i_h, o_d, m_d, H: tl.constexpr, D: tl.constexpr, NP:
     return b_bnd
 
 
+@packed_switch
 @kernel
 def chunk_bwd_dh_kernel(q, do, gi, h, ht, dh, dht, dh0, bnd, scale, cu_seqlens, chunk_offsets, T, H: tl.constexpr,
                         K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                         DOT: tl.constexpr, GATE_V: tl.constexpr, RWKV6: tl.constexpr, USE_DHT: tl.constexpr,
-                        STORE_DH0: tl.constexpr, VARLEN: tl.constexpr = False):
+                        STORE_DH0: tl.constexpr, VARLEN: tl.constexpr):
     """State adjoint in reverse: `dh[n]` = dL/dh_{n+1} (the state after chunk n); dh0 = dL/dh_0.
 
     Also each chunk's boundary term of the decay gradient, `bnd[n] = sum(h_{n+1} * dh[n])` over the ungated axis
@@ -378,11 +382,12 @@ def chunk_bwd_dh_kernel(q, do, gi, h, ht, dh, dht, dh0, bnd, scale, cu_seqlens, 
         tl.store(dh0 + i_bh * K * V + p_kv, b_dh, mask=m_kv)
 
 
+@packed_switch
 @kernel
 def plain_rows_kernel(A, x, y, gi, h, out, alpha, beta, cu_seqlens, chunk_indices, T, NT, H: tl.constexpr,
                       DX: tl.constexpr, DY: tl.constexpr, BT: tl.constexpr, BX: tl.constexpr, BY: tl.constexpr,
                       DOT: tl.constexpr, A_T: tl.constexpr, TO_END: tl.constexpr, H_T: tl.constexpr,
-                      VARLEN: tl.constexpr = False):
+                      VARLEN: tl.constexpr):
     """`out = alpha * op(A) @ x + beta * (y * exp(G)) @ op(h_n)`, one [BT, BX] tile per program, where the decay
     `G` is on y's channels: `gi_t` (from the chunk start) or `gi_last - gi_t` (to the chunk end, TO_END).
 
@@ -427,6 +432,7 @@ def plain_rows_kernel(A, x, y, gi, h, out, alpha, beta, cu_seqlens, chunk_indice
     tl.store(out + bos * DX + o_t[:, None] * H * DX + o_x[None, :], b_out.to(out.dtype.element_ty), mask=m_tx)
 
 
+@packed_switch
 @kernel
 def chunk_bwd_dg_kernel(q, k, dq, dk, u, dA, bnd, dg_add, dg, du, dq_cast, dk_cast, cu_seqlens, chunk_indices, T, NT,
                         H: tl.constexpr, K: tl.constexpr, NP: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
@@ -504,11 +510,12 @@ def dot_operand_dtype(launch: ChunkLaunch, x: torch.Tensor) -> torch.dtype:
     return {tl.float32: torch.float32, tl.bfloat16: torch.bfloat16, tl.float16: torch.float16}[dot_of(launch, x)]
 
 
-def check_slot(checks: contract.KernelChecks | None, name: str) -> int:
+def check_slot(checks, name: str) -> int:
+    """A check's slot in `checks` (a `contract.KernelChecks` or None): -1 without."""
     return -1 if checks is None else checks.slot(name)
 
 
-def check_flags(checks: contract.KernelChecks | None):
+def check_flags(checks):
     return None if checks is None else checks.flags
 
 
@@ -573,7 +580,7 @@ def chunk_cumsum(g: torch.Tensor, BT: int, checks=None, name="g", also=None, als
     gi = empty_f32(g, B, T, H, D)
     BD = tile_width(D)
     chunk_cumsum_kernel[(grid_size(D, BD), chunks(T, BT, seqs), B * H)](
-        g, gi, also, check_flags(checks), *chunk_tables(seqs), T, H=H, K=D, BT=BT, BK=BD, VARLEN=seqs is not None,
+        g, gi, also, check_flags(checks), *chunk_tables(seqs), T, H=H, K=D, BT=BT, BK=BD,
         G_SLOT=check_slot(checks, name), X_SLOT=-1 if also is None else check_slot(checks, also_name))
     return gi
 
@@ -588,7 +595,7 @@ def forward_states(k, v, gi, h0, output_final_state, BT, launch, gate_v, seqs=No
     ht = empty_f32(k, N, H, K, V) if output_final_state else None
     chunk_fwd_h_kernel[(grid_size(K, BK), grid_size(V, BV), N * H)](
         k, v, gi, h, h0, ht, *sequence_tables(seqs), T, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, DOT=dot_of(launch, k),
-        GATE_V=gate_v, USE_H0=h0 is not None, STORE_HT=output_final_state, VARLEN=seqs is not None,
+        GATE_V=gate_v, USE_H0=h0 is not None, STORE_HT=output_final_state,
         num_warps=launch.state_warps, num_stages=launch.state_stages)
     return h, ht
 
@@ -608,7 +615,7 @@ def state_adjoints(q, do, gi, h, ht, dht, need_dh0, scale, BT, launch, gate_v, r
     chunk_bwd_dh_kernel[(grid_size(K, BK), grid_size(V, BV), N * H)](
         q, do, gi, h, ht, dh, dht, dh0, bnd, scale, *sequence_tables(seqs), T, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
         DOT=dot_of(launch, q), GATE_V=gate_v, RWKV6=rwkv6, USE_DHT=dht is not None, STORE_DH0=need_dh0,
-        VARLEN=seqs is not None, num_warps=launch.state_warps, num_stages=launch.state_stages)
+        num_warps=launch.state_warps, num_stages=launch.state_stages)
     return dh, dh0, bnd
 
 
@@ -616,8 +623,7 @@ def plain_scores(x, y, scale, BT, launch, seqs=None):
     B, T, H, D = x.shape
     A = empty_f32(x, B, T, H, BT)
     plain_scores_kernel[(chunks(T, BT, seqs), B * H)](x, y, A, scale, *chunk_tables(seqs), T, H=H, D=D, BT=BT,
-                                                         BD=tile_width(D), DOT=dot_of(launch, x),
-                                                         VARLEN=seqs is not None)
+                                                         BD=tile_width(D), DOT=dot_of(launch, x))
     return A
 
 
@@ -630,8 +636,7 @@ def plain_rows(A, x, y, gi, h, alpha, beta, BT, launch, *, transpose_A, to_end, 
     BX, NT = tile_width(DX), chunks(T, BT, seqs)
     plain_rows_kernel[(grid_size(DX, BX), NT, B * H)](
         A, x, y, gi, h, out, alpha, beta, *chunk_tables(seqs), T, NT, H=H, DX=DX, DY=DY, BT=BT, BX=BX,
-        BY=tile_width(DY), DOT=dot_of(launch, x), A_T=transpose_A, TO_END=to_end, H_T=transpose_h,
-        VARLEN=seqs is not None)
+        BY=tile_width(DY), DOT=dot_of(launch, x), A_T=transpose_A, TO_END=to_end, H_T=transpose_h)
     return out
 
 
@@ -652,7 +657,7 @@ def decay_grad(readers, d_readers, writers, d_writers, bnd, BT, launch, dtype, u
     chunk_bwd_dg_kernel[(grid_size(D, launch.dg_BK), NT, B * H)](
         readers, writers, d_readers, d_writers, u, dA, bnd, add, dg, du, dr_cast, dw_cast, *chunk_tables(seqs), T,
         NT, H=H, K=D, NP=bnd.shape[3], BT=BT, BK=launch.dg_BK, RWKV6=u is not None, ADD=add is not None,
-        WRITERS=d_writers is not None, CAST=cast, VARLEN=seqs is not None)
+        WRITERS=d_writers is not None, CAST=cast)
     return dg, (du.sum((0, 1)) if u is not None else None), dr_cast, dw_cast
 
 

@@ -22,8 +22,6 @@ from typing import Callable
 
 import torch
 
-from fla_lab.ops.contract import check_cu_seqlens
-
 
 @dataclass(frozen=True)
 class Packed:
@@ -46,7 +44,7 @@ class Packed:
 
 
 def packed(bounds, BT: int, device) -> Packed:
-    """The `Packed` tables of sequences `bounds` ((bos, eos) pairs, from `contract.check_cu_seqlens`), built on the
+    """The `Packed` tables of sequences `bounds` ((bos, eos) pairs, from `check_cu_seqlens`), built on the
     host and copied over once."""
     chunks = [-(-(eos - bos) // BT) for bos, eos in bounds]
     starts = [0]
@@ -157,3 +155,40 @@ def key_major(state):
 def v_first(state):
     """A returned `[N, H, K, V]` state in FLA's V-first layout `[N, H, V, K]` (None stays None)."""
     return None if state is None else state.transpose(-1, -2).contiguous()
+
+
+def describe_tensor(x: torch.Tensor) -> str:
+    return f"shape {tuple(x.shape)}, {x.dtype}, {x.device}"
+
+
+def check_cu_seqlens(op: str, cu_seqlens, B: int, T: int, initial_state=None,
+                     bounds: list | None = None) -> list[tuple[int, int]]:
+    """A packed batch's offsets, as flash-linear-attention takes them: B = 1, `cu_seqlens` a 1-D integer tensor
+    `[0, ..., T]`, non-decreasing (an empty sequence, as FLA allows, passes its initial state through), one initial
+    state per sequence (`[N, H, K, V]`). Returns each sequence's `(bos, eos)`. Reads the offsets on the host: one
+    sync on a GPU, unless `bounds` holds what an earlier read of the same tensor returned."""
+    if not isinstance(cu_seqlens, torch.Tensor):
+        raise TypeError(f"{op}: `cu_seqlens` must be a 1-D integer torch.Tensor [0, ..., T], got "
+                        f"{type(cu_seqlens).__name__}")
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2 or cu_seqlens.dtype.is_floating_point \
+            or cu_seqlens.dtype.is_complex or cu_seqlens.dtype == torch.bool:
+        raise ValueError(f"{op}: `cu_seqlens` must be a 1-D integer tensor of N + 1 offsets [0, ..., T], got "
+                         f"{describe_tensor(cu_seqlens)}")
+    if B != 1:
+        raise ValueError(f"{op}: with `cu_seqlens` the sequences are packed along T, so B must be 1, got B = {B}. "
+                         f"Pack them: x.reshape(1, B * T, H, D) with cu_seqlens = [0, T, 2T, ...]")
+    offsets = [int(x) for x in cu_seqlens.tolist()] if bounds is None else [0, *(eos for _, eos in bounds)]
+    if offsets[0] != 0 or offsets[-1] != T or T == 0:
+        raise ValueError(f"{op}: `cu_seqlens` must start at 0 and end at T = {T} > 0, got {offsets[0]} ... "
+                         f"{offsets[-1]}")
+    for n, (bos, eos) in enumerate(zip(offsets[:-1], offsets[1:])):
+        if eos < bos:
+            raise ValueError(f"{op}: `cu_seqlens` must not decrease: sequence {n} runs from {bos} to {eos} (offsets "
+                             "out of order)")
+    N = len(offsets) - 1
+    for h0 in (initial_state if isinstance(initial_state, (tuple, list)) else (initial_state,)):
+        if h0 is not None and (not isinstance(h0, torch.Tensor) or h0.dim() < 1 or h0.shape[0] != N):
+            raise ValueError(f"{op}: with `cu_seqlens` of {N} sequences, `initial_state` holds one state per "
+                             f"sequence, [N = {N}, ...]; got "
+                             f"{describe_tensor(h0) if isinstance(h0, torch.Tensor) else type(h0).__name__}")
+    return list(zip(offsets[:-1], offsets[1:]))

@@ -2,22 +2,58 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.autotuner import Heuristics
 
 from fla_lab import runtime
 
 _KERNELS: dict[str, object] = {}
 
 
+# Integer arguments that count rows, chunks or batch rows: Triton would otherwise compile one kernel per value class
+# (== 1, divisible by 16), so every new sequence length could compile again; FLA passes them the same way
+# (`do_not_specialize=['T']`). They are loop bounds and strides only: the generated algorithm is the same.
+UNSPECIALIZED = ("B", "T", "NT")
+
+
 def kernel(fn):
-    """`triton.jit`, plus a registry so `fla_lab.doctor()` can tell whether kernels were decorated in the right mode."""
-    jitted = triton.jit(fn)
+    """`triton.jit`, plus a registry so `fla_lab.doctor()` can tell whether kernels were decorated in the right mode.
+    The lengths of UNSPECIALIZED are not specialized on."""
+    params = inspect.signature(fn).parameters
+    lengths = [n for n in UNSPECIALIZED if n in params and params[n].annotation in (inspect.Parameter.empty, "")]
+    jitted = triton.jit(fn, do_not_specialize=lengths)
     _KERNELS[f"{fn.__module__}.{fn.__name__}"] = jitted
     return jitted
+
+
+class PackedSwitch(Heuristics):
+    """`triton.heuristics` for the packed-batch switch (FLA's IS_VARLEN): VARLEN is on when the call passes offsets,
+    off when it passes `cu_seqlens=None`. `.fn` stays the Python function, as on a jitted kernel (its source and
+    signature, which the lessons print)."""
+
+    def __init__(self, jitted):
+        super().__init__(jitted, jitted.arg_names, {"VARLEN": lambda args: args["cu_seqlens"] is not None})
+        self.jitted, self.fn = jitted, jitted.fn
+
+    def run(self, *args, **kwargs):
+        for name, rule in self.values.items():
+            kwargs[name] = rule({**dict(zip(self.arg_names, args)), **kwargs})
+        return self.jitted.run(*args, **kwargs)
+
+    def __getattr__(self, name):  # the jitted kernel's own attributes (its compiled kernels: `device_caches`)
+        if name == "jitted":
+            raise AttributeError(name)
+        return getattr(self.jitted, name)
+
+
+def packed_switch(jitted) -> PackedSwitch:
+    """Declares a kernel's VARLEN once, from its `cu_seqlens` argument: `@packed_switch` above `@kernel`."""
+    return PackedSwitch(jitted)
 
 
 def registered_kernels() -> dict[str, object]:

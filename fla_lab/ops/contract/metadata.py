@@ -5,6 +5,9 @@ import warnings
 
 import torch
 
+from fla_lab.ops.common.conventions import check_cu_seqlens  # noqa: F401 (re-exported by the contract)
+from fla_lab.ops.common.conventions import describe_tensor as _describe
+
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -20,10 +23,6 @@ def reject_kwargs(op: str, kwargs: dict) -> None:
             f"{op}: `head_first` was removed upstream (flash-linear-attention #853) and fla_lab never had it. "
             "Pass tensors as [B, T, H, D]; from [B, H, T, D] use `x.transpose(1, 2)`.")
     raise TypeError(f"{op}: unexpected keyword argument(s) {sorted(kwargs)}")
-
-
-def _describe(x: torch.Tensor) -> str:
-    return f"shape {tuple(x.shape)}, {x.dtype}, {x.device}"
 
 
 def check_same_device(op: str, tensors: dict[str, torch.Tensor]) -> None:
@@ -89,36 +88,3 @@ def _check_value_shape(op: str, nv: str, v: torch.Tensor, B: int, T: int, H: int
     if v.dim() != 4 or tuple(v.shape[:3]) != (B, T, H):
         raise ValueError(f"{op}: `{nv}` should be [B, T, H, V] = ({B}, {T}, {H}, V), got {_describe(v)}")
     return v.shape[-1]
-
-
-def check_cu_seqlens(op: str, cu_seqlens, B: int, T: int, initial_state=None,
-                     bounds: list | None = None) -> list[tuple[int, int]]:
-    """A packed batch's offsets, as flash-linear-attention takes them: B = 1, `cu_seqlens` a 1-D integer tensor
-    `[0, ..., T]`, non-decreasing (an empty sequence, as FLA allows, passes its initial state through), one initial
-    state per sequence (`[N, H, K, V]`). Returns each sequence's `(bos, eos)`. Reads the offsets on the host: one
-    sync on a GPU, unless `bounds` holds what an earlier read of the same tensor returned."""
-    if not isinstance(cu_seqlens, torch.Tensor):
-        raise TypeError(f"{op}: `cu_seqlens` must be a 1-D integer torch.Tensor [0, ..., T], got "
-                        f"{type(cu_seqlens).__name__}")
-    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2 or cu_seqlens.dtype.is_floating_point \
-            or cu_seqlens.dtype.is_complex or cu_seqlens.dtype == torch.bool:
-        raise ValueError(f"{op}: `cu_seqlens` must be a 1-D integer tensor of N + 1 offsets [0, ..., T], got "
-                         f"{_describe(cu_seqlens)}")
-    if B != 1:
-        raise ValueError(f"{op}: with `cu_seqlens` the sequences are packed along T, so B must be 1, got B = {B}. "
-                         f"Pack them: x.reshape(1, B * T, H, D) with cu_seqlens = [0, T, 2T, ...]")
-    offsets = [int(x) for x in cu_seqlens.tolist()] if bounds is None else [0, *(eos for _, eos in bounds)]
-    if offsets[0] != 0 or offsets[-1] != T or T == 0:
-        raise ValueError(f"{op}: `cu_seqlens` must start at 0 and end at T = {T} > 0, got {offsets[0]} ... "
-                         f"{offsets[-1]}")
-    for n, (bos, eos) in enumerate(zip(offsets[:-1], offsets[1:])):
-        if eos < bos:
-            raise ValueError(f"{op}: `cu_seqlens` must not decrease: sequence {n} runs from {bos} to {eos} (offsets "
-                             "out of order)")
-    N = len(offsets) - 1
-    for h0 in (initial_state if isinstance(initial_state, (tuple, list)) else (initial_state,)):
-        if h0 is not None and (not isinstance(h0, torch.Tensor) or h0.dim() < 1 or h0.shape[0] != N):
-            raise ValueError(f"{op}: with `cu_seqlens` of {N} sequences, `initial_state` holds one state per "
-                             f"sequence, [N = {N}, ...]; got "
-                             f"{_describe(h0) if isinstance(h0, torch.Tensor) else type(h0).__name__}")
-    return list(zip(offsets[:-1], offsets[1:]))

@@ -28,7 +28,7 @@ from fla_lab.ops.common.chunk import (BC, channel_block, check_flags, check_slot
                                       rows_from_earlier_subchunks, state_adjoints, subchunk, tile_width)
 from fla_lab.ops.common.launch import check_chunk_size, resolve
 from fla_lab.ops.common.utils import (as_contiguous, batch_head, cast_grad, chunk_of_sequence, custom_bwd, custom_fwd,
-                                      grid_size, kernel, mma, mma_split)
+                                      grid_size, kernel, mma, mma_split, packed_switch)
 from fla_lab.ops.common.value_flags import nonfinite_probe, or_nonfinite_bit
 from fla_lab.ops.common.conventions import key_major, packed_batch, v_first
 
@@ -95,6 +95,7 @@ def folded_diagonal_block(q, k, gi, u, A, scale, T, i_h, i_start, t_first, col0,
         tl.store(A + r_t * H * BT + col0 + s, scale * b_a, mask=valid)
 
 
+@packed_switch
 @kernel
 def gated_scores_kernel(q, k, gi, u, A, scale, cu_seqlens, chunk_indices, T, H: tl.constexpr, K: tl.constexpr,
                         BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr, RWKV6: tl.constexpr,
@@ -145,6 +146,7 @@ def gated_scores_kernel(q, k, gi, u, A, scale, cu_seqlens, chunk_indices, T, H: 
             tl.store(p_A + i_z * BC, tl.zeros([BC, BC], dtype=tl.float32), mask=m_i[:, None])
 
 
+@packed_switch
 @kernel
 def chunk_fwd_o_kernel(q, v, gi, h, A, o, flags, scale, cu_seqlens, chunk_indices, T, NT, H: tl.constexpr,
                        K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -188,6 +190,7 @@ def chunk_fwd_o_kernel(q, v, gi, h, A, o, flags, scale, cu_seqlens, chunk_indice
     tl.store(o + bos * V + o_t[:, None] * H * V + o_v[None, :], (scale * b_o).to(o.dtype.element_ty), mask=m_tv)
 
 
+@packed_switch
 @kernel
 def chunk_bwd_dqk_kernel(q, k, v, gi, u, h, dh, dA, do, dq, dk, scale, cu_seqlens, chunk_indices, T, NT,
                          H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
@@ -268,14 +271,14 @@ def chunk_gla_fwd(q, k, v, gi, u, scale, h0, output_final_state, BT, launch, out
     A = empty_f32(q, B, T, H, BT)
     gated_scores_kernel[(NT * score_pairs(BT), B * H)](
         q, k, gi, u, A, 1.0, *chunk_tables(seqs), T, H=H, K=K, BT=BT, BC=BC, BK=min(tile_width(K), launch.scores_BK),
-        DOT=dot_of(launch, q), RWKV6=u is not None, REFERENCE_ROW=row, VARLEN=seqs is not None,
+        DOT=dot_of(launch, q), RWKV6=u is not None, REFERENCE_ROW=row,
         num_warps=launch.scores_warps)
     o = torch.empty(B, T, H, V, dtype=out_dtype, device=q.device)
     BV = min(tile_width(V), launch.out_BV)
     chunk_fwd_o_kernel[(grid_size(V, BV), NT, B * H)](
         q, v, gi, h, A, o, check_flags(checks), scale, *chunk_tables(seqs), T, NT, H=H, K=K, V=V, BT=BT,
         BK=tile_width(K), BV=BV, DOT=dot_of(launch, q), RWKV6=u is not None, Q_SLOT=check_slot(checks, nq),
-        V_SLOT=check_slot(checks, nv), VARLEN=seqs is not None, num_warps=launch.out_warps)
+        V_SLOT=check_slot(checks, nv), num_warps=launch.out_warps)
     return o, ht, h, A
 
 
@@ -301,7 +304,7 @@ def chunk_gla_bwd(q, k, v, gi, u, scale, h0, ht, h, A, do, dht, BT, launch, dg_d
     BKi = min(tile_width(K), launch.dqk_BK)  # the diagonal block is a [BC, BC, BKi] tile: keep it in registers
     chunk_bwd_dqk_kernel[(grid_size(K, BKi), NT * (BT // BC), B * H)](
         q, k, v, gi, u, h, dh, dA, do, dq, dk, scale, *chunk_tables(seqs), T, NT, H=H, K=K, V=V, BT=BT, BC=BC,
-        BK=BKi, BV=tile_width(V), DOT=dot_of(launch, q), RWKV6=rwkv6, REFERENCE_ROW=row, VARLEN=seqs is not None,
+        BK=BKi, BV=tile_width(V), DOT=dot_of(launch, q), RWKV6=rwkv6, REFERENCE_ROW=row,
         num_warps=launch.dqk_warps)
     del h, dh
     if key_term_in_dg:
@@ -320,7 +323,7 @@ def gated_scores(q, k, gi, u, scale, BT, launch, row=reference_row, seqs=None):
     gated_scores_kernel[(chunks(T, BT, seqs) * score_pairs(BT), B * H)](
         q, k, gi, u, A, scale, *chunk_tables(seqs), T, H=H, K=K, BT=BT, BC=BC,
         BK=min(tile_width(K), launch.scores_BK), DOT=dot_of(launch, q), RWKV6=u is not None, REFERENCE_ROW=row,
-        VARLEN=seqs is not None, num_warps=launch.scores_warps)
+        num_warps=launch.scores_warps)
     return A
 
 
@@ -330,7 +333,7 @@ def key_side_scores(q, k, g, u=None, chunk_size=64, launch=None, bug_exclusive_r
     REFERENCE_ROW helper in place of the shipped one."""
     BT = check_chunk_size(chunk_size)
     q, k, g, u = as_contiguous(q, k, g, u)
-    return gated_scores(q, k, chunk_cumsum(g, BT), u, 1.0, BT, resolve(launch),
+    return gated_scores(q, k, chunk_cumsum(g, BT), u, 1.0, BT, resolve(launch, "chunk", q),
                         pick_reference_row(bug_exclusive_reference, row))
 
 
@@ -389,6 +392,6 @@ def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=Fal
     seqs = None if cu_seqlens is None else packed_batch("chunk_gla", cu_seqlens, cu_seqlens_cpu, q, initial_state, BT)
     contract.check_kernel_device("chunk_gla", dict(q=q, k=k, v=v, g=g, initial_state=initial_state))
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    o, ht = ChunkGLAFunction.apply(q, k, v, g, None, scale, initial_state, output_final_state, BT, resolve(launch),
-                                   reference_row, checks, ("q", "k", "v", "g"), seqs)
+    o, ht = ChunkGLAFunction.apply(q, k, v, g, None, scale, initial_state, output_final_state, BT,
+                                   resolve(launch, "chunk", q), reference_row, checks, ("q", "k", "v", "g"), seqs)
     return o, (ht if output_final_state else None)

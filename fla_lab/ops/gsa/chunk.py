@@ -26,17 +26,15 @@ from fla_lab.ops.common.chunk import (BC, channel_block, chunk_tables, chunks, c
                                       rows_from_earlier_subchunks, state_adjoints, subchunk, tile_width)
 from fla_lab.ops.common.launch import check_chunk_size, resolve
 from fla_lab.ops.common.utils import (as_contiguous, batch_head, cast_grad, chunk_of_sequence, custom_bwd, custom_fwd,
-                                      grid_size, kernel, mma_split, next_pow2, slot_helper)
+                                      grid_size, kernel, mma_split, next_pow2, packed_switch, slot_helper)
 from fla_lab.ops.gla.chunk import chunk_gla_bwd, chunk_gla_fwd, gated_scores
 from fla_lab.ops.common.conventions import packed_batch
-
-ROWS = 16  # rows of [B * T * H, M] per softmax program
-
 
 # ----------------------------------------------------------------------------------------------------------
 # Pass 1: the value-side pass (keys -> slots)
 
 
+@packed_switch
 @kernel
 def slot_rows_kernel(x, y, gi, h, A, out, scale, cu_seqlens, chunk_indices, T, NT, H: tl.constexpr, K: tl.constexpr,
                      V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -109,7 +107,7 @@ def slot_pass_fwd(q, k, v, gi, scale, h0, output_final_state, BT, launch, seqs=N
     NT, BV = chunks(T, BT, seqs), min(tile_width(V), launch.slots_BV)
     slot_rows_kernel[(grid_size(V, BV), NT * (BT // BC), B * H)](
         q, v, gi, h, A, o, scale, *chunk_tables(seqs), T, NT, H=H, K=K, V=V, BT=BT, BC=BC, BK=tile_width(K), BV=BV,
-        DOT=dot_of(launch, q), BACKWARD=False, ACC=False, VARLEN=seqs is not None, num_warps=launch.slots_warps)
+        DOT=dot_of(launch, q), BACKWARD=False, ACC=False, num_warps=launch.slots_warps)
     return o, ht, h, A
 
 
@@ -130,7 +128,7 @@ def slot_pass_bwd(q, k, v, gi, scale, h0, ht, h, A, o, do, dht, BT, launch,
     NT, BV = chunks(T, BT, seqs), min(tile_width(V), launch.slots_BV)
     slot_rows_kernel[(grid_size(V, BV), NT * (BT // BC), B * H)](
         k, do, gi, dh, A, dv, scale, *chunk_tables(seqs), T, NT, H=H, K=K, V=V, BT=BT, BC=BC, BK=tile_width(K), BV=BV,
-        DOT=dot_of(launch, q), BACKWARD=True, ACC=dv_add is not None, EXPONENT=exponent, VARLEN=seqs is not None,
+        DOT=dot_of(launch, q), BACKWARD=True, ACC=dv_add is not None, EXPONENT=exponent,
         num_warps=launch.slots_warps)
     del A
     dq = plain_rows(dA, k, do, gi, h, 1.0, scale, BT, launch, transpose_A=False, to_end=False, transpose_h=True,
@@ -176,22 +174,23 @@ def slot_softmax_bwd_kernel(x, dp, dx, N, M: tl.constexpr, BM: tl.constexpr, BR:
     tl.store(dx + p_rm, b_p * (b_dp - tl.sum(b_p * b_dp, axis=1)[:, None]), mask=m)
 
 
-def _softmax_launch(x):
+def _softmax_launch(x, rows: int):
+    """`rows` of [B * T * H, M] per program (the launch's `softmax_rows`)."""
     N, M = x.numel() // x.shape[-1], x.shape[-1]
-    return (grid_size(N, ROWS),), dict(N=N, M=M, BM=next_pow2(M), BR=ROWS)
+    return (grid_size(N, rows),), dict(N=N, M=M, BM=next_pow2(M), BR=rows)
 
 
-def slot_softmax(x, dtype):
+def slot_softmax(x, dtype, rows: int):
     p = torch.empty(x.shape, dtype=dtype, device=x.device)
-    grid, kw = _softmax_launch(x)
+    grid, kw = _softmax_launch(x, rows)
     slot_softmax_fwd_kernel[grid](x, p, **kw)
     return p
 
 
-def slot_softmax_backward(x, dp, out=None):
+def slot_softmax_backward(x, dp, rows: int, out=None):
     """`out=dp` computes in place (each row is read and written by one program)."""
     dx = torch.empty(x.shape, dtype=torch.float32, device=x.device) if out is None else out
-    grid, kw = _softmax_launch(x)
+    grid, kw = _softmax_launch(x, rows)
     slot_softmax_bwd_kernel[grid](x, dp, dx, **kw)
     return dx
 
@@ -214,7 +213,8 @@ class ChunkGSAFunction(torch.autograd.Function):
         q, k, v, s, g, hk0, hv0 = as_contiguous(q, k, v, s, g, hk0, hv0)
         gi = chunk_cumsum(g, chunk_size, seqs=seqs)
         scores, hkt, _, _ = slot_pass_fwd(q, k, s, gi, scale, hk0, output_final_state, chunk_size, launch, seqs)
-        p = slot_softmax(scores, s.dtype)  # pass 2 reads the slot weights in the input dtype, like its keys
+        # pass 2 reads the slot weights in the input dtype, like its keys
+        p = slot_softmax(scores, s.dtype, launch.softmax_rows)
         o, hvt, _, A = chunk_gla_fwd(p, s, v, gi, None, 1.0, hv0, output_final_state, chunk_size, launch,
                                      v.dtype, seqs=seqs)
         ctx.save_for_backward(q, k, v, s, g, hk0, hv0, hkt, hvt, scores, p, A)
@@ -234,7 +234,7 @@ class ChunkGSAFunction(torch.autograd.Function):
                                                 launch, torch.float32, key_term_in_dg=False, grad_dtype=v.dtype,
                                                 seqs=seqs)
         dhv0 = cast_grad(dhv0, hv0)  # drop the fp32 copy before the second pass
-        dscores = slot_softmax_backward(scores, dp, out=dp)
+        dscores = slot_softmax_backward(scores, dp, launch.softmax_rows, out=dp)
         dq, dk, ds, dg, dhk0 = slot_pass_bwd(q, k, s, gi, ctx.scale, hk0, hkt, None, None, scores, dscores,
                                              dhkt, BT, launch, ctx.exponent, dv_add=ds, dg_add=dg,
                                              qk_dtype=q.dtype if q.dtype == k.dtype else torch.float32, seqs=seqs)
@@ -292,6 +292,7 @@ def chunk_gsa(q, k, v, s, g=None, scale=None, initial_state=None, output_final_s
     BT = check_chunk_size(chunk_size, "chunk_gsa")
     s, g, hk0, hv0, scale, seqs = gsa_arguments("chunk_gsa", q, k, v, s, g, scale, initial_state, kwargs, BT,
                                                 cu_seqlens, cu_seqlens_cpu)
-    o, hkt, hvt = ChunkGSAFunction.apply(q, k, v, s, g, scale, hk0, hv0, output_final_state, BT, resolve(launch),
-                                         padded_rows_exponent(bug, later_rows_exponent), seqs)
+    exponent = padded_rows_exponent(bug, later_rows_exponent)
+    o, hkt, hvt = ChunkGSAFunction.apply(q, k, v, s, g, scale, hk0, hv0, output_final_state, BT,
+                                         resolve(launch, "chunk", q), exponent, seqs)
     return o, ((hkt, hvt) if output_final_state else None)

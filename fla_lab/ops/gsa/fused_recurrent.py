@@ -5,7 +5,7 @@
     pass 2, slots -> values: Hv_t = diag(exp g_t) Hv_{t-1} + s_t v_t^T     [M, V], gate on the slot (key) side
                              o_t  = Hv_t^T p_t
 
-Both passes run the GLA kernels of `fla_lab/ops/rwkv6/fused_recurrent.py` (pass 1 with GATE_V, value-side decay
+Both passes run the GLA kernels of `fla_lab/ops/common/fused_recurrent.py` (pass 1 with GATE_V, value-side decay
 only; pass 2 with the key-side decay, the slots as keys); the softmax between them is `chunk.py`'s slot softmax
 kernels. The slot scores and weights stay fp32 between the passes (as upstream's `qv`). g's gradient is the sum of
 the two passes' decay gradients (pass 1's from `decay_grad_kernel`'s value side), s's the sum of pass 1's dv and
@@ -18,9 +18,10 @@ from __future__ import annotations
 import torch
 
 from fla_lab.ops.common.conventions import packed
+from fla_lab.ops.common.fused_recurrent import fused_recurrent_bwd, fused_recurrent_fwd, h0_mask
+from fla_lab.ops.common.launch import resolve
 from fla_lab.ops.common.utils import as_contiguous, cast_grad, custom_bwd, custom_fwd
 from fla_lab.ops.gsa.chunk import gsa_arguments, slot_softmax, slot_softmax_backward
-from fla_lab.ops.rwkv6.fused_recurrent import DEFAULT_DQ_TILES, _backward, _forward, h0_mask
 
 
 def query_groups(op: str, q, k) -> int:
@@ -39,14 +40,15 @@ class FusedRecurrentGSAFunction(torch.autograd.Function):
 
     @staticmethod
     @custom_fwd
-    def forward(ctx, q, k, v, s, g, scale, hk0, hv0, output_final_state, seqs=None):
+    def forward(ctx, q, k, v, s, g, scale, hk0, hv0, output_final_state, launch, seqs=None):
         q, k, v, s, g, hk0, hv0 = as_contiguous(q, k, v, s, g, hk0, hv0)
-        scores, hkt = _forward(q, k, s, None, None, scale, hk0, output_final_state, gv=g, o_dtype=torch.float32,
-                               seqs=seqs)
-        p = slot_softmax(scores, torch.float32)
-        o, hvt = _forward(p, s, v, g, None, 1.0, hv0, output_final_state, o_dtype=v.dtype, seqs=seqs)
+        scores, hkt = fused_recurrent_fwd(q, k, s, None, None, scale, hk0, output_final_state, launch, gv=g,
+                                          o_dtype=torch.float32, seqs=seqs)
+        p = slot_softmax(scores, torch.float32, launch.softmax_rows)
+        o, hvt = fused_recurrent_fwd(p, s, v, g, None, 1.0, hv0, output_final_state, launch, o_dtype=v.dtype,
+                                     seqs=seqs)
         ctx.save_for_backward(q, k, v, s, g, hk0, hv0, hkt, hvt, scores, p)
-        ctx.scale, ctx.seqs = scale, seqs
+        ctx.scale, ctx.launch, ctx.seqs = scale, launch, seqs
         return o, hkt, hvt
 
     @staticmethod
@@ -54,18 +56,20 @@ class FusedRecurrentGSAFunction(torch.autograd.Function):
     def backward(ctx, do, dhkt, dhvt):
         q, k, v, s, g, hk0, hv0, hkt, hvt, scores, p = ctx.saved_tensors
         do, dhkt, dhvt = as_contiguous(do, dhkt, dhvt)
-        dp, ds_keys, dv, dg_keys, _, dhv0, _ = _backward(p, s, v, g, None, 1.0, hv0, hvt, do, dhvt,
-                                                         DEFAULT_DQ_TILES, h0_mask, seqs=ctx.seqs)
-        dscores = slot_softmax_backward(scores, dp, out=dp)
-        dq, dk, ds_values, _, _, dhk0, dg_values = _backward(q, k, s, None, None, ctx.scale, hk0, hkt, dscores,
-                                                             dhkt, DEFAULT_DQ_TILES, h0_mask, gv=g, o=scores,
-                                                             seqs=ctx.seqs)
+        launch = ctx.launch
+        dp, ds_keys, dv, dg_keys, _, dhv0, _ = fused_recurrent_bwd(p, s, v, g, None, 1.0, hv0, hvt, do, dhvt,
+                                                                   launch, h0_mask, seqs=ctx.seqs)
+        dscores = slot_softmax_backward(scores, dp, launch.softmax_rows, out=dp)
+        dq, dk, ds_values, _, _, dhk0, dg_values = fused_recurrent_bwd(q, k, s, None, None, ctx.scale, hk0, hkt,
+                                                                       dscores, dhkt, launch, h0_mask, gv=g,
+                                                                       o=scores, seqs=ctx.seqs)
         return (cast_grad(dq, q), cast_grad(dk, k), cast_grad(dv, v), cast_grad(ds_keys + ds_values, s),
-                cast_grad(dg_keys + dg_values, g), None, cast_grad(dhk0, hk0), cast_grad(dhv0, hv0), None, None)
+                cast_grad(dg_keys + dg_values, g), None, cast_grad(dhk0, hk0), cast_grad(dhv0, hv0), None, None,
+                None)
 
 
 def fused_recurrent_gsa(q, k, v, s, g=None, scale=None, initial_state=None, output_final_state=False, reverse=False,
-                        cu_seqlens=None, cu_seqlens_cpu=None, **kwargs):
+                        cu_seqlens=None, cu_seqlens_cpu=None, launch=None, **kwargs):
     """Fused recurrent Gated Slot Attention, forward and backward in Triton; the same function as `chunk_gsa`.
 
     q `[B, T, HQ, K]`, k `[B, T, H, K]`, v `[B, T, H, V]`, s (slot writes) and g (natural-log forget gate <= 0)
@@ -76,7 +80,7 @@ def fused_recurrent_gsa(q, k, v, s, g=None, scale=None, initial_state=None, outp
     runs both recurrences from the last step to the first (the gates of `g=None` still accumulate forwards, as
     upstream's); each sequence of a packed batch from its own last step. `cu_seqlens` (and its host copy
     `cu_seqlens_cpu`): FLA's packed batches, one launch per kernel for the whole batch
-    (`fla_lab.ops.common.conventions`).
+    (`fla_lab.ops.common.conventions`). `launch`: a `fla_lab.ops.RecurrentLaunch`, None for the device's default.
     """
     op = "fused_recurrent_gsa"
     groups = query_groups(op, q, k)
@@ -84,7 +88,7 @@ def fused_recurrent_gsa(q, k, v, s, g=None, scale=None, initial_state=None, outp
         spread = lambda t, dim=2: None if t is None else t.repeat_interleave(groups, dim=dim)  # noqa: E731
         h0 = None if initial_state is None else tuple(spread(t, 1) for t in initial_state)
         o, ht = fused_recurrent_gsa(q, spread(k), spread(v), spread(s), spread(g), scale, h0, output_final_state,
-                                    reverse, cu_seqlens, cu_seqlens_cpu, **kwargs)
+                                    reverse, cu_seqlens, cu_seqlens_cpu, launch, **kwargs)
         return o, (None if ht is None else tuple(t[:, ::groups] for t in ht))  # the copies of a group are equal
     s, g, hk0, hv0, scale, seqs = gsa_arguments(op, q, k, v, s, g, scale, initial_state, kwargs, 64, cu_seqlens,
                                                 cu_seqlens_cpu)
@@ -94,7 +98,8 @@ def fused_recurrent_gsa(q, k, v, s, g=None, scale=None, initial_state=None, outp
             T = q.shape[1]
             seqs = packed(tuple((T - eos, T - bos) for bos, eos in reversed(seqs.bounds)), seqs.BT, q.device)
             hk0, hv0 = (None if h is None else h.flip(0) for h in (hk0, hv0))
-    o, hkt, hvt = FusedRecurrentGSAFunction.apply(q, k, v, s, g, scale, hk0, hv0, output_final_state, seqs)
+    o, hkt, hvt = FusedRecurrentGSAFunction.apply(q, k, v, s, g, scale, hk0, hv0, output_final_state,
+                                                  resolve(launch, "recurrent", q), seqs)
     if reverse and seqs is not None and output_final_state:
         hkt, hvt = hkt.flip(0), hvt.flip(0)
     return (o.flip(1) if reverse else o), ((hkt, hvt) if output_final_state else None)

@@ -38,6 +38,6 @@ def chunk_rwkv6(r, k, v, w, u, scale=None, initial_state=None, output_final_stat
     contract.check_kernel_device("chunk_rwkv6", dict(r=r, k=k, v=v, w=w, u=u, initial_state=initial_state))
     scale = r.shape[-1] ** -0.5 if scale is None else scale
     row = pick_reference_row(bug == "exclusive_reference", reference_row)
-    o, ht = ChunkGLAFunction.apply(r, k, v, w, u, scale, initial_state, output_final_state, BT, resolve(launch), row,
-                                   checks, names, seqs)
+    o, ht = ChunkGLAFunction.apply(r, k, v, w, u, scale, initial_state, output_final_state, BT,
+                                   resolve(launch, "chunk", r), row, checks, names, seqs)
     return o, (ht if output_final_state else None)

@@ -58,33 +58,19 @@ from fla_lab.ops import contract
 from fla_lab.ops.common.chunk import (boundary_share, boundary_term, check_flags, check_slot, chunk_cumsum,
                                       chunk_tables, chunks, filling_width, gpu_sms, load_query_decay,
                                       parallel_sequences, sequence_tables, sequences)
-from fla_lab.ops.common.launch import check_chunk_size
+from fla_lab.ops.common.launch import RWKV7ChunkLaunch, check_chunk_size, resolve
 from fla_lab.ops.common.value_flags import nonfinite_probe, or_nonfinite_bit
 from fla_lab.ops.common.utils import (as_contiguous, batch_head, cast_grad, chunk_of_sequence, custom_bwd, custom_fwd,
-                                      dot_dtype, grid_size, kernel, mma, mma_split, next_pow2, sequence_chunks,
-                                      state_tile)
+                                      dot_dtype, grid_size, kernel, mma, mma_split, next_pow2, packed_switch,
+                                      sequence_chunks, state_tile)
 from fla_lab.ops.rwkv7.fused_recurrent import check_key_width
 from fla_lab.ops.common.conventions import packed_batch
 
 CHUNK = 16  # rows per chunk: the whole chunk is one pairwise tile and one 16x16 triangular solve
 FLA_CHUNK_SIZES = (CHUNK, 32, 64)  # what FLA 0.6.0's chunk_rwkv7 takes; every one of them runs as CHUNK rows
-MAX_BV = 64  # value columns per program
-# Value columns per step of dplr_bwd_kernel: 16 rather than 32 halves its shared memory, so more programs fit on
-# an SM. Why: docs/performance.md, 'chunk_rwkv7: BWD_BV'.
-BWD_BV = 16
-DV_BV = 32  # value columns per step of dplr_bwd_dv_kernel, not 16 or 64: docs/performance.md, 'chunk_rwkv7: DV_BV'
-BWD_BK = 32  # key channels per program of dplr_bwd_kernel: the pair terms are per channel
-# Value columns per program of the two sequential passes on a GPU, per call (`_state_block`), the forward's
-# (`dplr_fwd_h_kernel`) at most FWD_STATE_BV; STATE_BV, when set, both (a tuner's override). The forward's pass is
-# capped at 32 columns while the backward's may take 64: docs/performance.md, 'chunk_rwkv7: FWD_STATE_BV'.
-STATE_BV = None
-FWD_STATE_BV = 32
-CPU_STATE_BV = 32  # off the GPU (the interpreter, where SMs mean nothing): B=8, T=4096's width
 # The chunk's fp32 products (the solve with (I - A_ab)^-1): "tf32x3", three TF32 products on the tensor cores,
 # keeps about fp32's accuracy; IEEE fp32 runs on the CUDA cores (and under the interpreter, which has no TF32).
 SOLVE_PRECISION = tl.constexpr("ieee" if runtime.interpreting() else "tf32x3")
-# num_warps per kernel, as `benchmarks/tune_kernels.py chunk_rwkv7` picked them
-WARPS = {"scores": 4, "intra": 1, "fwd_h": 4, "fwd_o": 1, "bwd_dh": 4, "bwd_dv": 2, "bwd": 2}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -185,6 +171,7 @@ def pair_scores(r, k, a, b, gi, Arb, Ark, Aab, Aak, t, s, rows_t, rows_s, valid,
     tl.store(Aak + p_ts + HBT, tl.sum(b_a * b_k, axis=1), mask=next_row)
 
 
+@packed_switch
 @kernel
 def dplr_scores_kernel(r, k, a, b, gi, Arb, Ark, Aab, Aak, flags, cu_seqlens, chunk_indices, T, H: tl.constexpr,
                        K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, R_SLOT: tl.constexpr = -1,
@@ -226,6 +213,7 @@ def dplr_scores_kernel(r, k, a, b, gi, Arb, Ark, Aab, Aak, flags, cu_seqlens, ch
                     o_k, m_k, False)
 
 
+@packed_switch
 @kernel
 def dplr_intra_kernel(a, b, v, gi, do, Arb, Aab, Aak, W, U0, Wb, dX0, flags, scale, cu_seqlens, chunk_indices, T,
                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
@@ -270,6 +258,7 @@ def dplr_intra_kernel(a, b, v, gi, do, Arb, Aab, Aak, W, U0, Wb, dX0, flags, sca
         or_nonfinite_bit(flags, tl.sum(b_probe), V_SLOT)
 
 
+@packed_switch
 @kernel
 def dplr_fwd_h_kernel(k, v, b, gi, W, U0, h, u, h0, ht, cu_seqlens, chunk_offsets, T, H: tl.constexpr,
                       K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -306,10 +295,11 @@ def dplr_fwd_h_kernel(k, v, b, gi, W, U0, h, u, h0, ht, cu_seqlens, chunk_offset
         tl.store(ht + i_bh * K * V + p_kv, b_h, mask=m_kv)
 
 
+@packed_switch
 @kernel
 def dplr_fwd_o_kernel(r, v, gi, h, u, Arb, Ark, o, scale, cu_seqlens, chunk_indices, T, NT, H: tl.constexpr,
                       K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                      DOT: tl.constexpr, VARLEN: tl.constexpr = False):
+                      DOT: tl.constexpr, VARLEN: tl.constexpr):
     """`o = scale * ((r e^G) h_n + A_rb U + A_rk V)`, one `[BT, BV]` tile per program."""
     i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_bh, i_b, i_h = batch_head(i_bh, H)
@@ -336,11 +326,12 @@ def dplr_fwd_o_kernel(r, v, gi, h, u, Arb, Ark, o, scale, cu_seqlens, chunk_indi
 # Backward
 
 
+@packed_switch
 @kernel
 def dplr_bwd_dh_kernel(r, a, gi, do, Wb, dX0, h, ht, dh, dX, dht, dh0, bnd, scale, cu_seqlens, chunk_offsets, T,
                        H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                        BV: tl.constexpr, DOT: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
-                       VARLEN: tl.constexpr = False):
+                       VARLEN: tl.constexpr):
     """The state adjoint in reverse: `dh[n]` = dL/dS at the end of chunk n, `dX = dX0 + Wb dh[n]` (the adjoint of
     `Ã S_0 + A_ak V`), and `dS_0 = e^{G_C} dS_C + (r e^G)^T do' + Ã^T dX` carried to the chunk before.
     Also each chunk's boundary term of dw, `bnd[n] = rowsum(S_{n+1} * dh[n])` (one partial per value block), the
@@ -426,10 +417,11 @@ def writer_grads(r, a, gi, dArb, dArk, dAab, dAak, b_db, b_dk, b_g, t_first, o_c
     return b_db, b_dk
 
 
+@packed_switch
 @kernel
 def dplr_bwd_dv_kernel(k, v, gi, dh, u, dX, do, Arb, Ark, Aab, Aak, dv, scale, cu_seqlens, chunk_indices, T, NT,
                        H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                       BV: tl.constexpr, DOT: tl.constexpr, VARLEN: tl.constexpr = False):
+                       BV: tl.constexpr, DOT: tl.constexpr, VARLEN: tl.constexpr):
     """One chunk: `dv = A_rk^T do' + A_ak^T dX + K̄ dS_C^T` and the four score gradients `dA_rb = do' U^T`,
     `dA_rk = do' V^T`, `dA_ab = dX U^T`, `dA_ak = dX V^T`, which overwrite this chunk's rows of `Arb, Ark, Aab,
     Aak` once every thread has read A_rk and A_ak (A_rb and A_ab are spent by then)."""
@@ -477,11 +469,12 @@ def dplr_bwd_dv_kernel(k, v, gi, dh, u, dX, do, Arb, Ark, Aab, Aak, dv, scale, c
     tl.store(Aak + p_tt, dA_ak, mask=m_t[:, None])
 
 
+@packed_switch
 @kernel
 def dplr_bwd_kernel(r, k, v, a, b, gi, h, dh, u, dX, do, dArb, dArk, dAab, dAak, dr, dk, da, db, x, scale,
                     cu_seqlens, chunk_indices, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
-                    VARLEN: tl.constexpr = False):
+                    VARLEN: tl.constexpr):
     """One chunk and BK channels: dr, da, db, dk through the state and through the scores (`reader_grads`,
     `writer_grads`, from the score gradients of `dplr_bwd_dv_kernel`), and `x = r dr - b db - k dk` for the decay
     gradient.
@@ -539,9 +532,10 @@ def dplr_bwd_kernel(r, k, v, a, b, gi, h, dh, u, dX, do, dArb, dArk, dAab, dAak,
     tl.store(x + bos * K + p_tk, b_x, mask=m_tk)
 
 
+@packed_switch
 @kernel
 def dplr_dw_kernel(x, a, da, bnd, dw, cu_seqlens, chunk_indices, T, NT, H: tl.constexpr, K: tl.constexpr,
-                   NP: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, VARLEN: tl.constexpr = False):
+                   NP: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, VARLEN: tl.constexpr):
     """dw of one chunk: `dw_t = sum_{t' >= t in the chunk} (x + a da)_t' - a_t da_t + bnd[n]` (x = r dr - b db -
     k dk), the boundary term the future's
     share (no sum longer than a chunk: a cumulative sum over the sequence keeps every rounding of x); `dw` may be
@@ -566,137 +560,138 @@ def dplr_dw_kernel(x, a, da, bnd, dw, cu_seqlens, chunk_indices, T, NT, H: tl.co
 # Launchers
 
 
-def _value_block(V: int) -> int:
-    return max(16, min(next_pow2(V), MAX_BV))
+def _value_block(V: int, launch: RWKV7ChunkLaunch) -> int:
+    return max(16, min(next_pow2(V), launch.max_BV))
 
 
-def _shapes(r, v, seqs=None):
+def _shapes(r, v, launch: RWKV7ChunkLaunch, seqs=None):
     """B, T, H, K, V, the chunks per batch row (of every sequence together when packed), BK, BV."""
     B, T, H, K = r.shape
     V = v.shape[-1]
-    return B, T, H, K, V, chunks(T, CHUNK, seqs), max(16, next_pow2(K)), _value_block(V)
+    return B, T, H, K, V, chunks(T, CHUNK, seqs), max(16, next_pow2(K)), _value_block(V, launch)
 
 
 def _f32(x, *shape):
     return torch.empty(*shape, dtype=torch.float32, device=x.device)
 
 
-def _scores(r, k, a, b, gi, seqs=None, checks=None):
+def _scores(r, k, a, b, gi, launch, seqs=None, checks=None):
     """The chunk's four pairwise score matrices `A_rb, A_rk, A_ab, A_ak`, `[B, T, H, CHUNK]` fp32; `checks`
     (`contract.KernelChecks`): the value checks of r and k as they are read."""
-    B, T, H, K, V, NT, BK, _ = _shapes(r, r, seqs)
+    B, T, H, K, V, NT, BK, _ = _shapes(r, r, launch, seqs)
     Arb, Ark, Aab, Aak = (_f32(r, B, T, H, CHUNK) for _ in range(4))
     dplr_scores_kernel[(NT, B * H)](r, k, a, b, gi, Arb, Ark, Aab, Aak, check_flags(checks), *chunk_tables(seqs), T,
                                     H=H, K=K, BT=CHUNK, BK=BK, R_SLOT=check_slot(checks, "r"),
-                                    K_SLOT=check_slot(checks, "k"), VARLEN=seqs is not None,
-                                    num_warps=WARPS["scores"])
+                                    K_SLOT=check_slot(checks, "k"),
+                                    num_warps=launch.scores_warps)
     return Arb, Ark, Aab, Aak
 
 
-def _intra(a, b, v, gi, do, Arb, Aab, Aak, scale, backward, seqs=None, checks=None):
+def _intra(a, b, v, gi, do, Arb, Aab, Aak, scale, backward, launch, seqs=None, checks=None):
     """W and U0 (the forward's `u = W S_0 + U0`); backward also Wb and dX0 (`dX = dX0 + Wb dS_C`); `checks`: v's
     value check."""
-    B, T, H, K, V, NT, BK, BV = _shapes(a, v, seqs)
+    B, T, H, K, V, NT, BK, BV = _shapes(a, v, launch, seqs)
     rows = (B, T, H)
     W, U0 = _f32(a, *rows, K), _f32(a, *rows, V)
     Wb, dX0 = (_f32(a, *rows, K), _f32(a, *rows, V)) if backward else (None, None)
     dplr_intra_kernel[(NT, B * H)](a, b, v, gi, do, Arb, Aab, Aak, W, U0, Wb, dX0, check_flags(checks), scale,
                                    *chunk_tables(seqs), T, H=H, K=K, V=V, BT=CHUNK, BK=BK, BV=BV, BACKWARD=backward,
-                                   V_SLOT=check_slot(checks, "v"), VARLEN=seqs is not None, num_warps=WARPS["intra"])
+                                   V_SLOT=check_slot(checks, "v"), num_warps=launch.intra_warps)
     return W, U0, Wb, dX0
 
 
-def _state_block(x, V: int, seqs=None, backward: bool = False) -> int:
-    """STATE_BV, or (None) 64 halved while the pass's programs would fill less than the GPU's SMs, the forward's
-    at most FWD_STATE_BV."""
-    width, sms = _value_block(V), gpu_sms(x)
-    if STATE_BV is not None or sms is None:
-        return min(width, STATE_BV or CPU_STATE_BV)
+def _state_block(x, V: int, launch: RWKV7ChunkLaunch, seqs=None, backward: bool = False) -> int:
+    """`launch.state_BV`, or (None) 64 halved while the pass's programs would fill less than the GPU's SMs, the
+    forward's at most `launch.fwd_state_BV` (off the GPU: `fwd_state_BV`)."""
+    width, sms = _value_block(V, launch), gpu_sms(x)
+    if launch.state_BV is not None or sms is None:
+        return min(width, launch.state_BV or launch.fwd_state_BV)
     filling = filling_width(width, V, parallel_sequences(*x.shape[:2], seqs) * x.shape[2], sms, fill=1.0)
-    return filling if backward else min(filling, FWD_STATE_BV)
+    return filling if backward else min(filling, launch.fwd_state_BV)
 
 
-def _states(k, v, b, gi, W, U0, h0, store_ht, dot, bug=None, seqs=None):
+def _states(k, v, b, gi, W, U0, h0, store_ht, dot, launch, bug=None, seqs=None):
     """`h [B, NT, H, K, V]`, `u [B, T, H, V]` and the final states `[N, H, K, V]` (one per batch row or sequence)."""
-    B, T, H, K, V, NT, BK, _ = _shapes(k, v, seqs)
-    BV, N = _state_block(k, V, seqs), sequences(B, seqs)
+    B, T, H, K, V, NT, BK, _ = _shapes(k, v, launch, seqs)
+    BV, N = _state_block(k, V, launch, seqs), sequences(B, seqs)
     h, u = _f32(k, B, NT, H, K, V), _f32(k, B, T, H, V)
     ht = _f32(k, N, H, K, V) if store_ht else None
     dplr_fwd_h_kernel[(grid_size(V, BV), N * H)](k, v, b, gi, W, U0, h, u, h0, ht, *sequence_tables(seqs), T, H=H,
                                                  K=K, V=V, BT=CHUNK, BK=BK, BV=BV, DOT=dot, USE_H0=h0 is not None,
                                                  STORE_HT=store_ht, CARRY_GE=bug == "carry_ge",
-                                                 VARLEN=seqs is not None, num_warps=WARPS["fwd_h"])
+                                                 num_warps=launch.fwd_h_warps)
     return h, u, ht
 
 
-def _forward(r, w, k, v, a, b, scale, h0, output_final_state, keep=False, bug=None, seqs=None, checks=None):
+def _forward(r, w, k, v, a, b, scale, h0, output_final_state, launch, keep=False, bug=None, seqs=None, checks=None):
     """o, the final state, and (keep=True) the intermediates by name; otherwise each is dropped after its use.
     `seqs`: a packed batch's tables (`conventions.Packed`, 16-row chunks), else dense; `checks`
     (`contract.KernelChecks`): r, k and v are checked by the kernels that read them."""
-    B, T, H, K, V, NT, BK, BV = _shapes(r, v, seqs)
+    B, T, H, K, V, NT, BK, BV = _shapes(r, v, launch, seqs)
     dot = dot_dtype(r.dtype)
     gi = chunk_cumsum(w, CHUNK, seqs=seqs)
-    Arb, Ark, Aab, Aak = _scores(r, k, a, b, gi, seqs, checks)
-    W, U0, _, _ = _intra(a, b, v, gi, None, Arb, Aab, Aak, scale, backward=False, seqs=seqs, checks=checks)
+    Arb, Ark, Aab, Aak = _scores(r, k, a, b, gi, launch, seqs, checks)
+    W, U0, _, _ = _intra(a, b, v, gi, None, Arb, Aab, Aak, scale, False, launch, seqs=seqs, checks=checks)
     del Aab, Aak
-    h, u, ht = _states(k, v, b, gi, W, U0, h0, output_final_state, dot, bug, seqs)
+    h, u, ht = _states(k, v, b, gi, W, U0, h0, output_final_state, dot, launch, bug, seqs)
     kept = {"G": gi, "A_rb": Arb, "A_rk": Ark, "W": W, "U0": U0, "u": u, "h": h} if keep else {}
     del W, U0
     o = torch.empty(B, T, H, V, dtype=r.dtype, device=r.device)
     dplr_fwd_o_kernel[(grid_size(V, BV), NT, B * H)](r, v, gi, h, u, Arb, Ark, o, scale, *chunk_tables(seqs), T, NT,
                                                      H=H, K=K, V=V, BT=CHUNK, BK=BK, BV=BV, DOT=dot,
-                                                     VARLEN=seqs is not None, num_warps=WARPS["fwd_o"])
+                                                     num_warps=launch.fwd_o_warps)
     return o, ht, kept
 
 
-def _backward(r, w, k, v, a, b, scale, h0, ht, do, dht, bug=None, seqs=None):
+def _backward(r, w, k, v, a, b, scale, h0, ht, do, dht, launch, bug=None, seqs=None):
     """Recomputes the forward's intermediates, drops each after its last use."""
-    B, T, H, K, V, NT, BK, BV = _shapes(r, v, seqs)
-    dot, varlen, chunk_args = dot_dtype(r.dtype), seqs is not None, chunk_tables(seqs)
+    B, T, H, K, V, NT, BK, BV = _shapes(r, v, launch, seqs)
+    dot, chunk_args = dot_dtype(r.dtype), chunk_tables(seqs)
     gi = chunk_cumsum(w, CHUNK, seqs=seqs)
-    Arb, Ark, Aab, Aak = _scores(r, k, a, b, gi, seqs)
-    W, U0, Wb, dX0 = _intra(a, b, v, gi, do, Arb, Aab, Aak, scale, backward=True, seqs=seqs)
-    h, u, _ = _states(k, v, b, gi, W, U0, h0, False, dot, bug, seqs)
+    Arb, Ark, Aab, Aak = _scores(r, k, a, b, gi, launch, seqs)
+    W, U0, Wb, dX0 = _intra(a, b, v, gi, do, Arb, Aab, Aak, scale, True, launch, seqs=seqs)
+    h, u, _ = _states(k, v, b, gi, W, U0, h0, False, dot, launch, bug, seqs)
     del W, U0
     N = sequences(B, seqs)
     dh, dX = _f32(r, B, NT, H, K, V), _f32(r, B, T, H, V)
     dh0 = _f32(r, N, H, K, V) if h0 is not None else None
-    SBV = _state_block(r, V, seqs, backward=True)
+    SBV = _state_block(r, V, launch, seqs, backward=True)
     bnd = _f32(r, B, NT, H, grid_size(V, SBV), K)
     dplr_bwd_dh_kernel[(grid_size(V, SBV), N * H)](r, a, gi, do, Wb, dX0, h, ht, dh, dX, dht, dh0, bnd, scale,
                                                    *sequence_tables(seqs), T, H=H, K=K, V=V, BT=CHUNK, BK=BK, BV=SBV,
                                                    DOT=dot, USE_DHT=dht is not None, STORE_DH0=h0 is not None,
-                                                   VARLEN=varlen, num_warps=WARPS["bwd_dh"])
+                                                   num_warps=launch.bwd_dh_warps)
     del Wb, dX0
     dv = torch.empty_like(v)  # dr, dk, db, dv leave their kernels in their inputs' dtypes: no cast passes
     dplr_bwd_dv_kernel[(NT, B * H)](k, v, gi, dh, u, dX, do, Arb, Ark, Aab, Aak, dv, scale, *chunk_args, T, NT, H=H,
-                                    K=K, V=V, BT=CHUNK, BK=BK, BV=min(BV, DV_BV), DOT=dot, VARLEN=varlen,
-                                    num_warps=WARPS["bwd_dv"])
+                                    K=K, V=V, BT=CHUNK, BK=BK, BV=min(BV, launch.dv_BV), DOT=dot,
+                                    num_warps=launch.bwd_dv_warps)
     dr, dk, db = torch.empty_like(r), torch.empty_like(k), torch.empty_like(b)
     da, x = _f32(r, B, T, H, K), _f32(r, B, T, H, K)  # read again by dplr_dw_kernel
-    PBK = min(BK, BWD_BK)
+    PBK = min(BK, launch.bwd_BK)
     dplr_bwd_kernel[(grid_size(K, PBK), NT, B * H)](r, k, v, a, b, gi, h, dh, u, dX, do, Arb, Ark, Aab, Aak, dr, dk,
                                                     da, db, x, scale, *chunk_args, T, NT, H=H, K=K, V=V, BT=CHUNK,
-                                                    BK=PBK, BV=min(BV, BWD_BV), DOT=dot, VARLEN=varlen,
-                                                    num_warps=WARPS["bwd"])
+                                                    BK=PBK, BV=min(BV, launch.bwd_BV), DOT=dot,
+                                                    num_warps=launch.bwd_warps)
     del h, dh, u, dX, Arb, Ark, Aab, Aak
     dw = x if w.dtype == torch.float32 else torch.empty_like(w)
-    BKw = min(BK, 32)
+    BKw = min(BK, launch.dw_BK)
     dplr_dw_kernel[(grid_size(K, BKw), NT, B * H)](x, a, da, bnd, dw, *chunk_args, T, NT, H=H, K=K, NP=bnd.shape[3],
-                                                   BT=CHUNK, BK=BKw, VARLEN=varlen)
+                                                   BT=CHUNK, BK=BKw)
     return dr, dw, dk, dv, da, db, dh0
 
 
 class ChunkRWKV7Function(torch.autograd.Function):
     @staticmethod
     @custom_fwd
-    def forward(ctx, r, w, k, v, a, b, scale, h0, output_final_state, bug=None, seqs=None, checks=None):
+    def forward(ctx, r, w, k, v, a, b, scale, h0, output_final_state, launch, bug=None, seqs=None, checks=None):
         r, w, k, v, a, b, h0 = as_contiguous(r, w, k, v, a, b, h0)
-        o, ht, _ = _forward(r, w, k, v, a, b, scale, h0, output_final_state, bug=bug, seqs=seqs, checks=checks)
+        o, ht, _ = _forward(r, w, k, v, a, b, scale, h0, output_final_state, launch, bug=bug, seqs=seqs,
+                            checks=checks)
         if checks is not None:
             checks.submit()
         ctx.save_for_backward(r, w, k, v, a, b, h0, ht)
-        ctx.scale, ctx.bug, ctx.seqs = scale, bug, seqs
+        ctx.scale, ctx.launch, ctx.bug, ctx.seqs = scale, launch, bug, seqs
         return o, ht
 
     @staticmethod
@@ -704,13 +699,15 @@ class ChunkRWKV7Function(torch.autograd.Function):
     def backward(ctx, do, dht):
         r, w, k, v, a, b, h0, ht = ctx.saved_tensors
         do, dht = as_contiguous(do, dht)
-        dr, dw, dk, dv, da, db, dh0 = _backward(r, w, k, v, a, b, ctx.scale, h0, ht, do, dht, ctx.bug, ctx.seqs)
+        dr, dw, dk, dv, da, db, dh0 = _backward(r, w, k, v, a, b, ctx.scale, h0, ht, do, dht, ctx.launch, ctx.bug,
+                                                ctx.seqs)
         return (cast_grad(dr, r), cast_grad(dw, w), cast_grad(dk, k), cast_grad(dv, v), cast_grad(da, a),
-                cast_grad(db, b), None, cast_grad(dh0, h0), None, None, None, None)
+                cast_grad(db, b), None, cast_grad(dh0, h0), None, None, None, None, None)
 
 
 @torch.no_grad()
-def chunk_rwkv7_intermediates(r, w, k, v, a, b, scale=1.0, initial_state=None, bug=None) -> dict[str, torch.Tensor]:
+def chunk_rwkv7_intermediates(r, w, k, v, a, b, scale=1.0, initial_state=None, bug=None,
+                              launch=None) -> dict[str, torch.Tensor]:
     """The forward's fp32 intermediates, for inspection (no value checks: pass anything you want to trace).
 
     `G` (chunk-local cumulative log-decay) and `W`, `U0` `[B, T, H, K or V]` (`u = W S_0 + U0` per chunk),
@@ -720,12 +717,13 @@ def chunk_rwkv7_intermediates(r, w, k, v, a, b, scale=1.0, initial_state=None, b
     """
     r, w, k, v, a, b, initial_state = as_contiguous(r, w, k, v, a, b, initial_state)
     check_bug(bug, "chunk_rwkv7")
-    o, _, kept = _forward(r, w, k, v, a, b, scale, initial_state, False, keep=True, bug=bug)
+    o, _, kept = _forward(r, w, k, v, a, b, scale, initial_state, False, resolve(launch, "rwkv7_chunk", r), keep=True,
+                          bug=bug)
     return {**kept, "o": o}
 
 
 def chunk_rwkv7(r, w, k, v, a, b, scale=1.0, initial_state=None, output_final_state=False, chunk_size=None, bug=None,
-                cu_seqlens=None, cu_seqlens_cpu=None, **kwargs):
+                cu_seqlens=None, cu_seqlens_cpu=None, launch=None, **kwargs):
     """Chunked RWKV-7 (DPLR), forward and backward in Triton, exact at any decay (see the module docstring).
 
     Same inputs as `fused_recurrent_rwkv7`: `[B, T, H, K]` r, w (natural-log decay <= 0, may be fp32 while the
@@ -735,7 +733,8 @@ def chunk_rwkv7(r, w, k, v, a, b, scale=1.0, initial_state=None, output_final_st
     docstring). `cu_seqlens` (and its host copy `cu_seqlens_cpu`): FLA's packed batches (B = 1, states
     `[N, H, K, V]`), one launch per kernel for the whole batch (`fla_lab.ops.common.conventions`).
     flash-linear-attention 0.6.0's `chunk_rwkv7` has the same signature and `scale=1.0` default; its
-    `safe_gate`/`lower_bound` fast path has no counterpart here (nothing to promise about the decay).
+    `safe_gate`/`lower_bound` fast path has no counterpart here (nothing to promise about the decay). `launch`: a
+    `fla_lab.ops.RWKV7ChunkLaunch`, None for the device's default.
     """
     op = "chunk_rwkv7"
     check_bug(bug, op)
@@ -746,5 +745,6 @@ def chunk_rwkv7(r, w, k, v, a, b, scale=1.0, initial_state=None, output_final_st
     seqs = None if cu_seqlens is None else packed_batch(op, cu_seqlens, cu_seqlens_cpu, r, initial_state, CHUNK)
     contract.check_kernel_device(op, dict(r=r, w=w, k=k, v=v, a=a, b=b, initial_state=initial_state))
     scale = r.shape[-1] ** -0.5 if scale is None else scale
-    o, ht = ChunkRWKV7Function.apply(r, w, k, v, a, b, scale, initial_state, output_final_state, bug, seqs, checks)
+    o, ht = ChunkRWKV7Function.apply(r, w, k, v, a, b, scale, initial_state, output_final_state,
+                                     resolve(launch, "rwkv7_chunk", r), bug, seqs, checks)
     return o, (ht if output_final_state else None)

@@ -27,21 +27,13 @@ import triton.language as tl
 
 from fla_lab.ops import contract
 from fla_lab.ops.common.chunk import gpu_sms, parallel_sequences
+from fla_lab.ops.common.launch import FWD_LOADS, RWKV7RecurrentLaunch, resolve
 from fla_lab.ops.common.utils import (as_contiguous, batch_head, cast_grad, custom_bwd, custom_fwd, grid_size,
-                                      kernel, next_pow2, sequence_chunks, state_tile)
+                                      kernel, next_pow2, packed_switch, sequence_chunks, state_tile)
 from fla_lab.ops.common.conventions import packed_batch
 
 MAX_K = 128  # a program keeps the whole key dimension of its state tile in registers
 CHECKPOINT_EVERY = 16  # steps per segment; the official RWKV-7 kernels' CHUNK_LEN
-MAX_BV = 64  # value columns per program at most (fewer programs under the interpreter; registers on a GPU)
-# (value columns per program, num_warps) of each kernel, None: per call (`forward_launch`, `backward_launch`).
-# `benchmarks/tune_kernels.py fused_recurrent_rwkv7` measures them.
-FWD_LAUNCH = None
-BWD_LAUNCH = None
-# Forward launches that hold the state tile keys-last, `[BV, BK]` (Triton then lays the tile out differently over
-# the warp's lanes; the generated code was not compared): only (32, 1), the one launch where keys-last was faster.
-# Why: docs/performance.md, 'fused_recurrent_rwkv7: keys-last state'.
-KEYS_LAST_LAUNCHES = {(32, 1)}
 
 
 @kernel
@@ -84,6 +76,7 @@ def checkpoint(hc, i_bh, i_h, boc, NS, H: tl.constexpr, KV: tl.constexpr, VARLEN
     return p_hc, stride
 
 
+@packed_switch
 @kernel
 def fused_recurrent_rwkv7_fwd_kernel(r, w, k, v, a, b, o, h0, ht, hc, scale, cu_seqlens, chunk_offsets, T,
                                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
@@ -123,11 +116,12 @@ def fused_recurrent_rwkv7_fwd_kernel(r, w, k, v, a, b, o, h0, ht, hc, scale, cu_
         tl.store(ht + i_bh * K * V + p_kv, b_h, mask=m_kv)
 
 
+@packed_switch
 @kernel
 def fused_recurrent_rwkv7_bwd_kernel(r, w, k, v, a, b, do, dht, hc, scratch, dr, dw, dk, dv, da, db, dh0,
                                      scale, cu_seqlens, chunk_offsets, B, T, H: tl.constexpr, K: tl.constexpr,
                                      V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
-                                     USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, VARLEN: tl.constexpr = False):
+                                     USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, VARLEN: tl.constexpr):
     """Segments in reverse: replay S_{t-1} for the segment's steps into `scratch`, then the adjoint backwards.
 
     Gradients that contract over values (dr, dw, dk, da, db) are partial sums per value block
@@ -176,31 +170,31 @@ def fused_recurrent_rwkv7_bwd_kernel(r, w, k, v, a, b, do, dht, hc, scratch, dr,
         tl.store(dh0 + i_bh * K * V + p_kv, b_dh, mask=m_kv)
 
 
-def forward_launch(x, V: int, H: int, seqs) -> tuple[int, int]:
-    """The forward's (value columns, num_warps). One step's latency grows with the tile, and many programs per SM
-    want few warps each. On a GPU: (16, 8) while 16-column tiles give at most two programs per SM; else, counted in
-    64-column tiles, (64, 1) from four programs per SM, (32, 1) from two, (32, 4) below. The launches were timed with
-    `benchmarks/tune_kernels.py`: docs/performance.md, 'fused_recurrent_rwkv7: forward_launch'.
+def forward_launch(x, V: int, H: int, seqs, launch: RWKV7RecurrentLaunch) -> tuple[int, int]:
+    """The forward's (value columns, num_warps): `launch.fwd_launch`, or (None) per call. One step's latency grows
+    with the tile, and many programs per SM want few warps each. On a GPU: `few_programs_launch` while 16-column
+    tiles give at most two programs per SM; else, counted in `max_BV`-column tiles, `fwd_by_load_launches[i]` from
+    `FWD_LOADS[i]` programs per SM. The launches were timed with `benchmarks/tune_kernels.py`: docs/performance.md,
+    'fused_recurrent_rwkv7: forward_launch'.
     """
-    if FWD_LAUNCH is not None:
-        return min(next_pow2(V), MAX_BV, FWD_LAUNCH[0]), FWD_LAUNCH[1]
+    if launch.fwd_launch is not None:
+        return min(next_pow2(V), launch.max_BV, launch.fwd_launch[0]), launch.fwd_launch[1]
     sms = gpu_sms(x)
     if sms is None:
-        return min(next_pow2(V), MAX_BV), 4
+        return min(next_pow2(V), launch.max_BV), 4
     rows = parallel_sequences(*x.shape[:2], seqs) * H  # programs per value tile
     if rows * grid_size(V, 16) <= 2 * sms:  # few sequences: the narrowest tile, for the shortest step
-        return 16, 8
-    programs = rows * grid_size(V, MAX_BV)
-    return (MAX_BV, 1) if programs >= 4 * sms else (32, 1) if programs >= 2 * sms else (32, 4)
+        return launch.few_programs_launch
+    programs = rows * grid_size(V, launch.max_BV)
+    return next(pair for load, pair in zip(FWD_LOADS, launch.fwd_by_load_launches) if programs >= load * sms)
 
 
-def backward_launch(x, V: int) -> tuple[int, int]:
-    """The backward's (value columns, num_warps): 32 columns and 4 warps on a GPU. Each value tile adds one fp32
-    partial of dr, dw, dk, da, db, so 16 columns, a little faster, would double that memory again, and 64 are slower
-    (docs/performance.md, 'fused_recurrent_rwkv7: backward_launch')."""
-    if BWD_LAUNCH is not None:
-        return min(next_pow2(V), MAX_BV, BWD_LAUNCH[0]), BWD_LAUNCH[1]
-    return min(next_pow2(V), MAX_BV if gpu_sms(x) is None else 32), 4
+def backward_launch(x, V: int, launch: RWKV7RecurrentLaunch) -> tuple[int, int]:
+    """The backward's (value columns, num_warps): `launch.bwd_launch`, or (None) `gpu_bwd_launch` on a GPU. Each
+    value tile adds one fp32 partial of dr, dw, dk, da, db, so 16 columns, a little faster, would double that memory
+    again, and 64 are slower (docs/performance.md, 'fused_recurrent_rwkv7: backward_launch')."""
+    BV, warps = launch.bwd_launch or (launch.gpu_bwd_launch if gpu_sms(x) is not None else (launch.max_BV, 4))
+    return min(next_pow2(V), launch.max_BV, BV), warps
 
 
 def _sequences(B: int, seqs):
@@ -209,11 +203,11 @@ def _sequences(B: int, seqs):
     return (B, None, None) if seqs is None else (seqs.N, seqs.cu_seqlens, seqs.chunk_offsets)
 
 
-def _forward(r, w, k, v, a, b, scale, h0, output_final_state, save_checkpoints, seqs=None):
+def _forward(r, w, k, v, a, b, scale, h0, output_final_state, save_checkpoints, launch, seqs=None):
     B, T, H, K = r.shape
     V = v.shape[-1]
     N, cu_seqlens, chunk_offsets = _sequences(B, seqs)
-    BK, (BV, warps) = next_pow2(K), forward_launch(r, V, H, seqs)
+    BK, (BV, warps) = next_pow2(K), forward_launch(r, V, H, seqs, launch)
     f32 = dict(dtype=torch.float32, device=r.device)
     o = torch.empty(B, T, H, V, dtype=r.dtype, device=r.device)
     ht = torch.empty(N, H, K, V, **f32) if output_final_state else None
@@ -224,15 +218,15 @@ def _forward(r, w, k, v, a, b, scale, h0, output_final_state, save_checkpoints, 
     fused_recurrent_rwkv7_fwd_kernel[(grid_size(V, BV), N * H)](
         r, w, k, v, a, b, o, h0, ht, hc, scale, cu_seqlens, chunk_offsets, T, H=H, K=K, V=V, BK=BK, BV=BV,
         BT=CHECKPOINT_EVERY, USE_H0=h0 is not None, STORE_HT=output_final_state, STORE_HC=save_checkpoints,
-        KEYS_LAST=(BV, warps) in KEYS_LAST_LAUNCHES, VARLEN=seqs is not None, num_warps=warps)
+        KEYS_LAST=(BV, warps) in launch.keys_last_launches, num_warps=warps)
     return o, ht, hc
 
 
-def _backward(r, w, k, v, a, b, scale, h0, hc, do, dht, seqs=None):
+def _backward(r, w, k, v, a, b, scale, h0, hc, do, dht, launch, seqs=None):
     B, T, H, K = r.shape
     V = v.shape[-1]
     N, cu_seqlens, chunk_offsets = _sequences(B, seqs)
-    BK, (BV, warps) = next_pow2(K), backward_launch(r, V)
+    BK, (BV, warps) = next_pow2(K), backward_launch(r, V, launch)
     NV = grid_size(V, BV)
     f32 = dict(dtype=torch.float32, device=r.device)
     dr, dw, dk, da, db = (torch.empty(NV, B, T, H, K, **f32) for _ in range(5))
@@ -242,18 +236,19 @@ def _backward(r, w, k, v, a, b, scale, h0, hc, do, dht, seqs=None):
     fused_recurrent_rwkv7_bwd_kernel[(NV, N * H)](
         r, w, k, v, a, b, do, dht, hc, scratch, dr, dw, dk, dv, da, db, dh0, scale, cu_seqlens, chunk_offsets, B, T,
         H=H, K=K, V=V, BK=BK, BV=BV, BT=CHECKPOINT_EVERY, USE_DHT=dht is not None, STORE_DH0=h0 is not None,
-        VARLEN=seqs is not None, num_warps=warps)
+        num_warps=warps)
     return dr.sum(0), dw.sum(0), dk.sum(0), dv, da.sum(0), db.sum(0), dh0
 
 
 class FusedRecurrentRWKV7Function(torch.autograd.Function):
     @staticmethod
     @custom_fwd
-    def forward(ctx, r, w, k, v, a, b, scale, h0, output_final_state, needs_grad, seqs=None):
+    def forward(ctx, r, w, k, v, a, b, scale, h0, output_final_state, needs_grad, launch, seqs=None):
         r, w, k, v, a, b, h0 = as_contiguous(r, w, k, v, a, b, h0)
-        o, ht, hc = _forward(r, w, k, v, a, b, scale, h0, output_final_state, save_checkpoints=needs_grad, seqs=seqs)
+        o, ht, hc = _forward(r, w, k, v, a, b, scale, h0, output_final_state, save_checkpoints=needs_grad,
+                             launch=launch, seqs=seqs)
         ctx.save_for_backward(r, w, k, v, a, b, h0, hc)
-        ctx.scale, ctx.seqs = scale, seqs
+        ctx.scale, ctx.launch, ctx.seqs = scale, launch, seqs
         return o, ht
 
     @staticmethod
@@ -261,9 +256,9 @@ class FusedRecurrentRWKV7Function(torch.autograd.Function):
     def backward(ctx, do, dht):
         r, w, k, v, a, b, h0, hc = ctx.saved_tensors
         do, dht = as_contiguous(do, dht)
-        dr, dw, dk, dv, da, db, dh0 = _backward(r, w, k, v, a, b, ctx.scale, h0, hc, do, dht, ctx.seqs)
+        dr, dw, dk, dv, da, db, dh0 = _backward(r, w, k, v, a, b, ctx.scale, h0, hc, do, dht, ctx.launch, ctx.seqs)
         return (cast_grad(dr, r), cast_grad(dw, w), cast_grad(dk, k), cast_grad(dv, v), cast_grad(da, a),
-                cast_grad(db, b), None, cast_grad(dh0, h0), None, None, None)
+                cast_grad(db, b), None, cast_grad(dh0, h0), None, None, None, None)
 
 
 def check_key_width(op: str, K: int) -> None:
@@ -273,7 +268,7 @@ def check_key_width(op: str, K: int) -> None:
 
 
 def fused_recurrent_rwkv7(r, w, k, v, a, b, scale=1.0, initial_state=None, output_final_state=False, cu_seqlens=None,
-                          cu_seqlens_cpu=None, **kwargs):
+                          cu_seqlens_cpu=None, launch=None, **kwargs):
     """Fused recurrent RWKV-7, forward and backward in Triton.
 
     `w` is the `[B, T, H, K]` natural-log decay (<= 0; RWKV-7 keeps it in (-e^-0.5, 0)); `a, b` the removal
@@ -281,7 +276,8 @@ def fused_recurrent_rwkv7(r, w, k, v, a, b, scale=1.0, initial_state=None, outpu
     `[B, H, K, V]` fp32. `w` may be float32 while the rest is bf16 (the layer keeps the decay in fp32, upstream
     #181). Returns `(o, final_state or None)`; K <= MAX_K = 128. `cu_seqlens` (and its host copy
     `cu_seqlens_cpu`): FLA's packed batches, one launch per kernel for the whole batch
-    (`fla_lab.ops.common.conventions`).
+    (`fla_lab.ops.common.conventions`). `launch`: a `fla_lab.ops.RWKV7RecurrentLaunch`, None for the device's
+    default.
 
     Differences from flash-linear-attention 0.6.0:
     - upstream's `fused_recurrent_rwkv7` defaults to `scale=None`, meaning `K ** -0.5`, and
@@ -302,5 +298,5 @@ def fused_recurrent_rwkv7(r, w, k, v, a, b, scale=1.0, initial_state=None, outpu
     needs_grad = torch.is_grad_enabled() and any(x is not None and x.requires_grad
                                                  for x in (r, w, k, v, a, b, initial_state))
     o, ht = FusedRecurrentRWKV7Function.apply(r, w, k, v, a, b, scale, initial_state, output_final_state, needs_grad,
-                                              seqs)
+                                              resolve(launch, "rwkv7_recurrent", r), seqs)
     return o, (ht if output_final_state else None)

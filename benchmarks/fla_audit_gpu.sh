@@ -1,0 +1,57 @@
+#!/bin/bash
+# The audit on flash-linear-attention's own layers, on a CUDA machine, from the repository root:
+#     OUT=/some/folder bash benchmarks/fla_audit_gpu.sh
+# Installs the wheels in .whl/ (FLA, einops, pytest; no network), runs the CUDA and CPU tests of the FLA audit, the
+# fused_recurrent_rwkv6 final-state repro, and `python -m fla_lab audit` on rwkv6, rwkv7 and GSA models (2 layers,
+# bf16, two truncated-BPTT segments) plus rwkv6 in fused_recurrent mode (the op the repro is about). Eight files in
+# $OUT; a table last. Every step under `timeout`; a step that fails does not stop the others.
+set -u
+OUT=${OUT:-/tmp/fla_audit_out}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    > "$OUT/install.log" 2>&1 || { echo "wheel install failed"; tail -5 "$OUT/install.log"; }
+rm -f "$OUT/install.log"
+export PYTHONPATH=$PWD:/tmp/site
+unset TRITON_INTERPRET
+LOG=$OUT/audit.log
+: > "$LOG"
+
+step() {  # name, seconds, command...: run it, log its exit status
+    local name=$1 seconds=$2
+    shift 2
+    local start=$SECONDS
+    timeout "$seconds" "$@"
+    local rc=$?
+    echo "$name rc=$rc $((SECONDS - start))s" | tee -a "$OUT/steps.txt"
+}
+
+step tests 170 python3 -m pytest tests/test_fla_audit_cuda.py tests/test_upstream.py -q -p no:cacheprovider -rs \
+    > "$OUT/tests.log" 2>&1
+step repro 150 python3 benchmarks/repro/fused_recurrent_rwkv6_dht.py --json "$OUT/repro.json" >> "$LOG" 2>&1
+for family in rwkv6 rwkv7 gsa; do
+    step "audit $family" 90 python3 -m fla_lab audit --fla "$family" --layers 2 --T 2048 --tbptt 2 --dtype bf16 \
+        --json "$OUT/audit_$family.json" >> "$LOG" 2>&1
+done
+step "audit rwkv6 fused_recurrent" 75 python3 -m fla_lab audit --fla rwkv6 --mode fused_recurrent --layers 2 \
+    --T 512 --tbptt 2 --dtype bf16 --json "$OUT/audit_rwkv6_fused.json" >> "$LOG" 2>&1
+
+python3 - "$OUT" <<'PY' | tee -a "$LOG"
+import glob, json, os, sys
+out = sys.argv[1]
+print(open(os.path.join(out, "steps.txt")).read().strip())
+print(f"{'model':<26} {'calls':>5} {'wrong':>5} {'dht':>4} {'step ms':>8} {'replay s':>8} {'ms/replay':>9}  worst wrong")
+for path in sorted(glob.glob(os.path.join(out, "audit_*.json"))):
+    r = json.load(open(path))
+    bad = [c for c in r["calls"] if not c["ok"]]
+    worst = ", ".join(f"#{c['index']} {c['op']} {c['worst']} {c['errors'][c['worst']]:.2g}" for c in bad[:3]) or "-"
+    n = len(r["calls"])
+    print(f"{os.path.basename(path)[6:-5]:<26} {n:>5} {len(bad):>5} {r['calls_with_final_state_cotangent']:>4} "
+          f"{r['step_s'] * 1e3:>8.1f} {r['replay_s']:>8.2f} {r['replay_s'] / max(n, 1) * 1e3:>9.0f}  {worst}")
+if os.path.exists(os.path.join(out, "repro.json")):
+    r = json.load(open(os.path.join(out, "repro.json")))
+    print(f"repro: fla {r['fla']} ({r['fla_commit']}), {r['device']}")
+    for row in r["rows"]:
+        e = row["errors"]
+        print(f"  {row['op']:<22} {row['case']:<9} " + " ".join(f"{n}={e[n]:.1e}" for n in ("dk", "dv", "dw", "dr")))
+print(open(os.path.join(out, "tests.log")).read().strip().splitlines()[-1])
+PY

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# One device call per card (issue 35): the `unit-cuda` phase, the fused recurrent forwards beside FLA 0.6.0, the
+# FLA audit (benchmarks/fla_audit_gpu.sh) and FLA's own op tests at FLA's sizes (benchmarks/fla_tests.py --gpu).
+# With two GPUs the phase runs on the first while the rest runs on the second (their timings are each GPU's own; the
+# CPU cores are shared); with one, one after the other. Logs and JSON go to $OUT as one archive plus a summary;
+# the summary table comes last.
+#     OUT=/some/folder FLA_SRC=.flasrc bash benchmarks/gpu_cards.sh [unit] [recurrent] [audit] [fla_tests]
+# Needs: .whl/ (the Jupyter stack, pytest-xdist, pytest-timeout, hypothesis, tqdm, numpy, FLA 0.6.0, einops) and,
+# for fla_tests, FLA_SRC: a directory holding FLA's tests/ops files and its fla/ package (one commit's).
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+LOGS=$(mktemp -d)
+export PYTHONUNBUFFERED=1
+steps=${*:-unit recurrent audit fla_tests}
+gpus=$(nvidia-smi -L | wc -l)
+other=$([ "$gpus" -ge 2 ] && echo 1 || echo 0)
+card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+echo "card: $card x$gpus; steps: $steps" | tee "$LOGS/summary.txt"
+
+timed() {  # name, seconds, command...: run under timeout, append "name rc seconds" to the summary
+  local name=$1 seconds=$2 start=$SECONDS
+  shift 2
+  timeout "$seconds" "$@" > "$LOGS/$name.log" 2>&1
+  local rc=$?
+  echo "$name rc=$rc ${SECONDS}s-${start}s=$((SECONDS - start))s" | tee -a "$LOGS/summary.txt"
+}
+
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  > "$LOGS/install.log" 2>&1
+if [[ " $steps " == *" unit "* ]]; then
+  PIP_FIND_LINKS=$PWD/.whl timed setup 120 python3 workbook.py setup
+  CUDA_VISIBLE_DEVICES=0 timed unit-cuda "${UNIT_S:-330}" python3 workbook.py test --phase unit-cuda &
+  unit_pid=$!
+  [ "$other" = 0 ] && wait $unit_pid
+fi
+
+export CUDA_VISIBLE_DEVICES=$other PYTHONPATH=$PWD:/tmp/site
+if [[ " $steps " == *" recurrent "* ]]; then
+  OUT=$LOGS timed recurrent 150 python3 benchmarks/tune_kernels.py fused_recurrent_rwkv6 fused_recurrent_rwkv7 \
+    --no-sweep --upstream --shapes 8x4096 64x1024 2x16384
+fi
+if [[ " $steps " == *" audit "* ]]; then
+  mkdir -p "$LOGS/audit"
+  OUT=$LOGS/audit timed audit "${AUDIT_S:-300}" bash benchmarks/fla_audit_gpu.sh
+fi
+if [[ " $steps " == *" fla_tests "* ]]; then
+  timed fla_tests "${FLA_TESTS_S:-200}" python3 benchmarks/fla_tests.py --gpu --fla "${FLA_SRC:-.flasrc}" \
+    --fla-package commit --site /tmp/site --workers 4 --out "$LOGS/fla_tests_gpu.md"
+fi
+[ -n "${unit_pid:-}" ] && wait "$unit_pid"
+
+mkdir -p "$OUT"
+tar -czf "$OUT/logs.tgz" -C "$LOGS" .
+cp "$LOGS/summary.txt" "$OUT/summary.txt"
+echo "==== summary ===="
+cat "$LOGS/summary.txt"
+grep -h "passed\|failed" "$LOGS/unit-cuda.log" 2>/dev/null | tail -2
+grep -h "FLA 0.6.0\|fla_lab" "$LOGS/recurrent.log" 2>/dev/null | tail -12
+tail -8 "$LOGS/audit/audit.log" 2>/dev/null
+grep -h "total" "$LOGS/fla_tests_gpu.md" 2>/dev/null

@@ -1,0 +1,75 @@
+"""The audit on models built from flash-linear-attention's own layers (CUDA and FLA only).
+
+- FLA's ops that agree with the float64 reference pass (RWKV-7's chunk path, bf16, two truncated-BPTT segments);
+- an op swapped into an FLA layer that reads half its initial state is flagged, on the segment that has one only;
+- on FLA 0.6.0, fused_recurrent_rwkv6's backward with a final-state cotangent is flagged (README: it drops `dht`),
+  through the `audit` command, which exits 1 and writes its JSON.
+"""
+import argparse
+import functools
+import importlib.util
+import json
+import sys
+
+import pytest
+import torch
+
+from fla_lab import audit, fla_audit, upstream
+
+pytestmark = [
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="FLA's kernels need a CUDA device"),
+    pytest.mark.skipif(importlib.util.find_spec("fla") is None,
+                       reason="flash-linear-attention is not installed (pip install flash-linear-attention fla-core)"),
+]
+
+T, SEGMENTS = 256, 2
+
+
+def _model(family: str, mode: str = "chunk"):
+    torch.manual_seed(0)
+    return fla_audit.SmallModel(family, layers=1, mode=mode).to("cuda", torch.bfloat16)
+
+
+def _audited_step(model) -> audit.Auditor:
+    tokens, targets = (torch.randint(0, 1024, (1, T), device="cuda") for _ in range(2))
+    with audit.audit(model, fla=True) as recorded:
+        fla_audit.training_step(model, tokens, targets, SEGMENTS)
+    return recorded
+
+
+def test_fla_ops_that_agree_pass():
+    recorded = _audited_step(_model("rwkv7"))
+    assert [c.op for c in recorded.calls] == ["chunk_rwkv7"] * SEGMENTS, recorded.report()
+    assert recorded.calls[0].dht[0] is not None  # truncated BPTT sent a final-state cotangent
+    assert not recorded.wrong(), recorded.report()
+
+
+def test_a_wrong_op_swapped_into_an_fla_layer_is_flagged(monkeypatch):
+    import fla.ops.rwkv7
+
+    upstream.import_layer("rwkv7")
+    layer_module = sys.modules["fla.layers.rwkv7"]
+    real = fla.ops.rwkv7.chunk_rwkv7
+
+    @functools.wraps(real)  # FLA's signature, so the recording binds its arguments as for the real op
+    def reads_half_the_initial_state(*args, initial_state=None, **kwargs):
+        return real(*args, initial_state=None if initial_state is None else initial_state * 0.5, **kwargs)
+    # the package attribute too: the audit finds FLA's entry points there, then every namespace holding them
+    monkeypatch.setattr(fla.ops.rwkv7, "chunk_rwkv7", reads_half_the_initial_state)
+    monkeypatch.setattr(layer_module, "chunk_rwkv7", reads_half_the_initial_state)
+    recorded = _audited_step(_model("rwkv7"))
+    first, second = recorded.results()
+    assert first.ok, recorded.report()  # no initial state to misread
+    assert not second.ok, recorded.report()
+
+
+@pytest.mark.skipif(upstream.version() != "0.6.0", reason="the discrepancy was found on FLA 0.6.0")
+def test_fused_recurrent_rwkv6_final_state_cotangent_is_flagged_on_060(tmp_path):
+    path = tmp_path / "audit.json"
+    args = argparse.Namespace(fla="rwkv6", layers=1, T=T, B=1, tbptt=SEGMENTS, dtype="fp32", mode="fused_recurrent",
+                              hidden=256, kernel=False, warmup=0, seed=0, json=str(path))
+    assert fla_audit.run(args) == 1
+    calls = json.loads(path.read_text())["calls"]
+    with_dht = [c for c in calls if c["final_state_cotangent"]]
+    assert with_dht and all(not c["ok"] and c["worst"] in ("dk", "dv", "dw") for c in with_dht), calls
+    assert all(c["ok"] for c in calls if not c["final_state_cotangent"]), calls

@@ -1,0 +1,246 @@
+"""One launch mechanism: every family's tiles and warps are a frozen, validated launch object passed per call
+(`fla_lab.ops.common.launch`), the defaults chosen per device in one place, and no launch state at module level.
+Also the package's import graph (no cycles between its packages) and, on a GPU, the shared memory of every kernel
+compiled with the launch choices for a card with 99 KB of shared memory per block."""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import ROOT, run_python
+from fla_lab import runtime
+from fla_lab.ops.common import launch as L
+
+PACKAGE = Path(ROOT) / "fla_lab"
+SMALL_CARD_SMEM = 101376  # shared memory per block (opt-in) of a 99 KB card
+
+
+# --- the launch objects ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", sorted(L.FAMILIES))
+def test_every_default_validates_and_is_frozen(family):
+    launches = [L.measured(family, name) for name in L.TUNED] + [L.launch_for(family, SMALL_CARD_SMEM),
+                                                                   L.default_launch(family, "cpu")]
+    for launch in launches:
+        assert type(launch) is L.FAMILIES[family]
+        type(launch)(**{f.name: getattr(launch, f.name) for f in dataclasses.fields(launch)})  # validates again
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(launch, dataclasses.fields(launch)[0].name, None)
+
+
+def test_the_tuned_table_names_real_fields():
+    for card, families in L.TUNED.items():
+        for family, values in families.items():
+            L.FAMILIES[family](**values)  # an unknown field raises TypeError, a bad value ValueError
+    assert L.MEASURED_ON in L.TUNED and L.TUNED[L.MEASURED_ON] == {}  # the class defaults are the measured card's
+
+
+@pytest.mark.parametrize("cls, field, value, says", [
+    (L.RecurrentLaunch, "fwd_BV", 8, "powers of two >= 16"),
+    (L.RecurrentLaunch, "dkv_warps", 3, "num_warps"),
+    (L.RecurrentLaunch, "softmax_rows", 12, "power of two"),
+    (L.RWKV7RecurrentLaunch, "fwd_launch", (32, 3), "num_warps"),
+    (L.RWKV7RecurrentLaunch, "bwd_launch", 32, "pair"),
+    (L.RWKV7RecurrentLaunch, "keys_last_launches", ((24, 1),), "powers of two"),
+    (L.RWKV7ChunkLaunch, "bwd_BV", 48, "powers of two"),
+    (L.RWKV7ChunkLaunch, "intra_warps", 32, "num_warps"),
+    (L.ChunkLaunch, "state_stages", 9, "num_stages"),
+])
+def test_a_bad_field_is_refused_by_name(cls, field, value, says):
+    with pytest.raises(ValueError, match=rf"{cls.__name__}\.{field}=.*{says}"):
+        cls(**{field: value})
+
+
+def test_an_op_refuses_another_familys_launch():
+    from fla_lab import harness
+    from fla_lab.ops import fused_recurrent_rwkv7
+
+    with pytest.raises(TypeError, match="RWKV7RecurrentLaunch"):
+        fused_recurrent_rwkv7(**harness.rwkv7_inputs(1, 4, 1, 16, 16), launch=L.RecurrentLaunch())
+
+
+def test_the_small_card_shrinks_what_would_not_fit():
+    """The chunk ops' state passes hold pipelined key and value tiles: a 99 KB card gets fewer stages than the
+    measured card, within its shared memory by the estimate; the families without dots keep the measured choices."""
+    small, measured = L.launch_for("chunk", SMALL_CARD_SMEM), L.measured("chunk")
+    assert L.chunk_state_smem(measured) > SMALL_CARD_SMEM >= L.chunk_state_smem(small)
+    assert small.state_stages < measured.state_stages
+    assert dataclasses.replace(small, state_stages=measured.state_stages) == measured  # nothing else changed
+    big = torch.cuda.get_device_properties(0).shared_memory_per_block_optin if torch.cuda.is_available() else 232448
+    assert L.launch_for("chunk", big) == measured
+    for family in ("recurrent", "rwkv7_recurrent", "rwkv7_chunk"):
+        assert L.launch_for(family, SMALL_CARD_SMEM) == L.measured(family)
+
+
+def test_off_the_gpu_one_config():
+    assert L.default_launch("rwkv7_chunk", torch.empty(1)) == L.RWKV7ChunkLaunch(state_BV=32)
+    assert L.default_launch("recurrent", "cpu") == L.RecurrentLaunch()
+    assert L.default_launch("chunk") is L.default_launch("chunk", torch.device("cpu"))  # cached
+
+
+# --- no launch state at module level ---------------------------------------------------------------------------
+
+LAUNCH_NAME = re.compile(r"WARPS|_B[KV]$|^B[KV]_|LAUNCH|TILES|_STAGES$")
+ALGORITHMIC = {"WARP_CHOICES", "STAGE_CHOICES"}  # what a launch object may hold, not what it holds
+
+
+def module_assignments(tree: ast.Module):
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) \
+            else []
+        for target in targets:
+            for name in ast.walk(target):
+                if isinstance(name, ast.Name):
+                    yield node.lineno, name.id
+
+
+def test_no_launch_state_at_module_level_in_ops():
+    found = []
+    for path in sorted((PACKAGE / "ops").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        found += [f"{path.relative_to(ROOT)}:{line} {name}" for line, name in module_assignments(tree)
+                  if LAUNCH_NAME.search(name) and name not in ALGORITHMIC]
+        if "contract" not in path.parts:  # the value checks' setting is the contract's module state, by design
+            found += [f"{path.relative_to(ROOT)}:{node.lineno} global" for node in ast.walk(tree)
+                      if isinstance(node, ast.Global)]
+    assert not found, "launch settings belong in a launch object (fla_lab/ops/common/launch.py): " + \
+        ", ".join(found)
+
+
+# --- the import graph ------------------------------------------------------------------------------------------
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def node_of(module: str, packages: set[str]) -> str:
+    """A module's node in the graph: its package below `fla_lab` (fla_lab.ops.gla), else the module itself."""
+    return module if module in packages or module.count(".") < 2 else module.rsplit(".", 1)[0]
+
+
+def imports_of(path: Path, modules: set[str]):
+    """Every fla_lab module `path` imports, at module level or inside a function."""
+    package = module_name(path) if path.name == "__init__.py" else module_name(path).rsplit(".", 1)[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            yield from (a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+            yield from (f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names)
+
+
+def package_graph() -> dict[str, set[str]]:
+    paths = sorted(PACKAGE.rglob("*.py"))
+    modules = {module_name(p) for p in paths}
+    packages = {module_name(p) for p in paths if p.name == "__init__.py"}
+    graph: dict[str, set[str]] = {}
+    for path in paths:
+        source = node_of(module_name(path), packages)
+        for target in imports_of(path, modules):
+            if target.split(".")[0] == "fla_lab" and node_of(target, packages) != source:
+                graph.setdefault(source, set()).add(node_of(target, packages))
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle_between_packages():
+    graph = package_graph()
+    assert "fla_lab.ops.common" in graph.get("fla_lab.ops.gla", set())  # the graph sees the imports
+    assert not cycles(graph), f"packages that import each other: {cycles(graph)}"
+
+
+# --- on a GPU: the 99 KB card's choices fit in 99 KB -----------------------------------------------------------
+
+COMPILE_ALL = """
+import json, torch
+from fla_lab import harness, registry
+from fla_lab.ops.common import launch as L
+from fla_lab.ops.common.utils import registered_kernels
+
+FAMILY = {"chunk_gla": "chunk", "chunk_rwkv6": "chunk", "chunk_gsa": "chunk", "chunk_rwkv7": "rwkv7_chunk",
+          "fused_recurrent_gla": "recurrent", "fused_recurrent_rwkv6": "recurrent", "fused_recurrent_gsa": "recurrent",
+          "fused_recurrent_rwkv7": "rwkv7_recurrent"}
+for name, family in FAMILY.items():
+    spec, launch = registry.get(name), L.launch_for(family, SMEM)
+    for D in (64, 128):
+        for lengths in ((300,), (300,), (5, 0, 64, 130, 19)):
+            shape = dict(H=2, K=D, V=D, M=64)
+            B, T = (2, lengths[0]) if len(lengths) == 1 else (1, sum(lengths))
+            x = spec.inputs(registry.Shape(B, T, **shape), decay=1.0, initial_state=False)
+            x["initial_state"] = spec.inputs(registry.Shape(B if len(lengths) == 1 else len(lengths), 1, **shape),
+                                             initial_state=True)["initial_state"]
+            kw = {"launch": launch}
+            if len(lengths) > 1:
+                offsets = [0] + torch.tensor(lengths).cumsum(0).tolist()
+                kw["cu_seqlens"] = torch.tensor(offsets, dtype=torch.int32, device="cuda")
+            leaves = harness.leaves(harness.on_device(x), dtype=torch.bfloat16)
+            draw = lambda o, s: harness.cotangents(o.shape, {n: t.shape for n, t in s.items()}, 0)
+            harness.run(spec.fn, leaves, draw, **kw)
+torch.cuda.synchronize()
+shared = {}
+for kname, k in registered_kernels().items():
+    for cache in getattr(k, "device_caches", {}).values():
+        for compiled in cache[0].values():
+            shared[kname] = max(shared.get(kname, 0), compiled.metadata.shared)
+print(json.dumps(shared))
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(runtime.device() != "cuda", reason="needs a CUDA device")
+def test_every_kernel_fits_the_small_cards_shared_memory():
+    """Every op, forward and backward, fixed variant, dense and packed, bf16, K = V = 64 and 128, with the launch
+    choices for a 99 KB card, in a fresh process (its compiled kernels only): each compiled kernel's shared memory."""
+    done = run_python(f"SMEM = {SMALL_CARD_SMEM}\n" + COMPILE_ALL, drop=("TRITON_INTERPRET",))
+    assert done.returncode == 0, done.stderr[-3000:]
+    shared = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(shared) >= 20, f"too few compiled kernels found: {sorted(shared)}"
+    too_big = {name: size for name, size in shared.items() if size > SMALL_CARD_SMEM}
+    assert not too_big, f"kernels over {SMALL_CARD_SMEM} bytes of shared memory: {too_big}"
