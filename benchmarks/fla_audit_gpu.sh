@@ -25,8 +25,6 @@ step() {  # name, seconds, command...: run it, log its exit status
     echo "$name rc=$rc $((SECONDS - start))s" | tee -a "$OUT/steps.txt"
 }
 
-step tests 170 python3 -m pytest tests/test_fla_audit_cuda.py tests/test_upstream.py -q -p no:cacheprovider -rs \
-    > "$OUT/tests.log" 2>&1
 step repro 150 python3 benchmarks/repro/fused_recurrent_rwkv6_dht.py --json "$OUT/repro.json" >> "$LOG" 2>&1
 for family in rwkv6 rwkv7 gsa; do
     step "audit $family" 90 python3 -m fla_lab audit --fla "$family" --layers 2 --T 2048 --tbptt 2 --dtype bf16 \
@@ -35,6 +33,8 @@ done
 step "audit rwkv6 fused_recurrent" 75 python3 -m fla_lab audit --fla rwkv6 --mode fused_recurrent --layers 2 \
     --T 512 --tbptt 2 --dtype bf16 --json "$OUT/audit_rwkv6_fused.json" >> "$LOG" 2>&1
 
+step tests 170 python3 -m pytest tests/test_fla_audit_cuda.py tests/test_upstream.py -q -p no:cacheprovider -rs \
+    > "$OUT/tests.log" 2>&1
 python3 - "$OUT" <<'PY' | tee -a "$LOG"
 import glob, json, os, sys
 out = sys.argv[1]

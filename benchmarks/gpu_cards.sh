@@ -27,27 +27,37 @@ timed() {  # name, seconds, command...: run under timeout, append "name rc secon
 
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   > "$LOGS/install.log" 2>&1
-if [[ " $steps " == *" unit "* ]]; then
-  PIP_FIND_LINKS=$PWD/.whl timed setup 120 python3 workbook.py setup
-  CUDA_VISIBLE_DEVICES=0 timed unit-cuda "${UNIT_S:-330}" python3 workbook.py test --phase unit-cuda &
-  unit_pid=$!
-  [ "$other" = 0 ] && wait $unit_pid
-fi
+wants() { [[ " $steps " == *" $1 "* ]]; }
 
-export CUDA_VISIBLE_DEVICES=$other PYTHONPATH=$PWD:/tmp/site
-if [[ " $steps " == *" recurrent "* ]]; then
-  OUT=$LOGS timed recurrent 150 python3 benchmarks/tune_kernels.py fused_recurrent_rwkv6 fused_recurrent_rwkv7 \
-    --no-sweep --upstream --shapes 8x4096 64x1024 2x16384
+lane0() {  # the test phase (a venv of its own, as the README sets one up), then FLA's tests at FLA's sizes
+  export CUDA_VISIBLE_DEVICES=0
+  if wants unit; then
+    PIP_FIND_LINKS=$PWD/.whl timed setup 120 python3 workbook.py setup
+    timed unit-cuda "${UNIT_S:-330}" python3 workbook.py test --phase unit-cuda
+  fi
+  if wants fla_tests; then
+    PYTHONPATH=$PWD:/tmp/site timed fla_tests "${FLA_TESTS_S:-150}" python3 benchmarks/fla_tests.py --gpu \
+      --fla "${FLA_SRC:-.flasrc}" --fla-package commit --site /tmp/site --workers 4 --out "$LOGS/fla_tests_gpu.md"
+  fi
+}
+
+lane1() {  # the fused recurrent forwards beside FLA, then the FLA audit
+  export CUDA_VISIBLE_DEVICES=$other PYTHONPATH=$PWD:/tmp/site
+  if wants recurrent; then
+    OUT=$LOGS timed recurrent 150 python3 benchmarks/tune_kernels.py fused_recurrent_rwkv6 fused_recurrent_rwkv7 \
+      --no-sweep --upstream --shapes 8x4096 64x1024 2x16384
+  fi
+  if wants audit; then
+    mkdir -p "$LOGS/audit"
+    OUT=$LOGS/audit timed audit "${AUDIT_S:-300}" bash benchmarks/fla_audit_gpu.sh
+  fi
+}
+
+if [ "$other" = 1 ]; then
+  lane0 & lane1 & wait
+else
+  lane0; lane1
 fi
-if [[ " $steps " == *" audit "* ]]; then
-  mkdir -p "$LOGS/audit"
-  OUT=$LOGS/audit timed audit "${AUDIT_S:-300}" bash benchmarks/fla_audit_gpu.sh
-fi
-if [[ " $steps " == *" fla_tests "* ]]; then
-  timed fla_tests "${FLA_TESTS_S:-200}" python3 benchmarks/fla_tests.py --gpu --fla "${FLA_SRC:-.flasrc}" \
-    --fla-package commit --site /tmp/site --workers 4 --out "$LOGS/fla_tests_gpu.md"
-fi
-[ -n "${unit_pid:-}" ] && wait "$unit_pid"
 
 mkdir -p "$OUT"
 tar -czf "$OUT/logs.tgz" -C "$LOGS" .

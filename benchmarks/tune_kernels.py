@@ -78,6 +78,7 @@ def sweep(op, B, T, rows, with_profile, with_sweep, only=None, with_host=False):
         profile(f"fla_lab {op} B={B} T={T}", fn, x, do, kwargs, backward=True)
     if with_host:
         host_times(op, fn, x, kwargs, rows, B, T)
+    defaults(op, fn, x, do, kwargs, rows, B, T)
     for name, values, backward in knobs(op):
         default = getattr(op_launch(op, x), name)
         for value in values if with_sweep and (not only or name in only) else ():
@@ -91,6 +92,14 @@ def sweep(op, B, T, rows, with_profile, with_sweep, only=None, with_host=False):
                              metric="fwd_bwd_ms" if backward else "fwd_ms", ms=ms))
             print(f"{op:<22} B={B:<3} T={T:<6} {name:<12} {str(value):<9}{' *' if value == default else '  '} "
                   f"{'fwd+bwd' if backward else 'fwd    '} {ms:8.3f} ms", flush=True)
+
+
+def defaults(op, fn, x, do, kwargs, rows, B, T):
+    """The op at the device's default launch, forward and forward+backward: the row a sweep is read against."""
+    for metric, backward in (("fwd_ms", False), ("fwd_bwd_ms", True)):
+        ms = time_it(fn, x, do, {**kwargs, "launch": op_launch(op, x)}, backward)
+        rows.append(dict(op=op, B=B, T=T, knob="fla_lab default", value=str(op_launch(op, x)), metric=metric, ms=ms))
+        print(f"{op:<22} B={B:<3} T={T:<6} fla_lab default        {metric:<10} {ms:8.3f} ms", flush=True)
 
 
 def profile(label, fn, x, do, kwargs, backward, calls=5):

@@ -27,6 +27,10 @@ def test_each_setting_is_passed_as_a_launch_while_measured(tune_kernels, monkeyp
     default = tune_kernels.default_launch(tune_kernels.FAMILY[op], "cpu")
     rows = []
     tune_kernels.sweep(op, 1, 16, rows, with_profile=False, with_sweep=True)
+    assert [(r["knob"], r["metric"]) for r in rows[:2]] == [("fla_lab default", "fwd_ms"),
+                                                           ("fla_lab default", "fwd_bwd_ms")]
+    assert seen[0] == seen[1] == default  # the row a sweep is read against: the default launch, passed as one
+    rows, seen = rows[2:], seen[2:]
     assert len(rows) == len(seen) == sum(len(values) for _, values, _ in knobs)
     i = 0
     for name, values, backward in knobs:
