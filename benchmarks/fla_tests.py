@@ -300,6 +300,7 @@ def export(fla: Path, commit: str, files: list[str], dest: Path, with_package: b
     paths = [f"tests/ops/{f}" for f in files] + (["fla"] if with_package else [])
     if (fla / "tests" / "ops").is_dir():  # a checkout
         for p in paths:
+            (dest / p).parent.mkdir(parents=True, exist_ok=True)
             (shutil.copytree if (fla / p).is_dir() else shutil.copy)(fla / p, dest / p)
         git = ["git", "-C", str(fla)]
         commit = "HEAD"

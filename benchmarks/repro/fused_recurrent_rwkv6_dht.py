@@ -72,6 +72,8 @@ def fla_commit() -> str:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", default=None)
+    parser.add_argument("--no-control", action="store_true",
+                        help="skip chunk_rwkv6, the control (FLA autotunes its chunk kernels for minutes when cold)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("needs a CUDA device (FLA's kernels)")
@@ -87,7 +89,9 @@ def main() -> int:
     rows, bad = [], False
     for case, cotangent in (("no dht", None), ("with dht", dht)):
         want = forward_backward(exact_rwkv6, x, do, cotangent, "cpu", torch.float64)
-        for name, op in (("fused_recurrent_rwkv6", fused_recurrent_rwkv6), ("chunk_rwkv6", chunk_rwkv6)):
+        ops = (("fused_recurrent_rwkv6", fused_recurrent_rwkv6),) + (() if args.no_control else
+                                                                     (("chunk_rwkv6", chunk_rwkv6),))
+        for name, op in ops:
             def call(**t):
                 return op(**t, scale=1.0, output_final_state=True)
             got = forward_backward(call, x, do, cotangent, "cuda", torch.float32)
