@@ -33,7 +33,7 @@ lane0() {  # the test phase (a venv of its own, as the README sets one up), then
   export CUDA_VISIBLE_DEVICES=0
   if wants unit; then
     PIP_FIND_LINKS=$PWD/.whl timed setup 120 python3 workbook.py setup
-    timed unit-cuda "${UNIT_S:-330}" python3 workbook.py test --phase unit-cuda
+    timed unit-cuda "${UNIT_S:-330}" python3 workbook.py test --phase unit-cuda -v  # names as they finish
   fi
   if wants fla_tests; then
     PYTHONPATH=$PWD:/tmp/site timed fla_tests "${FLA_TESTS_S:-150}" python3 benchmarks/fla_tests.py --gpu \

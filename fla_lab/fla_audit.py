@@ -200,6 +200,8 @@ def _positive(text: str) -> int:
 
 def check_args(args) -> str | None:
     """What is wrong with the arguments (None: nothing): each segment needs at least one token."""
+    if args.fla == "rwkv7" and args.layers < 2:  # its init divides by num_hidden_layers - 1 (fla/layers/rwkv7.py)
+        return "--fla rwkv7 needs --layers 2 or more: FLA's RWKV7Attention initialises by layer_idx / (layers - 1)"
     if args.T % args.tbptt:
         return f"--T {args.T} is not divisible by --tbptt {args.tbptt}: the segments would differ in length"
     return None

@@ -165,6 +165,22 @@ WRONG = {
                 return -torch.ones(w_raw.shape, dtype=torch.float32, device=w_raw.device)
             """,
     },
+    "06:check_fla_reproduction": {
+        "the final state's share detached": """
+            def reproduction(op, x, do, dht):
+                o, ht = op(**x, output_final_state=True)
+                ((o * do).sum() + (ht.detach() * dht).sum()).backward()
+            """,
+        "the cotangent sent into the inputs instead": """
+            def reproduction(op, x, do, dht):
+                o, ht = op(**x, output_final_state=True)
+                ((o * do).sum() + (x["k"] * dht.sum()).sum()).backward()
+            """,
+        "nonsense: no call, no backward": """
+            def reproduction(op, x, do, dht):
+                return dht
+            """,
+    },
 }
 CAUSE = ("mechanism", "tensor", "condition")
 # Notebook 06: findings made from the solution's (`s`); "off": the model with its options back to the defaults, so

@@ -39,7 +39,11 @@ def test_the_tuned_table_names_real_fields():
     for card, families in L.TUNED.items():
         for family, values in families.items():
             L.FAMILIES[family](**values)  # an unknown field raises TypeError, a bad value ValueError
-    assert L.MEASURED_ON in L.TUNED and L.TUNED[L.MEASURED_ON] == {}  # the class defaults are the measured card's
+    assert L.MEASURED_ON in L.TUNED  # other cards start from its entry
+    for card, families in L.TUNED.items():  # an entry names only what differs from the class defaults
+        for family, values in families.items():
+            defaults = L.FAMILIES[family]()
+            assert all(getattr(defaults, field) != value for field, value in values.items()), (card, family)
 
 
 @pytest.mark.parametrize("cls, field, value, says", [
@@ -62,8 +66,12 @@ def test_an_op_refuses_another_familys_launch():
     from fla_lab import harness
     from fla_lab.ops import fused_recurrent_rwkv7
 
+    from fla_lab import runtime
+
+    inputs = {name: None if x is None else x.to(runtime.device()) for name, x in
+              harness.rwkv7_inputs(1, 4, 1, 16, 16).items()}  # on the GPU where there is one: the kernels' device
     with pytest.raises(TypeError, match="RWKV7RecurrentLaunch"):
-        fused_recurrent_rwkv7(**harness.rwkv7_inputs(1, 4, 1, 16, 16), launch=L.RecurrentLaunch())
+        fused_recurrent_rwkv7(**inputs, launch=L.RecurrentLaunch())
 
 
 def test_the_small_card_shrinks_what_would_not_fit():

@@ -409,3 +409,21 @@ def test_a_changed_number_is_caught(broken, monkeypatch):
     check = test_locator_and_audit_cost if broken == "1.37x" else test_gpu_phases_match_gpu_phases_json
     with pytest.raises(AssertionError):
         check()
+
+
+def test_fla_model_audit_numbers():
+    run = load("fla_audit_rwkv6_fused.json")
+    repro = json.loads((RESULTS.parent / "repro" / "fused_recurrent_rwkv6_dht.json").read_text(encoding="utf-8"))
+    text = block("On an H200 (FLA 0.6.0", "## Hunting NaNs")
+    assert run["device"] == "NVIDIA H200" == repro["device"] and run["fla_version"] == "0.6.0" == repro["fla"]
+    wrong = [c for c in run["calls"] if not c["ok"]]
+    assert len(wrong) == run["wrong"] == run["calls_with_final_state_cotangent"]
+    assert all(c["final_state_cotangent"] for c in wrong), "a wrong call without a final-state cotangent"
+    dht = next(r["errors"] for r in repro["rows"] if r["case"] == "with dht")
+    none = next(r["errors"] for r in repro["rows"] if r["case"] == "no dht")
+    assert f"flagged {run['wrong']} of its {len(run['calls'])} calls" in " ".join(text.split())
+    backed = [run["wrong"], len(run["calls"]), f"{max(c['errors']['dk'] for c in wrong):.2f}",
+              f"{run['step_s'] * 1e3:.1f}", f"{run['recorded_step_s'] * 1e3:.1f}",
+              f"{run['replay_s'] / len(run['calls']) * 1e3:.0f}", f"{dht['dk']:.2f}", f"{dht['dv']:.2f}",
+              f"{dht['dw']:.2f}", short(max(none.values()))]
+    assert not unbacked(text, backed), text

@@ -265,6 +265,11 @@ def test_audit_command_refuses_uneven_segments(capsys):
     assert "not divisible by --tbptt 3" in capsys.readouterr().out
 
 
+def test_audit_command_refuses_a_one_layer_rwkv7_model(capsys):
+    assert cli.main(["audit", "--fla", "rwkv7", "--layers", "1"]) == 2  # FLA's init would divide by zero
+    assert "needs --layers 2 or more" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("argv", [["audit", "--fla", "mamba"], ["audit", "--fla", "gla", "--layers", "0"],
                                   ["audit", "--fla", "gla", "--dtype", "fp64"]])
 def test_audit_command_rejects_bad_arguments(argv):

@@ -212,12 +212,15 @@ FAMILIES = {"chunk": ChunkLaunch, "recurrent": RecurrentLaunch, "rwkv7_recurrent
 # from the class defaults.
 INTERPRETER = {"rwkv7_chunk": {"state_BV": 32}}  # B=8, T=4096's width
 
-# Per GPU (by `torch.cuda.get_device_name`), per family: the fields that differ from the class defaults, which were
-# measured on the first card. A card missing here runs `launch_for(family, its shared memory)`.
+# Per GPU (by `torch.cuda.get_device_name`), per family: the fields that differ from the class defaults (the
+# interpreter's, and measured on the first card for every other field). A card missing here runs
+# `launch_for(family, its shared memory)`, from MEASURED_ON's entry.
 TUNED = {
-    "NVIDIA H200": {},
-    "NVIDIA H100 80GB HBM3": {  # docs/performance.md, 'fused recurrent forwards per card'
-        "recurrent": {"fwd_BK": 32, "fwd_BV": 16, "fwd_warps": 8, "fwd_wide_launch": (64, 2)},
+    "NVIDIA H200": {  # docs/performance.md, 'fused recurrent forwards per card'
+        "recurrent": {"fwd_BK": 32, "fwd_warps": 8, "fwd_wide_launch": (64, 2)},
+    },
+    "NVIDIA H100 80GB HBM3": {
+        "recurrent": {"fwd_BK": 32, "fwd_warps": 8, "fwd_wide_launch": (64, 2)},
         "rwkv7_recurrent": {"fwd_by_load_launches": ((64, 1), (32, 1), (16, 4))},
     },
 }
