@@ -43,6 +43,35 @@ def configure() -> None:
         index_tensors_as_scalars()
     _STATE["device"] = "cuda" if has_cuda and not _STATE["interpret"] else "cpu"
     hide_interpreter_noise()
+    if _STATE["device"] == "cuda":
+        announce_first_compile()
+
+
+COMPILE_NOTE = ("fla_lab: Triton is compiling this GPU's kernels (or loading them from its disk cache): the first "
+                "call of each op waits for it, later calls do not")
+
+
+def announce_first_compile(say=print) -> bool:
+    """Print COMPILE_NOTE the first time this process compiles a Triton kernel, so the wait of a notebook's first
+    cells on a GPU is explained where it happens. Chains any hook already installed and never asks Triton to skip a
+    compile (a true return would). Returns whether the hook was installed (a Triton with `knobs.runtime`)."""
+    try:
+        import triton
+
+        knobs = triton.knobs.runtime
+        previous = knobs.jit_cache_hook
+    except (AttributeError, ImportError):
+        return False
+    said = []
+
+    def hook(*args, **info):
+        if not said:
+            said.append(True)
+            say(COMPILE_NOTE)
+        return previous(*args, **info) if previous is not None else None
+
+    knobs.jit_cache_hook = hook
+    return True
 
 
 def _switch_triton_knob_on() -> None:

@@ -159,3 +159,20 @@ def test_loop_bounds_computed_in_a_kernel_run_under_triton_3_6s_interpreter(monk
     y = torch.zeros(1, dtype=torch.int32)
     count_chunks[(1,)](torch.tensor([37], dtype=torch.int32), y, 0, BT=16)
     assert y.item() == 3
+
+
+def test_the_first_compile_is_announced_once_and_never_skipped(monkeypatch):
+    import triton
+
+    from fla_lab import runtime
+
+    seen = []
+    monkeypatch.setattr(triton.knobs.runtime, "jit_cache_hook", lambda **info: seen.append(info["key"]))
+    said = []
+    assert runtime.announce_first_compile(say=said.append)
+    hook = triton.knobs.runtime.jit_cache_hook
+    assert hook(key="a", repr="k1") is None and hook(key="b", repr="k2") is None  # None: Triton compiles
+    assert said == [runtime.COMPILE_NOTE] and seen == ["a", "b"]  # once; the earlier hook still sees every call
+    monkeypatch.setattr(triton.knobs.runtime, "jit_cache_hook", None)
+    assert runtime.announce_first_compile(say=said.append)
+    assert triton.knobs.runtime.jit_cache_hook(key="c") is None and len(said) == 2
