@@ -14,6 +14,9 @@ its own subprocess with the copy first on PYTHONPATH and under a timeout:
      audit   : the same two steps under `audit.audit()`: is a call of the op flagged? (the audit names ops, not
                kernels: "op only").
 
+Besides the slips listed here, `safeguard_mutations()` adds one 'naive form' per numerical safeguard of
+`fla_lab.safeguards` (the shipped line replaced by the naive one); its tests stage runs the safeguard's own test.
+
     .venv/bin/python benchmarks/mutation_check.py --list
     .venv/bin/python benchmarks/mutation_check.py --only gla_diag_mask_after_exp rwkv7_exclusive_pair_inclusive
     .venv/bin/python benchmarks/mutation_check.py            # all (each takes minutes under the interpreter)
@@ -23,6 +26,7 @@ Writes benchmarks/results/mutations.json and mutations.md (merged by id with wha
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -48,6 +52,7 @@ class Mutation:
     old: str      # occurs exactly once in `path`
     new: str
     what: str
+    tests: tuple = ()  # pytest arguments instead of the op's TESTS (a safeguard's own test)
 
 
 CS = "fla_lab/ops/common/chunk.py"
@@ -124,6 +129,21 @@ MUTATIONS = [
              "a^T S reduced over the wrong axis in the step transition (square tiles hide the shape error)"),
 ]
 
+
+def safeguard_mutations() -> list[Mutation]:
+    """One naive-form mutation per safeguard of `fla_lab.safeguards` that has neither a bug switch nor a mutation
+    above: the shipped line replaced by its naive form, caught first by the safeguard's own test."""
+    spec = importlib.util.spec_from_file_location("fla_lab_safeguards", ROOT / "fla_lab" / "safeguards.py")
+    inv = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, inv)  # dataclasses look their module up
+    spec.loader.exec_module(inv)
+    entries = {e.guard.id: e for e in inv.inventory()}
+    return [Mutation(g.id, g.ops[0], entries[g.id].function, g.path, g.code, g.naive, f"safeguard reverted: {g.what}",
+                     tests=g.catching_tests()) for g in inv.mutations()]
+
+
+MUTATIONS += safeguard_mutations()
+
 # --- tests per op: small and fast ---------------------------------------------------------------------------------
 TESTS = {  # each op's tests, and its case of tests/test_final_state_flag.py (the output without the final state)
     "chunk_gla": ["tests/test_chunk.py", "tests/test_final_state_flag.py", "-k", "gla or agrees"],
@@ -181,7 +201,7 @@ def _run(cmd, copy: Path, timeout: int) -> tuple[int | None, str, float]:
 
 def stage_tests(m: Mutation, copy: Path) -> dict:
     cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-p", "no:randomly",
-           *TESTS[m.op]]
+           *(m.tests or TESTS[m.op])]
     rc, out, secs = _run(cmd, copy, TIMEOUTS["tests"])
     first = next((line.split(" ", 1)[1].split(" - ")[0] for line in out.splitlines() if line.startswith("FAILED ")),
                  None)

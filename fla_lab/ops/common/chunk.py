@@ -277,7 +277,7 @@ def chunk_fwd_h_kernel(k, v, gi, h, h0, ht, cu_seqlens, chunk_offsets, T, H: tl.
         else:  # decay each key channel from its step to the chunk end
             b_glast = tl.load(gi + bos * K + t_last * H * K + o_k, mask=m_k, other=0)
             b_gt = tl.load(gi + bos * K + o_t[None, :] * H * K + o_k[:, None], mask=m_kt, other=0)
-            b_kt *= tl.exp(tl.where(m_kt, b_glast[:, None] - b_gt, 0))
+            b_kt *= tl.exp(tl.where(m_kt, b_glast[:, None] - b_gt, 0))  # safeguard: state_key_decay_to_chunk_end
             b_h = b_h * tl.exp(b_glast)[:, None] + mma(b_kt, b_v, DOT)
     if STORE_HT:
         tl.store(ht + i_bh * K * V + p_kv, b_h, mask=m_kv)
@@ -421,7 +421,7 @@ def plain_rows_kernel(A, x, y, gi, h, out, alpha, beta, cu_seqlens, chunk_indice
         b_g = tl.load(gi + o_t[:, None] * H * DY + o_y[None, :], mask=m_ty, other=0)
         if TO_END:
             b_glast = tl.load(gi + t_last * H * DY + o_y, mask=m_y, other=0)
-            b_y *= tl.exp(tl.where(m_ty, b_glast[None, :] - b_g, 0))
+            b_y *= tl.exp(tl.where(m_ty, b_glast[None, :] - b_g, 0))  # safeguard: plain_rows_decay_to_chunk_end
         else:
             b_y *= tl.exp(b_g)  # g <= 0, and 0 on rows past T
         if H_T:

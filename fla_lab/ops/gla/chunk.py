@@ -244,7 +244,7 @@ def chunk_bwd_dqk_kernel(q, k, v, gi, u, h, dh, dA, do, dq, dk, scale, cu_seqlen
     t_last = tl.minimum(t_first + BT, T) - 1
     b_glast = tl.load(gi + t_last * HK + o_k, mask=m_k, other=0)
     b_dq += scale * b_dqh * tl.exp(b_gq)
-    b_dk += b_dkh * tl.exp(tl.where(m_ik, b_glast[None, :] - b_gk, 0))
+    b_dk += b_dkh * tl.exp(tl.where(m_ik, b_glast[None, :] - b_gk, 0))  # safeguard: gla_dk_decay_to_chunk_end
     p_out = bos * K + p_ik
     tl.store(dq + p_out, b_dq, mask=m_ik)
     tl.store(dk + p_out, b_dk, mask=m_ik)

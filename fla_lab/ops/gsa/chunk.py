@@ -70,7 +70,7 @@ def slot_rows_kernel(x, y, gi, h, A, out, scale, cu_seqlens, chunk_indices, T, N
         b_xh += mma_split(b_x.to(tl.float32), b_h, DOT)
     if BACKWARD:
         b_glast = tl.load(gi + (tl.minimum(t_first + BT, T) - 1) * H * V + o_v, mask=m_v, other=0)
-        b_out = b_xh * tl.exp(tl.where(m_iv, b_glast[None, :] - b_g, 0))
+        b_out = b_xh * tl.exp(tl.where(m_iv, b_glast[None, :] - b_g, 0))  # safeguard: gsa_dv_state_decay_to_chunk_end
         b_in = cols_from_later_subchunks(A, y, gi, b_g, i_start, t_first, i_i, T, o_c, o_v, m_v, m_i, H * V,
                                          H * BT, BC, BV, NC, DOT, False, EXPONENT)
         b_yi = tl.load(y + p_iv, mask=m_iv, other=0).to(tl.float32)

@@ -1,0 +1,230 @@
+"""The inventory of the kernels' and layers' numerical safeguards, read from the sources.
+
+Each safeguard is one line of `fla_lab/ops` or `fla_lab/layers` whose naive form computes the same number in exact
+arithmetic but not in floating point. `REGISTRY` names it: the file, the shipped code (a text that occurs exactly
+once in that file), its naive form (the replacement the mutation check applies), what it protects against, the ops
+that run it and the tests that fail with the naive form. A line that has room for it, and that no notebook prints,
+carries a trailing marker comment, `# safeguard: <id>`; `inventory()` finds each entry's line (by its code, and
+checks the marker agrees) and its enclosing function by parsing the file, without importing the kernels.
+
+Entries with `bug` are catalogued bugs (`python -m fla_lab bugs`): their naive form is the bug switch's helper,
+tested through that switch; entries with `mutation` are reverted by an existing mutation of the mutation check. The
+others are reverted by a mutation of their own id (`mutations()`, used by `benchmarks/mutation_check.py`).
+
+    python -m fla_lab safeguards [--write]  # the table (Markdown); --write: into docs/onboarding.md
+"""
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCANNED = ("fla_lab/ops", "fla_lab/layers")
+MARKER = re.compile(r"#\s*safeguard:\s*([a-z0-9_]+)")
+PROTECTS = ("overflow", "cancellation", "inf-inf", "0*inf", "precision", "padded rows")
+TESTS = "tests/test_safeguards.py"
+
+
+@dataclass(frozen=True)
+class Safeguard:
+    id: str
+    path: str        # relative to the repository root
+    code: str        # the shipped text: occurs exactly once in `path`
+    naive: str       # what replaces `code` in the naive form
+    protects: str    # one of PROTECTS
+    ops: tuple
+    what: str
+    tests: tuple = ()  # pytest node ids that fail with the naive form (default: test_<id> of tests/test_safeguards.py)
+    bug: str | None = None       # "op:bug" when the naive form is a catalogued bug switch
+    mutation: str | None = None  # an existing mutation check id that reverts it
+
+    def catching_tests(self) -> tuple:
+        return self.tests or (f"{TESTS}::test_{self.id}",)
+
+
+@dataclass(frozen=True)
+class Entry:
+    guard: Safeguard
+    line: int
+    function: str  # the enclosing function: the Triton kernel or helper, or the layer's method
+    marked: bool   # the line carries its marker comment
+
+
+CC = "fla_lab/ops/common/chunk.py"
+GSA = "fla_lab/ops/gsa/chunk.py"
+R7 = "fla_lab/ops/rwkv7/chunk.py"
+CHUNK_OPS = ("chunk_gla", "chunk_rwkv6", "chunk_gsa")
+
+REGISTRY = (
+    Safeguard("gsa_softmax_max_first", GSA,
+              'b_x - tl.max(b_x, axis=1)[:, None], float("-inf"))  # max first: exp(x - max) <= 1',
+              'b_x, float("-inf"))', "overflow", ("chunk_gsa",),
+              "slot softmax: the row maximum is subtracted before exp (exp(x) overflows for logits above 88)"),
+    Safeguard("gsa_softmax_bwd_max_first", GSA,
+              'b_x - tl.max(b_x, axis=1)[:, None], float("-inf"))\n    b_e = tl.where(m, tl.exp(b_x), 0)\n'
+              "    b_p = b_e / tl.maximum(tl.sum(b_e, axis=1), 1e-30)[:, None]\n    b_dp",
+              'b_x, float("-inf"))\n    b_e = tl.where(m, tl.exp(b_x), 0)\n'
+              "    b_p = b_e / tl.maximum(tl.sum(b_e, axis=1), 1e-30)[:, None]\n    b_dp", "overflow", ("chunk_gsa",),
+              "slot softmax backward: the recomputed probabilities subtract the row maximum before exp"),
+    Safeguard("state_key_decay_to_chunk_end", CC, "b_kt *= tl.exp(tl.where(m_kt, b_glast[:, None] - b_gt, 0))",
+              "b_kt *= tl.exp(b_glast[:, None]) * tl.exp(-b_gt)", "0*inf", CHUNK_OPS,
+              "state pass, key side: one exponent G_last - G_t <= 0, not exp(G_last) * exp(-G_t) (0 * inf once "
+              "a chunk's decay passes 88)"),
+    Safeguard("state_value_decay_to_chunk_end", CC, "b_v *= tl.exp(tl.where(m_tv, b_glast[None, :] - b_g, 0))",
+              "b_v *= tl.exp(b_glast[None, :]) * tl.exp(-b_g)", "0*inf", ("chunk_gsa",),
+              "state pass, value side (GSA's keys -> slots): the same single exponent G_last - G_t <= 0"),
+    Safeguard("rwkv7_state_decay_to_chunk_end", R7,
+              "b_gend = tl.exp(tl.where(m_kt, b_glast[:, None] - load_cols(gi, o_t, o_k, m_kt, HK), 0))",
+              "b_gend = tl.exp(b_glast[:, None]) * tl.exp(-load_cols(gi, o_t, o_k, m_kt, HK))", "0*inf",
+              ("chunk_rwkv7",),
+              "RWKV-7 state pass: b and k decayed to the chunk end with one exponent G_last - G_t <= 0"),
+    Safeguard("gla_dk_decay_to_chunk_end", "fla_lab/ops/gla/chunk.py",
+              "b_dk += b_dkh * tl.exp(tl.where(m_ik, b_glast[None, :] - b_gk, 0))",
+              "b_dk += b_dkh * tl.exp(b_glast[None, :]) * tl.exp(-b_gk)", "0*inf", ("chunk_gla", "chunk_rwkv6"),
+              "dk's state term: one exponent G_last - G_t <= 0, not exp(G_last) * exp(-G_t)"),
+    Safeguard("rwkv7_reader_weight_masked_before_exp", R7,
+              "b_w = tl.where(causal, tl.exp(tl.where(causal, b_g - b_gj[None, :], 0)), 0)",
+              "b_w = tl.exp(b_g - b_gj[None, :]) * causal.to(tl.float32)", "0*inf", ("chunk_rwkv7",),
+              "RWKV-7 backward, dr and da: the exponent is masked before exp (pairs s > t: exp(+large) * 0)"),
+    Safeguard("rwkv7_writer_weight_masked_before_exp", R7,
+              "b_w = tl.where(causal, tl.exp(tl.where(causal, b_gj[None, :] - b_g, 0)), 0)",
+              "b_w = tl.exp(b_gj[None, :] - b_g) * causal.to(tl.float32)", "0*inf", ("chunk_rwkv7",),
+              "RWKV-7 backward, db and dk: the exponent is masked before exp"),
+    Safeguard("gsa_dv_state_decay_to_chunk_end", GSA,
+              "b_out = b_xh * tl.exp(tl.where(m_iv, b_glast[None, :] - b_g, 0))",
+              "b_out = b_xh * tl.exp(b_glast[None, :]) * tl.exp(-b_g)", "0*inf", ("chunk_gsa",),
+              "GSA backward, the state term of a slot pass's dv: one exponent G_last - G_t <= 0"),
+    Safeguard("plain_rows_decay_to_chunk_end", CC, "b_y *= tl.exp(tl.where(m_ty, b_glast[None, :] - b_g, 0))",
+              "b_y *= tl.exp(b_glast[None, :]) * tl.exp(-b_g)", "0*inf", CHUNK_OPS,
+              "backward rows decayed to the chunk end (GLA's dv, GSA's dk): one exponent G_last - G_t <= 0"),
+    Safeguard("gsa_gate_logsigmoid", "fla_lab/layers/gsa.py", "f = F.logsigmoid(x) / self.gate_logit_normalizer",
+              "f = torch.log(torch.sigmoid(x)) / self.gate_logit_normalizer", "overflow", ("chunk_gsa",),
+              "GSA layer's forget gate: logsigmoid, not log(sigmoid(x)) (sigmoid underflows to 0 below -88: "
+              "log gives -inf)"),
+    Safeguard("gsa_write_expm1", "fla_lab/layers/gsa.py", "return f, -torch.expm1(f)",
+              "return f, 1 - torch.exp(f)", "cancellation", ("chunk_gsa",),
+              "GSA layer's slot write 1 - exp(f) as -expm1(f): small writes are not rounded to 0"),
+    Safeguard("gsa_gate_fp32", "fla_lab/layers/gsa.py", "x = self.f_proj(hidden_states).float()",
+              "x = self.f_proj(hidden_states)", "precision", ("chunk_gsa",),
+              "GSA layer's gates computed in fp32 from a bf16 projection (upstream #181's lesson)"),
+    Safeguard("rwkv6_decay_fp32", "fla_lab/layers/rwkv6.py", "w_raw = self.w_lora(xw).float()",
+              "w_raw = self.w_lora(xw)", "precision", ("chunk_rwkv6", "fused_recurrent_rwkv6"),
+              "RWKV6 layer's log-decay -exp(w_raw) computed in fp32 from a bf16 LoRA output"),
+    Safeguard("gla_diagonal_masked_before_exp", CC,
+              "return tl.where(causal, tl.exp(tl.where(causal, b_gq - b_gk, 0)), 0)",
+              "return tl.exp(b_gq - b_gk) * causal.to(tl.float32)", "0*inf", ("chunk_gla", "chunk_gsa"),
+              "diagonal blocks: the exponent is masked before exp, so pairs above the diagonal give 0, not inf * 0",
+              tests=("tests/test_chunk.py::test_chunk_gla[B1-T64-H1-K64-V64-float16-m10-h0-c64]",),
+              mutation="gla_diag_mask_after_exp"),
+    Safeguard("gsa_later_rows_masked", CC, "return tl.where((o_j < T)[:, None] & m_d[None, :], b_gq - b_gn, 0)",
+              "return b_gq - b_gn", "padded rows", ("chunk_gsa", "chunk_gla", "chunk_rwkv6"),
+              "rows past T (loaded as 0) are masked in the exponent: exp(0 - gn) would overflow and meet a zero",
+              tests=("tests/test_gsa.py::test_unmasked_padding_gives_nan_in_ds_and_dg_with_a_partial_last_chunk",),
+              bug="chunk_gsa:unmasked_padding"),
+    Safeguard("reference_row_exclusive", CC, "return gi + (i_start - 1) * HK + o_k",
+              "return gi + i_start * HK + o_k", "0*inf", ("chunk_rwkv6", "chunk_gla"),
+              "sub-chunk reference row gi[start - 1]: both factors exp(gq - gn) and exp(gn - gk) stay <= 1",
+              tests=("tests/test_lesson_overflow.py::test_buggy_kernel_fails_exactly_where_the_reference_row_is_used",),
+              bug="chunk_rwkv6:exclusive_reference"),
+    Safeguard("rwkv7_decay_fp32", "fla_lab/layers/rwkv7.py", "return -DECAY_SCALE * w_raw.float().sigmoid()",
+              "return -DECAY_SCALE * w_raw.sigmoid()", "precision", ("chunk_rwkv7", "fused_recurrent_rwkv7"),
+              "RWKV-7 layer's log-decay in fp32 (the fix of upstream #181)",
+              tests=("tests/test_layers_autocast.py::"
+                     "test_bf16_decay_switch_rounds_the_decay_inside_a_real_autocast_step",),
+              bug="rwkv7:bf16_decay"),
+)
+
+
+def source(path: str) -> str:
+    return (ROOT / path).read_text()
+
+
+def enclosing_function(text: str, line: int) -> str:
+    """The innermost function whose body spans `line` (1-based)."""
+    best = None
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.lineno <= line <= node.end_lineno:
+            if best is None or node.lineno > best.lineno:
+                best = node
+    return best.name if best else "<module>"
+
+
+def locate(guard: Safeguard, text: str) -> Entry:
+    count = text.count(guard.code)
+    if count != 1:
+        raise ValueError(f"safeguard {guard.id}: its code occurs {count} times in {guard.path} (must be once)")
+    line = text[:text.index(guard.code)].count("\n") + 1
+    found = MARKER.search(text.splitlines()[line - 1])
+    if found and found.group(1) != guard.id:
+        raise ValueError(f"safeguard {guard.id}: {guard.path}:{line} carries the marker of {found.group(1)}")
+    return Entry(guard, line, enclosing_function(text, line), bool(found))
+
+
+def inventory() -> list[Entry]:
+    return [locate(g, source(g.path)) for g in REGISTRY]
+
+
+def markers() -> dict[str, list[tuple[str, int]]]:
+    """Every `# safeguard: <id>` marker in the scanned folders: id -> [(path, line)]."""
+    found: dict[str, list[tuple[str, int]]] = {}
+    for folder in SCANNED:
+        for file in sorted((ROOT / folder).rglob("*.py")):
+            for i, text in enumerate(file.read_text().splitlines(), 1):
+                for m in MARKER.finditer(text):
+                    found.setdefault(m.group(1), []).append((str(file.relative_to(ROOT)), i))
+    return found
+
+
+def mutations() -> list[Safeguard]:
+    """The safeguards reverted by a mutation of their own id (not a bug switch, not an existing mutation)."""
+    return [g for g in REGISTRY if g.bug is None and g.mutation is None]
+
+
+def naive_line(entry: Entry) -> str:
+    """The line as the naive form writes it (stripped, without the marker)."""
+    g = entry.guard
+    mutated = source(g.path).replace(g.code, g.naive).splitlines()[entry.line - 1]
+    return MARKER.sub("", mutated).strip()
+
+
+def caught_by(g: Safeguard) -> str:
+    if g.bug:
+        return f"bug switch `{g.bug}`"
+    return ", ".join(f"`{t.split('::')[-1].split('[')[0]}`" for t in g.catching_tests())
+
+
+def table(lines: bool = True) -> str:
+    """The inventory as a Markdown table; `lines=False` (the guide's section) leaves the line numbers out."""
+    rows = ["| safeguard | where | protects against | ops | naive form | caught by |", "|---|---|---|---|---|---|"]
+    for e in inventory():
+        g = e.guard
+        where = g.path.removeprefix("fla_lab/") + (f":{e.line}" if lines else "")
+        naive = naive_line(e).replace("|", "\\|")
+        rows.append(f"| `{g.id}` | `{where}` `{e.function}` | {g.protects}: {g.what} | {', '.join(g.ops)} | "
+                    f"`{naive}` | {caught_by(g)} |")
+    return "\n".join(rows)
+
+
+GUIDE = ROOT / "docs" / "onboarding.md"
+BEGIN, END = "<!-- safeguards:begin -->", "<!-- safeguards:end -->"
+
+
+def render_guide(text: str) -> str:
+    """`text` with the section between the safeguard markers replaced by the current table."""
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    return f"{head}{BEGIN}\n{table(lines=False)}\n{END}{tail}"
+
+
+def main(write: bool = False) -> int:
+    """Print the table; `write`: refresh the guide's section."""
+    if write:
+        GUIDE.write_text(render_guide(GUIDE.read_text()))
+    print(table())
+    return 0
+
+
+if __name__ == "__main__":
+    main()
