@@ -27,7 +27,6 @@ time steps). Both timed on a 12-layer RWKV-7 training step by `benchmarks/bench_
 """
 from __future__ import annotations
 
-import inspect
 import math
 from dataclasses import dataclass, field
 
@@ -153,8 +152,8 @@ def replay_call(call: hunt.Call, fn=None, replayed_on: str = "") -> CallAudit:
     dtype = next(t.dtype for _, t in hunt._tensors(call.inputs) if t.is_floating_point())
     cotangent, backward = _recorded_cotangent(call)
     # float64 where the call ran (a GPU's float64 is fast; the reference is a loop over time steps)
-    exact = harness.run(spec.reference, harness.exact_leaves(call.inputs, grads=backward), cotangent,
-                        **_accepted(spec.reference, call.kwargs))
+    exact = harness.run(hunt.reference_for_call(spec, call.kwargs), harness.exact_leaves(call.inputs, grads=backward),
+                        cotangent)
     with contract.value_checks(False), hunt._quiet():  # the model's call got through: let the replay through too
         got = harness.run(fn, harness.leaves(call.inputs, grads=backward), cotangent, **call.kwargs)
     o = got.o if call.output_final_state else _worse(_output_as_called(call, fn), got.o, exact.o)
@@ -166,14 +165,6 @@ def replay_call(call: hunt.Call, fn=None, replayed_on: str = "") -> CallAudit:
     plain = {n: check.rel_error(g, r) for n, (g, r) in pairs.items()}
     peaks = {n: peak(g, r, state=_is_state(n)) for n, (g, r) in pairs.items()}
     return CallAudit(call, dtype, errors, plain, peaks, backward, replayed_on)
-
-
-def _accepted(fn, kwargs: dict) -> dict:
-    """The options `fn` takes (all of them when it takes **kwargs: the adapter's references for FLA's ops)."""
-    parameters = inspect.signature(fn).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
-        return dict(kwargs)
-    return {n: v for n, v in kwargs.items() if n in parameters}
 
 
 def _output_as_called(call: hunt.Call, fn) -> torch.Tensor:

@@ -294,10 +294,24 @@ def _as_ours(spec, inputs: dict) -> dict:
     return upstream.ENTRIES[spec.name].to_ours(inputs)
 
 
-def _reference_run(spec, inputs: dict, do, dht) -> dict:
+def reference_for_call(spec: registry.OpSpec, kwargs: dict):
+    """The spec's float64 reference as one recorded call needs it: with the call's options that the reference takes
+    (all of them for the adapter's references of FLA's ops, which take **kwargs), and a packed batch's sequences
+    one at a time (`conventions.packed_reference`)."""
+    import functools
+
+    from fla_lab.ops.common.conventions import packed_reference
+
+    parameters = inspect.signature(spec.reference).parameters
+    takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    options = {n: v for n, v in kwargs.items() if takes_all or n in parameters}
+    return functools.partial(packed_reference(spec.reference), **options, cu_seqlens=kwargs.get("cu_seqlens"))
+
+
+def _reference_run(spec, inputs: dict, do, dht, kwargs: dict) -> dict:
     """The float64 answer on the same (already rounded) inputs: is it representable in fp32?"""
     ref_in = harness.exact_leaves(inputs, "cpu")
-    o, ht = spec.reference(**ref_in, output_final_state=True)
+    o, ht = reference_for_call(spec, kwargs)(**ref_in, output_final_state=True)
     states = ht if isinstance(ht, tuple) else (ht,)
     out = {"o": o.detach(), "state max": max(float(s.detach().abs().max()) for s in states)}
     out["o first > fp32 max"] = _first_step(o, lambda x: ~(x.abs() <= FP32_MAX))
@@ -350,7 +364,7 @@ def replay(spec: registry.OpSpec, fn, inputs: dict, kwargs: dict | None = None, 
         return diagnosis
     if raised is not None:  # raised outside any kernel: the op's own checks
         stats["raised"] = f"{type(raised).__name__}: {_first_line(raised)}"
-    ref = _reference_run(spec, inputs, do, dht) if "non-finite inputs" not in stats else {}
+    ref = _reference_run(spec, inputs, do, dht, kwargs) if "non-finite inputs" not in stats else {}
     if ref:
         stats["state max (float64)"] = ref["state max"]
     diagnosis.where = _where(o, leaves, diagnosis.phase) or diagnosis.where

@@ -187,23 +187,24 @@ def to_ours(name: str, tensors: dict, options: dict) -> tuple[dict, dict]:
     ours = entry.to_ours(tensors)
     scale = options.get("scale")
     keep = {n: v for n, v in options.items() if n in ("state_v_first", "cu_seqlens")}
-    first = next(iter(ours.values()))
-    return ours, {**keep, "scale": first.shape[-1] ** -0.5 if scale is None else scale}
+    return ours, {**keep, "scale": ours["k"].shape[-1] ** -0.5 if scale is None else scale}  # FLA's default: K**-0.5
 
 
 def reference(name: str) -> Callable:
     """fla_lab's float64 reference for FLA's `name`, called with FLA's argument names (packed sequences one at a
-    time; a `state_v_first` state transposed in and out)."""
+    time, `conventions.packed_reference`; a `state_v_first` state transposed in and out)."""
     from fla_lab import registry
+    from fla_lab.ops.common.conventions import packed_reference
 
     exact = registry.get(ENTRIES[name].ours).reference
 
     def fla_reference(output_final_state: bool = False, **arguments):
         tensors, options = _split(arguments)
         ours, options = to_ours(name, tensors, options)
-        return _per_sequence(exact, ours, options, output_final_state)
-    fla_reference.__name__ = f"reference_for_fla_{name}"
-    return fla_reference
+        return _in_state_layout(exact, ours, options, output_final_state)
+    reference_of_a_pack = packed_reference(fla_reference)
+    reference_of_a_pack.__name__ = f"reference_for_fla_{name}"
+    return reference_of_a_pack
 
 
 def kernel(name: str) -> Callable:
@@ -246,30 +247,12 @@ def _transposed(state):
     return None if state is None else state.transpose(-1, -2)
 
 
-def _per_sequence(exact: Callable, ours: dict, options: dict, output_final_state: bool):
-    """`exact` on each sequence of a packed batch (`cu_seqlens`: B = 1, sequences end to end), the outputs
-    concatenated and the final states stacked, as FLA's varlen kernels return them."""
+def _in_state_layout(exact: Callable, ours: dict, options: dict, output_final_state: bool):
+    """`exact` on fla_lab's key-major states: a `state_v_first` state ([N, H, V, K]) transposed in and out."""
     v_first = bool(options.pop("state_v_first", False))
-    cu_seqlens = options.pop("cu_seqlens", None)
     h0 = ours.pop("initial_state", None)
-    if v_first:
-        h0 = _transposed(h0)
-    if cu_seqlens is None:
-        o, ht = exact(**ours, initial_state=h0, **options, output_final_state=output_final_state)
-        return o, (_transposed(ht) if v_first else ht)
-    bounds = [int(b) for b in cu_seqlens.tolist()]
-    outputs, states = [], []
-    for i, (bos, eos) in enumerate(zip(bounds[:-1], bounds[1:])):
-        piece = {n: (t if n == "u" else t[:, bos:eos]) for n, t in ours.items()}  # RWKV6's bonus u is [H, K]
-        h0_i = None if h0 is None else (tuple(s[i:i + 1] for s in h0) if isinstance(h0, tuple) else h0[i:i + 1])
-        o, ht = exact(**piece, initial_state=h0_i, **options, output_final_state=output_final_state)
-        outputs.append(o)
-        states.append(ht)
-    o = torch.cat(outputs, 1)
-    if not output_final_state:
-        return o, None
-    ht = (tuple(torch.cat(pair, 0) for pair in zip(*states)) if isinstance(states[0], tuple)
-          else torch.cat(states, 0))
+    o, ht = exact(**ours, initial_state=_transposed(h0) if v_first else h0, **options,
+                  output_final_state=output_final_state)
     return o, (_transposed(ht) if v_first else ht)
 
 
@@ -299,12 +282,12 @@ def import_layer(family: str):
     that file imports every layer, among them `attn.py`, which imports `transformers` at module level; the RWKV,
     GSA and GLA layer modules themselves import only fla-core and einops."""
     layer = LAYERS[family]
-    if importlib.util.find_spec("fla") is None:
+    spec = importlib.util.find_spec("fla")
+    if spec is None:
         raise Unavailable(f"flash-linear-attention is not installed: {INSTALL}")
     # `fla/__init__` imports fla.layers and fla.models when transformers is importable, and skips both when not;
     # run it first, so that a layer module importing `fla.ops` later does not start it with a bare package in place
     # (its models would then import layers that are not there, or a layer module half-way through).
-    spec = importlib.util.find_spec("fla")
     importlib.import_module("fla")
     if "fla.layers" not in sys.modules:
         package = types.ModuleType("fla.layers")

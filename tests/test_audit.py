@@ -46,6 +46,21 @@ def test_every_call_is_right_on_the_shipped_ops_with_both_errors_and_a_peak():
     assert "0 of 2 call(s) beyond tolerance" in recorded.report()
 
 
+@pytest.mark.parametrize("op", ["fused_recurrent_rwkv6", "chunk_gla"])
+def test_a_packed_call_is_replayed_one_sequence_at_a_time(op):
+    """cu_seqlens reaches the float64 reference (conventions.packed_reference): three sequences, each with its own
+    initial state, are right; replayed as one sequence of B = 1 they could not be (three states for one row)."""
+    spec = registry.get(op)
+    x = spec.inputs(registry.Shape(B=1, T=40, H=1, K=16, V=16), initial_state=False)
+    x["initial_state"] = torch.randn(3, 1, 16, 16, generator=torch.Generator().manual_seed(1))
+    x = harness.leaves(x, torch.float32, fla_lab.device())
+    cu_seqlens = torch.tensor([0, 7, 30, 40], device=fla_lab.device())
+    with audit.audit() as recorded:
+        _step(functools.partial(getattr(ops, op), cu_seqlens=cu_seqlens), x)
+    (result,) = recorded.results()
+    assert result.ok and result.backward, recorded.report()
+
+
 def test_the_unlisted_rwkv7_switch_is_flagged_while_every_value_stays_finite():
     x = _leaves("chunk_rwkv7")
     with audit.audit() as recorded:

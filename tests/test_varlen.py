@@ -11,7 +11,7 @@ import torch
 from fla_lab import harness, registry, runtime
 from fla_lab.ops import RecurrentLaunch, contract
 from fla_lab.ops.common import conventions
-from fla_lab.ops.common.conventions import per_sequence
+from fla_lab.ops.common.conventions import packed_reference, per_sequence
 
 # A sequence shorter than a chunk, one an exact multiple of the chunk (64), one with a partial last chunk.
 LENGTHS = {"chunk": (5, 64, 19), "fused_recurrent": (5, 16, 19)}
@@ -34,13 +34,9 @@ def _offsets(lengths) -> list[int]:
 
 
 def _reference_per_sequence(reference, cu_seqlens):
-    """The float64 reference on each sequence alone (the ops' own splitting, `per_sequence`: its bounds and joins are
-    pinned by the contract test and by `test_equal_lengths_give_the_batched_call`)."""
-    def run(initial_state=None, output_final_state=False, **x):
-        rows = {n: t for n, t in x.items() if torch.is_tensor(t) and t.dim() == 4}
-        rest = {n: t for n, t in x.items() if n not in rows}
-        return per_sequence("reference", reference, rows, cu_seqlens, initial_state, True, **rest)
-    return run
+    """The float64 reference on each sequence alone (`packed_reference`, the ops' own splitting `per_sequence`:
+    its bounds and joins are pinned by the contract test and by `test_equal_lengths_give_the_batched_call`)."""
+    return functools.partial(packed_reference(reference), cu_seqlens=cu_seqlens)
 
 
 @pytest.mark.parametrize("name", registry.names())

@@ -88,10 +88,6 @@ def ignores_final_state_cotangent(op):
     return call
 
 
-def _reference(**x):
-    return reference.recurrent_rwkv6(**x)
-
-
 def _inputs() -> dict:
     x = harness.gated_inputs(1, 24, 2, 16, 16, bonus=True, names=("r", "k", "v", "w"), seed=3)
     return {n: t for n, t in x.items() if n != "initial_state"}  # the first segment: no initial state
@@ -127,7 +123,7 @@ def check_fla_reproduction(reproduction) -> exercises.Verdict:
     name = "the reproduction of the FLA call"
     tol = check.tolerance(torch.float32).of("dk")
     try:
-        exact = _gradients(reproduction, _reference, torch.float64)
+        exact = _gradients(reproduction, reference.recurrent_rwkv6, torch.float64)
         ours = _gradients(reproduction, fused_recurrent_rwkv6, torch.float32)
         flawed = _gradients(reproduction, ignores_final_state_cotangent(fused_recurrent_rwkv6), torch.float32)
     except Exception as exc:  # the learner's code: any error is a result to explain

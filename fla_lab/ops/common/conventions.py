@@ -112,6 +112,19 @@ def per_sequence(op: str, fn: Callable, sequences: dict, cu_seqlens, initial_sta
     return torch.cat(outputs, dim=1), _stack_states(finals)
 
 
+def packed_reference(exact: Callable) -> Callable:
+    """`exact`, a float64 reference over whole batch rows, taking the ops' `cu_seqlens`: with it, each packed
+    sequence on its own (`per_sequence`): the `[B, T, H, D]` tensors are the sequences, any other argument goes to
+    every call unchanged. Without it, `exact` itself."""
+    def reference(cu_seqlens=None, initial_state=None, output_final_state=False, **arguments):
+        if cu_seqlens is None:
+            return exact(initial_state=initial_state, output_final_state=output_final_state, **arguments)
+        sequences = {n: t for n, t in arguments.items() if isinstance(t, torch.Tensor) and t.dim() == 4}
+        options = {n: v for n, v in arguments.items() if n not in sequences}
+        return per_sequence("reference", exact, sequences, cu_seqlens, initial_state, output_final_state, **options)
+    return reference
+
+
 def _passed_through(initial_state, like):
     """An empty sequence's final state: its initial state in fp32 (gradients flow through), or zeros shaped like
     another sequence's final state (`like`)."""
