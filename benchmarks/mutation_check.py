@@ -15,11 +15,17 @@ its own subprocess with the copy first on PYTHONPATH and under a timeout:
                kernels: "op only").
 
 Besides the slips listed here, `safeguard_mutations()` adds one 'naive form' per numerical safeguard of
-`fla_lab.safeguards` (the shipped line replaced by the naive one); its tests stage runs the safeguard's own test.
+`fla_lab.safeguards` (the shipped line replaced by the naive one). Its tests stage runs the safeguard's own tests; its
+atlas sweep adds the safeguard's range (`Safeguard.atlas`: a strong decay, large query scales) to the grid, and its
+locator/audit step uses that range's query scale. A layer's safeguard (no `atlas` range) gets the tests only: the
+atlas and the audit compare an op with float64 on the op's own inputs, which that line has already made.
+The report has one section per kind: the slips, and the safeguards (per inventory entry: which tests, which atlas
+settings, whether the audit flags it).
 
     .venv/bin/python benchmarks/mutation_check.py --list
     .venv/bin/python benchmarks/mutation_check.py --only gla_diag_mask_after_exp rwkv7_exclusive_pair_inclusive
     .venv/bin/python benchmarks/mutation_check.py            # all (each takes minutes under the interpreter)
+    .venv/bin/python benchmarks/mutation_check.py --kind safeguard --jobs 14   # on a machine with the cores
 
 Writes benchmarks/results/mutations.json and mutations.md (merged by id with what is already there).
 """
@@ -33,7 +39,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,6 +61,14 @@ class Mutation:
     new: str
     what: str
     tests: tuple = ()  # pytest arguments instead of the op's TESTS (a safeguard's own test)
+    kind: str = "slip"  # "slip": an uncatalogued mistake; "safeguard": a safeguard's naive form
+    atlas_range: dict | None = None  # a safeguard's range (`Safeguard.atlas`), added to the atlas grid
+    op_level: bool = True  # False: a layer's line, upstream of the op (the atlas and the audit cannot see it)
+
+    @property
+    def q_scale(self) -> float:
+        """The query scale of the locator/audit step: the largest of the safeguard's range, else 1."""
+        return max((self.atlas_range or {}).get("q_scales", (1.0,)))
 
 
 CS = "fla_lab/ops/common/chunk.py"
@@ -130,16 +146,29 @@ MUTATIONS = [
 ]
 
 
-def safeguard_mutations() -> list[Mutation]:
-    """One naive-form mutation per safeguard of `fla_lab.safeguards` that has neither a bug switch nor a mutation
-    above: the shipped line replaced by its naive form, caught first by the safeguard's own test."""
+def load_safeguards():
+    """`fla_lab/safeguards.py` of the working tree, loaded without importing fla_lab (torch, the kernels)."""
     spec = importlib.util.spec_from_file_location("fla_lab_safeguards", ROOT / "fla_lab" / "safeguards.py")
     inv = importlib.util.module_from_spec(spec)
     sys.modules.setdefault(spec.name, inv)  # dataclasses look their module up
     spec.loader.exec_module(inv)
-    entries = {e.guard.id: e for e in inv.inventory()}
-    return [Mutation(g.id, g.ops[0], entries[g.id].function, g.path, g.code, g.naive, f"safeguard reverted: {g.what}",
-                     tests=g.catching_tests()) for g in inv.mutations()]
+    return inv
+
+
+def safeguard_mutations() -> list[Mutation]:
+    """One naive-form mutation per safeguard of `fla_lab.safeguards` that no slip above already reverts: the
+    shipped line replaced by its naive form (for a bug switch's safeguard: the fixed path made the switch's line),
+    caught first by the safeguard's own tests."""
+    inv = load_safeguards()
+    return [Mutation(e.guard.id, e.guard.ops[0], e.function, e.guard.path, e.guard.code, e.guard.naive,
+                     f"safeguard reverted: {e.guard.what}", tests=e.guard.catching_tests(), kind="safeguard",
+                     atlas_range=e.guard.atlas, op_level=e.guard.atlas is not None)
+            for e in inv.inventory() if e.guard.mutation is None]
+
+
+def mutation_of(guard) -> str:
+    """The id of the mutation that reverts a safeguard: its own, or the slip that already does."""
+    return guard.mutation or guard.id
 
 
 MUTATIONS += safeguard_mutations()
@@ -233,18 +262,30 @@ def stage_worker(stage: str, m: Mutation, copy: Path) -> dict:
 SHAPE = dict(B=1, H=1, K=16, V=16, M=16)
 
 
+GRID = dict(dtypes=("fp32", "bf16"), decays=(0.1, 100.0), lengths=(33, 64), q_scales=(1.0,))
+ORDINARY = dict(decay=0.1, q_scale=1.0)  # the grid's ordinary corner: weak decay, queries as drawn
+
+
+def atlas_grid(m: Mutation) -> dict:
+    """The sweep's grid: GRID, with the safeguard's range added to each axis it names."""
+    grid = dict(GRID)
+    for axis, values in (m.atlas_range or {}).items():
+        grid[axis] = tuple(sorted(set(grid.get(axis, ())) | {float(v) if axis != "lengths" else v for v in values}))
+    return grid
+
+
 def worker_atlas(m: Mutation) -> dict:
     from fla_lab import atlas
 
-    todo = atlas.settings([m.op], variants=["fixed"], dtypes=("fp32", "bf16"), decays=(0.1, 100.0),
-                          lengths=(33, 64), **SHAPE)
+    todo = atlas.settings([m.op], variants=["fixed"], **atlas_grid(m), **SHAPE)
     records = atlas.sweep(todo, cache=None, progress=False)
-    bad = [{"dtype": r["dtype"], "decay": r["decay"], "T": r["T"],
+    bad = [{"dtype": r["dtype"], "decay": r["decay"], "T": r["T"], "q_scale": r.get("q_scale", 1.0),
             "combination": atlas.combination_name(r.get("h0", True), r.get("dht", True)), "status": r["status"],
             "tensors": sorted(set(r.get("beyond_tolerance") or []) | set(r.get("nonfinite") or {})),
             "message": r.get("message", "")[:160]} for r in records if r["status"] != "right"]
+    ordinary = [b for b in bad if all(b[k] == v for k, v in ORDINARY.items())]
     return {"verdict": "flagged" if bad else "missed", "settings": len(records), "not_right": len(bad),
-            "statuses": sorted({b["status"] for b in bad}), "bad": bad}
+            "statuses": sorted({b["status"] for b in bad}), "at_ordinary_inputs": bool(ordinary), "bad": bad}
 
 
 def _step(op, x: dict, final_state: bool = True):
@@ -258,13 +299,13 @@ def _step(op, x: dict, final_state: bool = True):
     loss.backward()
 
 
-def _inputs(op: str, h0: bool):
-    from fla_lab import harness, registry, runtime
+def _inputs(op: str, h0: bool, q_scale: float = 1.0):
+    from fla_lab import atlas, harness, registry, runtime
 
     spec = registry.get(op)
     x = spec.inputs(registry.Shape(1, 40, 1, 16, 16, 16), decay=None if "rwkv7" in op else 30.0,
                     initial_state=h0, seed=1)
-    return harness.leaves(x, None, runtime.device())
+    return harness.leaves(atlas.scale_queries(x, q_scale), None, runtime.device())
 
 
 def worker_locate(m: Mutation) -> dict:
@@ -281,7 +322,7 @@ def worker_locate(m: Mutation) -> dict:
         try:
             with contract.value_checks(False):
                 with hunt.locate() as found:
-                    _step(lambda **kw: getattr(ops, m.op)(**kw), _inputs(m.op, h0), final_state)
+                    _step(lambda **kw: getattr(ops, m.op)(**kw), _inputs(m.op, h0, m.q_scale), final_state)
             d = found.report.diagnosis
             entry["locator"] = {"event": found.report.event.what if found.report.event else None,
                                 "op": d.op if d else None, "kernel": d.kernel if d else None,
@@ -291,7 +332,7 @@ def worker_locate(m: Mutation) -> dict:
         try:
             with contract.value_checks(False):
                 with audit.audit() as rec:
-                    _step(lambda **kw: getattr(ops, m.op)(**kw), _inputs(m.op, h0), final_state)
+                    _step(lambda **kw: getattr(ops, m.op)(**kw), _inputs(m.op, h0, m.q_scale), final_state)
                 wrong = rec.wrong()
             entry["audit"] = {"flagged_ops": [r.call.op for r in wrong],
                               "worst": [f"{r.worst} {r.errors[r.worst]:.2e}" for r in wrong]}
@@ -313,16 +354,22 @@ def _yes(b) -> str:
     return "yes" if b else "no"
 
 
+def _setting(b: dict) -> str:
+    q = f" q x{b['q_scale']:g}" if b.get("q_scale", 1.0) != 1.0 else ""
+    return f"{b['combination']} {b['dtype']} m={b['decay']:g}{q} T={b['T']}: {b['status']} {','.join(b['tensors'])}"
+
+
+def atlas_cell(a: dict) -> str:
+    if a.get("verdict") != "flagged":
+        return a.get("verdict", "-") + (f" ({a['settings']} settings)" if "settings" in a else "")
+    return (f"flagged {a['not_right']}/{a['settings']} ({', '.join(a['statuses'])}); e.g. "
+            + "; ".join(_setting(b) for b in a["bad"][:2]))
+
+
 def row(r: dict) -> str:
     t, a, loc = r.get("tests", {}), r.get("atlas", {}), r.get("locate", {})
     tests = t.get("verdict", "-") + (f" (`{t['first_failing']}`)" if t.get("first_failing") else "")
-    if a.get("verdict") == "flagged":
-        firsts = a["bad"][:2]
-        atl = f"flagged {a['not_right']}/{a['settings']} ({', '.join(a['statuses'])}); e.g. " + "; ".join(
-            f"{b['combination']} {b['dtype']} m={b['decay']:g} T={b['T']}: {b['status']} {','.join(b['tensors'])}"
-            for b in firsts)
-    else:
-        atl = a.get("verdict", "-") + (f" ({a['settings']} settings)" if "settings" in a else "")
+    atl = atlas_cell(a)
     if "locator_op" in loc:
         found = loc["locator_kernels"]
         locs = (f"op {_yes(loc['locator_op'])}, kernel {_yes(loc['locator_kernel'])}"
@@ -351,10 +398,64 @@ NOTES = (
 )
 
 
+def safeguard_cells(r: dict) -> tuple[str, str, str]:
+    """(tests, atlas, audit) of one safeguard's naive form, for its row of the safeguards' table."""
+    t, a, loc = r.get("tests", {}), r.get("atlas", {}), r.get("locate", {})
+    tests = t.get("verdict", "-") + (f" (`{t['first_failing'].split('::')[-1]}`)" if t.get("first_failing") else "")
+    if a.get("verdict") == "n/a":
+        return tests, "n/a (a layer's line)", "n/a"
+    if a.get("verdict") == "flagged":
+        where = "at ordinary inputs too" if a.get("at_ordinary_inputs") else "only in its range"
+        atl = f"flagged {a['not_right']}/{a['settings']}, {where}; e.g. {_setting(a['bad'][0])}"
+    else:
+        atl = atlas_cell(a)
+    aud = _yes(loc["audit_op"]) if "audit_op" in loc else loc.get("verdict", "-")
+    return tests, atl, aud
+
+
+def safeguard_summary(results: dict) -> dict:
+    """Counts over the inventory: every entry's naive form, and who catches it."""
+    entries = [e.guard for e in load_safeguards().inventory()]
+    rows = {g.id: results.get(mutation_of(g)) for g in entries}
+    ran = {i: r for i, r in rows.items() if r}
+    op_level = {i: r for i, r in ran.items() if r.get("atlas", {}).get("verdict") != "n/a"}
+    caught = {i for i, r in ran.items() if r["tests"]["verdict"] == "caught"
+              or r.get("atlas", {}).get("verdict") == "flagged" or r.get("locate", {}).get("audit_op")}
+    return {"entries": len(entries), "ran": len(ran), "tests": sum(r["tests"]["verdict"] == "caught"
+                                                                   for r in ran.values()),
+            "op_level": len(op_level), "atlas": sum(r["atlas"]["verdict"] == "flagged" for r in op_level.values()),
+            "atlas_only_in_range": sum(r["atlas"]["verdict"] == "flagged" and not r["atlas"].get("at_ordinary_inputs")
+                                       for r in op_level.values()),
+            "audit": sum(bool(r.get("locate", {}).get("audit_op")) for r in op_level.values()),
+            "caught_by_one": len(caught), "missed": sorted(set(ran) - caught), "not_run": sorted(set(rows) - set(ran))}
+
+
+def safeguard_section(results: dict) -> list[str]:
+    inv = load_safeguards()
+    s = safeguard_summary(results)
+    lines = ["## Safeguards: each naive form, and who catches it", "",
+             f"One row per entry of `fla_lab.safeguards` ({s['entries']}): its shipped line replaced by the naive "
+             "form. Tests: the entry's own tests. Atlas: the grid above plus the entry's range (`Safeguard.atlas`); "
+             "'at ordinary inputs' means flagged at m=0.1 with the queries as drawn, 'only in its range' means only "
+             "at the strong decay or the large query scale. Audit: the T=40 step at the entry's query scale.", "",
+             f"**{s['ran']} of {s['entries']} ran.** The tests catch {s['tests']} of {s['ran']}; of the "
+             f"{s['op_level']} kernel safeguards the atlas flags {s['atlas']} ({s['atlas_only_in_range']} only in "
+             f"their range) and the audit {s['audit']}; caught by at least one: {s['caught_by_one']} of {s['ran']}"
+             + (f"; missed: {', '.join(s['missed'])}" if s["missed"] else "")
+             + (f"; not run: {', '.join(s['not_run'])}" if s["not_run"] else "") + ".", "",
+             "| safeguard | protects | op | naive form reverted by | tests | atlas | audit |",
+             "|---|---|---|---|---|---|---|"]
+    for e in inv.inventory():
+        g, r = e.guard, results.get(mutation_of(e.guard))
+        cells = safeguard_cells(r) if r else ("not run", "not run", "not run")
+        lines.append(f"| `{g.id}` | {g.protects} | {g.ops[0]} | `{mutation_of(g)}` | " + " | ".join(cells) + " |")
+    return lines
+
+
 def write(results: dict, partial: bool) -> str:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "mutations.json").write_text(json.dumps(list(results.values()), indent=1))
-    order = [m.id for m in MUTATIONS]
+    order = [m.id for m in MUTATIONS if m.kind == "slip"]
     ran = [results[i] for i in order if i in results]
     missing = [i for i in order if i not in results]
     lines = ["# Mutation check: uncatalogued kernel mistakes, and who catches them", "",
@@ -369,8 +470,9 @@ def write(results: dict, partial: bool) -> str:
               "|---|---|---|---|---|---|---|---|"]
     lines += [row(r) for r in ran]
     lines += ["", "What each mutation is:", ""]
-    lines += [f"- `{m.id}` ({m.path}): {m.what}" for m in MUTATIONS if m.id in results]
+    lines += [f"- `{m.id}` ({m.path}): {m.what}" for m in MUTATIONS if m.id in results and m.kind == "slip"]
     lines += ["", "Notes:", ""] + [f"- {note}" for note in NOTES]
+    lines += [""] + safeguard_section(results)
     text = "\n".join(lines) + "\n"
     (RESULTS / "mutations.md").write_text(text)
     return text
@@ -380,7 +482,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", nargs="+", metavar="ID")
     ap.add_argument("--list", action="store_true")
-    ap.add_argument("--jobs", type=int, default=1, help="only 1 is supported (the machine is shared)")
+    ap.add_argument("--jobs", type=int, default=1, help="mutations run at once (each stage is one single-threaded "
+                    "subprocess: at most one job per core)")
+    ap.add_argument("--kind", choices=("slip", "safeguard"), help="only the slips, or only the safeguards' naive forms")
     ap.add_argument("--stages", nargs="+", choices=STAGES, default=list(STAGES))
     ap.add_argument("--fresh", action="store_true", help="do not merge with the existing mutations.json")
     ap.add_argument("--worker", choices=("atlas", "locate"), help=argparse.SUPPRESS)
@@ -392,6 +496,7 @@ def main(argv=None) -> int:
     if unknown:
         raise SystemExit(f"unknown mutation id(s): {sorted(unknown)}; --list shows them")
     chosen = [by_id[i] for i in args.only] if args.only else MUTATIONS
+    chosen = [m for m in chosen if args.kind in (None, m.kind)]
 
     if args.worker:
         import fla_lab
@@ -404,36 +509,54 @@ def main(argv=None) -> int:
         for m in MUTATIONS:
             print(f"{m.id:<36} {m.op:<22} {m.kernel:<34} {m.what}")
         return 0
-    if args.jobs != 1:
-        raise SystemExit("--jobs: only 1 is supported")
+    if args.jobs < 1:
+        raise SystemExit("--jobs: at least 1")
     for m in chosen:  # fail loudly before anything runs
         check_mutation(m, head_text(m.path))
 
     path = RESULTS / "mutations.json"
     results = {} if args.fresh or not path.exists() else {r["id"]: r for r in json.loads(path.read_text())}
+    lock = threading.Lock()
     start = time.perf_counter()
-    for m in chosen:
-        t0 = time.perf_counter()
-        copy = export_copy(m)
-        try:
-            r = {"id": m.id, "op": m.op, "kernel": m.kernel, "path": m.path, "what": m.what}
-            for stage in args.stages:
-                r[stage] = stage_tests(m, copy) if stage == "tests" else stage_worker(stage, m, copy)
-                s = r[stage]
-                verdict = s.get("verdict") or (f"locator op {_yes(s['locator_op'])} kernel {_yes(s['locator_kernel'])}"
-                                               f", audit op {_yes(s['audit_op'])}")
-                print(f"[{m.id}] {stage}: {verdict} ({s['seconds']:.0f}s)", flush=True)
-            r["seconds"] = round(time.perf_counter() - t0, 1)
-            r["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
-            r["device"] = "CPU (Triton interpreter)"
+
+    def one(m: Mutation) -> None:
+        r = run_mutation(m, args.stages)
+        with lock:
             results[m.id] = r
             write(results, partial=True)
-        finally:
-            shutil.rmtree(copy, ignore_errors=True)
+
+    with ThreadPoolExecutor(args.jobs) as pool:  # threads wait on subprocesses: the work is in those
+        for future in [pool.submit(one, m) for m in chosen]:
+            future.result()
     text = write(results, partial=len(results) < len(MUTATIONS))
     print(text)
-    print(f"total {time.perf_counter() - start:.0f}s for {len(chosen)} mutation(s)")
+    print(f"total {time.perf_counter() - start:.0f}s for {len(chosen)} mutation(s), {args.jobs} at a time")
     return 0
+
+
+def run_mutation(m: Mutation, stages) -> dict:
+    """Every stage on an export of HEAD with `m` applied; a layer's safeguard gets the tests only."""
+    import torch
+    import triton
+
+    t0 = time.perf_counter()
+    copy = export_copy(m)
+    try:
+        r = {"id": m.id, "kind": m.kind, "op": m.op, "kernel": m.kernel, "path": m.path, "what": m.what}
+        for stage in stages:
+            if stage != "tests" and not m.op_level:
+                r[stage] = {"verdict": "n/a", "seconds": 0.0}
+            else:
+                r[stage] = stage_tests(m, copy) if stage == "tests" else stage_worker(stage, m, copy)
+            s = r[stage]
+            verdict = s.get("verdict") or (f"locator op {_yes(s['locator_op'])} kernel {_yes(s['locator_kernel'])}"
+                                           f", audit op {_yes(s['audit_op'])}")
+            print(f"[{m.id}] {stage}: {verdict} ({s['seconds']:.0f}s)", flush=True)
+        return r | {"seconds": round(time.perf_counter() - t0, 1), "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+                    "device": "CPU (Triton interpreter)", "torch": torch.__version__, "triton": triton.__version__,
+                    "cores": os.cpu_count()}
+    finally:
+        shutil.rmtree(copy, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -62,6 +62,8 @@ def add_atlas_parser(sub) -> None:
     p.add_argument("--combination", nargs="+", default=None, metavar="NAME",
                    help="(initial state, final-state cotangent) pairs to sweep: h0,dht h0,no-dht no-h0,dht "
                         "no-h0,no-dht (default: all four)")
+    p.add_argument("--q-scale", nargs="+", type=float, default=[1.0],
+                   help="multiply the queries (GSA's slot logits grow with them; default 1)")
     p.add_argument("--out", required=True, help="folder for atlas.json and atlas.png")
     p.add_argument("--cache", default=None, help="cache folder (default ~/.cache/fla_lab/atlas)")
     p.add_argument("--no-cache", action="store_true")
@@ -80,7 +82,8 @@ def run_atlas(args) -> int:
     B, H, K, V, M = (int(n) for n in args.shape.split(","))
     todo = atlas.settings(ops, args.variant, tuple(args.dtype), tuple(args.decay or atlas.DECAYS),
                           tuple(args.length), tuple(args.chunk_size or [None]),
-                          tuple(args.combination or atlas.COMBINATIONS), B=B, H=H, K=K, V=V, M=M)
+                          tuple(args.combination or atlas.COMBINATIONS), tuple(args.q_scale), B=B, H=H, K=K, V=V,
+                          M=M)
     cache = None if args.no_cache else (atlas.Cache(args.cache) if args.cache else atlas.default_cache())
     records = atlas.sweep(todo, cache)
     json_path, png_path = atlas.write(records, args.out, args.name)

@@ -2,7 +2,7 @@
 
 A sweep of op x variant (fixed, each catalogued bug, an external library's op) x dtype x per-step decay magnitude
 x sequence length (x chunk size) x combination (initial state passed or not, random final-state cotangent or none)
-gives one tidy record per setting: the non-finite census of the output, the final state(s) and every gradient,
+(x query scale: the queries multiplied by it, which moves GSA's slot-softmax logits far from zero) gives one tidy record per setting: the non-finite census of the output, the final state(s) and every gradient,
 relative errors against the float64 reference (scale-aware for gradients, and unfloored), the largest state magnitude
 and a status (`STATUSES`). The combinations matter: a truncated-BPTT segment starts from no state yet sends a
 gradient into its final state, and a gradient path that only that case takes is invisible to the other three.
@@ -67,6 +67,7 @@ class Setting:
     seed: int = 0
     h0: bool = True          # an initial state is passed (its gradient is then measured too)
     dht: bool = True         # the final state gets a random cotangent (False: zeros)
+    q_scale: float = 1.0     # the queries (q, or RWKV-7's r) are multiplied by it: GSA's slot logits grow with it
 
     @property
     def shape(self) -> registry.Shape:
@@ -76,13 +77,22 @@ class Setting:
 # --- one setting -------------------------------------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=4)
-def _exact(op: str, dtype: str, decay: float, shape: registry.Shape, seed: int, h0: bool = True, dht: bool = True):
+def _exact(op: str, dtype: str, decay: float, shape: registry.Shape, seed: int, h0: bool = True, dht: bool = True,
+           q_scale: float = 1.0):
     """The float64 reference on the rounded inputs (shared by every variant and chunk size of one setting)."""
     spec = registry.get(*_split(op))
-    inputs = spec.inputs(shape, decay=decay, initial_state=h0, seed=seed)
+    inputs = scale_queries(spec.inputs(shape, decay=decay, initial_state=h0, seed=seed), q_scale)
     rounded = harness.leaves(inputs, DTYPES[dtype], runtime.device())
     exact, cot = harness.exact_run(spec.reference, rounded, seed=seed, state_grad=dht, device=_reference_device())
     return rounded, exact, cot
+
+
+def scale_queries(inputs: dict, q_scale: float) -> dict:
+    """`inputs` with the queries (`q`, or RWKV-7's `r`) multiplied by `q_scale` before rounding to the dtype."""
+    if q_scale == 1.0:
+        return inputs
+    name = "q" if "q" in inputs else "r"
+    return inputs | {name: inputs[name] * q_scale}
 
 
 def _reference_device() -> str:
@@ -99,7 +109,7 @@ def measure(setting: Setting) -> dict:
     spec = registry.get(*_split(setting.op))
     start = time.perf_counter()
     rounded, exact, cot = _exact(setting.op, setting.dtype, setting.decay, setting.shape, setting.seed,
-                                 setting.h0, setting.dht)
+                                 setting.h0, setting.dht, setting.q_scale)
     record = asdict(setting) | {"status": "right", "message": "", "nonfinite": {}, "errors": {},
                                 "errors_unfloored": {}}
     try:
@@ -188,7 +198,10 @@ class Cache:
         self.folder.mkdir(parents=True, exist_ok=True)
 
     def path(self, setting: Setting) -> Path:
-        key = json.dumps([asdict(setting), source_hash(setting.op), environment()], sort_keys=True)
+        fields = asdict(setting)
+        if fields["q_scale"] == 1.0:  # the key of a setting from before the axis existed
+            del fields["q_scale"]
+        key = json.dumps([fields, source_hash(setting.op), environment()], sort_keys=True)
         return self.folder / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
 
     def get(self, setting: Setting) -> dict | None:
@@ -210,9 +223,10 @@ def default_cache() -> Cache:
 # --- sweeps ------------------------------------------------------------------------------------------------------
 
 def settings(ops, variants=None, dtypes=("fp32",), decays=DECAYS, lengths=(64,), chunk_sizes=(None,),
-             combinations=COMBINATIONS, **shape):
+             combinations=COMBINATIONS, q_scales=(1.0,), **shape):
     """Every setting of the grid, ordered so that settings sharing a float64 reference run back to back.
-    `combinations`: the (h0, dht) pairs to sweep (`COMBINATIONS`), or their names (`combination_name`)."""
+    `combinations`: the (h0, dht) pairs to sweep (`COMBINATIONS`), or their names (`combination_name`);
+    `q_scales`: the queries' scales (`Setting.q_scale`)."""
     pairs = [parse_combination(c) if isinstance(c, str) else tuple(c) for c in combinations]
     out = []
     for op in ops:
@@ -222,9 +236,10 @@ def settings(ops, variants=None, dtypes=("fp32",), decays=DECAYS, lengths=(64,),
         for dtype in dtypes:
             for T in lengths:
                 for decay in decays:
-                    for h0, dht in pairs:
-                        out += [Setting(spec.label, v, dtype, float(decay), T, c, **shape, h0=h0, dht=dht)
-                                for v in wanted for c in sizes]
+                    for q_scale in q_scales:
+                        for h0, dht in pairs:
+                            out += [Setting(spec.label, v, dtype, float(decay), T, c, **shape, h0=h0, dht=dht,
+                                            q_scale=float(q_scale)) for v in wanted for c in sizes]
     return out
 
 
@@ -249,7 +264,7 @@ def table(records: list[dict]) -> list[tuple]:
     item maps each combination that is not right at some decay to its statuses there, e.g. {"no-h0,dht": "wrong"}."""
     rows = {}
     for r in sorted(records, key=lambda r: r["decay"]):
-        key = (r["op"], r["variant"], r["dtype"], r["T"], r["chunk_size"])
+        key = (r["op"], line_label(r), r["dtype"], r["T"], r["chunk_size"])
         first = rows.setdefault(key, {"bad": None, "status": "right", "worst": 0.0, "failing": {}})
         if r["status"] != "right" and first["bad"] is None:
             first.update(bad=r["decay"], status=r["status"])
@@ -258,6 +273,12 @@ def table(records: list[dict]) -> list[tuple]:
         else:
             first["failing"].setdefault(combination_name(*combination_of(r)), set()).add(r["status"])
     return [(*k, v["bad"], v["status"], v["worst"], _statuses_by_combination(v["failing"])) for k, v in rows.items()]
+
+
+def line_label(record: dict) -> str:
+    """The record's variant, with its query scale when that is not 1 ("fixed, q x100")."""
+    q_scale = record.get("q_scale", 1.0)
+    return record["variant"] if q_scale == 1.0 else f"{record['variant']}, q x{q_scale:g}"
 
 
 def _statuses_by_combination(failing: dict[str, set]) -> dict[str, str]:
@@ -301,12 +322,13 @@ def _heatmap_rows(records: list[dict]) -> list[tuple]:
     return sorted(keys, key=lambda k: (COMBINATIONS.index(k[0]), k[1]))
 
 
-def plot_heatmap(records: list[dict], op: str, variant: str, dtype: str, chunk_size=None, ax=None):
+def plot_heatmap(records: list[dict], op: str, variant: str, dtype: str, chunk_size=None, ax=None, q_scale=1.0):
     """Status (colour) and worst error (text) over decay magnitude (x) and (h0, dht) combination x sequence length
     (y): a row "no-h0,dht T64" is T = 64 without an initial state, with a final-state cotangent."""
     from matplotlib.colors import ListedColormap
 
-    chosen = _select(records, op=op, variant=variant, dtype=dtype, chunk_size=chunk_size)
+    chosen = [r for r in _select(records, op=op, variant=variant, dtype=dtype, chunk_size=chunk_size)
+              if r.get("q_scale", 1.0) == q_scale]
     decays = sorted({r["decay"] for r in chosen})
     rows = _heatmap_rows(chosen)
     if ax is None:
@@ -328,7 +350,7 @@ def plot_heatmap(records: list[dict], op: str, variant: str, dtype: str, chunk_s
     ax.set_xlabel("per-step log-decay magnitude m")
     ax.set_ylabel("h0: initial state, dht: final-state\ncotangent (no-: absent); T", fontsize=9)
     chunk = f", c{chunk_size}" if chunk_size else ""
-    ax.set_title(f"{op} [{variant}] {dtype}{chunk}", fontsize=9)
+    ax.set_title(f"{op} [{line_label(chosen[0]) if chosen else variant}] {dtype}{chunk}", fontsize=9)
     return ax
 
 
@@ -392,14 +414,15 @@ def plot_errors(records: list[dict], ops: list[str], dtype: str, T: int, ncols: 
 
 def plot_atlas(records: list[dict]):
     """One heatmap per (op, variant, dtype, chunk size) in the records, in a grid; rows (h0, dht) x T."""
-    keys = sorted({(r["op"], r["variant"], r["dtype"], r["chunk_size"] or 0) for r in records})
+    keys = sorted({(r["op"], r["variant"], r["dtype"], r["chunk_size"] or 0, r.get("q_scale", 1.0))
+                   for r in records})
     ncols = min(3, len(keys))
     nrows = math.ceil(len(keys) / ncols)
     decays = len({r["decay"] for r in records})
     rows = len(_heatmap_rows(records))
     fig, axes = viz.figure(ncols, nrows, width=max(4.2, 0.55 * decays + 2.6), height=0.4 * rows + 1.5)
-    for ax, (op, variant, dtype, chunk) in zip(axes, keys):
-        plot_heatmap(records, op, variant, dtype, chunk or None, ax=ax)
+    for ax, (op, variant, dtype, chunk, q_scale) in zip(axes, keys):
+        plot_heatmap(records, op, variant, dtype, chunk or None, ax=ax, q_scale=q_scale)
     for ax in axes[len(keys):]:
         ax.axis("off")
     handles = [__import__("matplotlib.patches", fromlist=["Patch"]).Patch(color=STATUS_COLORS[s], label=s)

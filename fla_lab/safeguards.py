@@ -39,6 +39,9 @@ class Safeguard:
     tests: tuple = ()  # pytest node ids that fail with the naive form (default: test_<id> of tests/test_safeguards.py)
     bug: str | None = None       # "op:bug" when the naive form is a catalogued bug switch
     mutation: str | None = None  # an existing mutation check id that reverts it
+    # where it matters, as keyword arguments of `atlas.settings` for its ops (decays, q_scales, lengths, dtypes);
+    # None: a layer's line, upstream of every op (the atlas and the audit see its output as the op's input)
+    atlas: dict | None = None
 
     def catching_tests(self) -> tuple:
         return self.tests or (f"{TESTS}::test_{self.id}",)
@@ -56,49 +59,61 @@ CC = "fla_lab/ops/common/chunk.py"
 GSA = "fla_lab/ops/gsa/chunk.py"
 R7 = "fla_lab/ops/rwkv7/chunk.py"
 CHUNK_OPS = ("chunk_gla", "chunk_rwkv6", "chunk_gsa")
+STRONG_DECAY = {"decays": (100.0,)}     # a chunk's cumulative log-decay far past exp's 88
+LARGE_LOGITS = {"q_scales": (100.0,)}   # GSA's slot logits far from zero
 
 REGISTRY = (
     Safeguard("gsa_softmax_max_first", GSA,
               'b_x - tl.max(b_x, axis=1)[:, None], float("-inf"))  # max first: exp(x - max) <= 1',
               'b_x, float("-inf"))', "overflow", ("chunk_gsa",),
-              "slot softmax: the row maximum is subtracted before exp (exp(x) overflows for logits above 88)"),
+              "slot softmax: the row maximum is subtracted before exp (exp(x) overflows for logits above 88)",
+              atlas=LARGE_LOGITS),
     Safeguard("gsa_softmax_bwd_max_first", GSA,
               'b_x - tl.max(b_x, axis=1)[:, None], float("-inf"))\n    b_e = tl.where(m, tl.exp(b_x), 0)\n'
               "    b_p = b_e / tl.maximum(tl.sum(b_e, axis=1), 1e-30)[:, None]\n    b_dp",
               'b_x, float("-inf"))\n    b_e = tl.where(m, tl.exp(b_x), 0)\n'
               "    b_p = b_e / tl.maximum(tl.sum(b_e, axis=1), 1e-30)[:, None]\n    b_dp", "overflow", ("chunk_gsa",),
-              "slot softmax backward: the recomputed probabilities subtract the row maximum before exp"),
+              "slot softmax backward: the recomputed probabilities subtract the row maximum before exp",
+              atlas=LARGE_LOGITS),
     Safeguard("state_key_decay_to_chunk_end", CC, "b_kt *= tl.exp(tl.where(m_kt, b_glast[:, None] - b_gt, 0))",
               "b_kt *= tl.exp(b_glast[:, None]) * tl.exp(-b_gt)", "0*inf", CHUNK_OPS,
               "state pass, key side: one exponent G_last - G_t <= 0, not exp(G_last) * exp(-G_t) (0 * inf once "
-              "a chunk's decay passes 88)"),
+              "a chunk's decay passes 88)",
+              atlas=STRONG_DECAY),
     Safeguard("state_value_decay_to_chunk_end", CC, "b_v *= tl.exp(tl.where(m_tv, b_glast[None, :] - b_g, 0))",
               "b_v *= tl.exp(b_glast[None, :]) * tl.exp(-b_g)", "0*inf", ("chunk_gsa",),
-              "state pass, value side (GSA's keys -> slots): the same single exponent G_last - G_t <= 0"),
+              "state pass, value side (GSA's keys -> slots): the same single exponent G_last - G_t <= 0",
+              atlas=STRONG_DECAY),
     Safeguard("rwkv7_state_decay_to_chunk_end", R7,
               "b_gend = tl.exp(tl.where(m_kt, b_glast[:, None] - load_cols(gi, o_t, o_k, m_kt, HK), 0))",
               "b_gend = tl.exp(b_glast[:, None]) * tl.exp(-load_cols(gi, o_t, o_k, m_kt, HK))", "0*inf",
               ("chunk_rwkv7",),
-              "RWKV-7 state pass: b and k decayed to the chunk end with one exponent G_last - G_t <= 0"),
+              "RWKV-7 state pass: b and k decayed to the chunk end with one exponent G_last - G_t <= 0",
+              atlas=STRONG_DECAY),
     Safeguard("gla_dk_decay_to_chunk_end", "fla_lab/ops/gla/chunk.py",
               "b_dk += b_dkh * tl.exp(tl.where(m_ik, b_glast[None, :] - b_gk, 0))",
               "b_dk += b_dkh * tl.exp(b_glast[None, :]) * tl.exp(-b_gk)", "0*inf", ("chunk_gla", "chunk_rwkv6"),
-              "dk's state term: one exponent G_last - G_t <= 0, not exp(G_last) * exp(-G_t)"),
+              "dk's state term: one exponent G_last - G_t <= 0, not exp(G_last) * exp(-G_t)",
+              atlas=STRONG_DECAY),
     Safeguard("rwkv7_reader_weight_masked_before_exp", R7,
               "b_w = tl.where(causal, tl.exp(tl.where(causal, b_g - b_gj[None, :], 0)), 0)",
               "b_w = tl.exp(b_g - b_gj[None, :]) * causal.to(tl.float32)", "0*inf", ("chunk_rwkv7",),
-              "RWKV-7 backward, dr and da: the exponent is masked before exp (pairs s > t: exp(+large) * 0)"),
+              "RWKV-7 backward, dr and da: the exponent is masked before exp (pairs s > t: exp(+large) * 0)",
+              atlas=STRONG_DECAY),
     Safeguard("rwkv7_writer_weight_masked_before_exp", R7,
               "b_w = tl.where(causal, tl.exp(tl.where(causal, b_gj[None, :] - b_g, 0)), 0)",
               "b_w = tl.exp(b_gj[None, :] - b_g) * causal.to(tl.float32)", "0*inf", ("chunk_rwkv7",),
-              "RWKV-7 backward, db and dk: the exponent is masked before exp"),
+              "RWKV-7 backward, db and dk: the exponent is masked before exp",
+              atlas=STRONG_DECAY),
     Safeguard("gsa_dv_state_decay_to_chunk_end", GSA,
               "b_out = b_xh * tl.exp(tl.where(m_iv, b_glast[None, :] - b_g, 0))",
               "b_out = b_xh * tl.exp(b_glast[None, :]) * tl.exp(-b_g)", "0*inf", ("chunk_gsa",),
-              "GSA backward, the state term of a slot pass's dv: one exponent G_last - G_t <= 0"),
+              "GSA backward, the state term of a slot pass's dv: one exponent G_last - G_t <= 0",
+              atlas=STRONG_DECAY),
     Safeguard("plain_rows_decay_to_chunk_end", CC, "b_y *= tl.exp(tl.where(m_ty, b_glast[None, :] - b_g, 0))",
               "b_y *= tl.exp(b_glast[None, :]) * tl.exp(-b_g)", "0*inf", CHUNK_OPS,
-              "backward rows decayed to the chunk end (GLA's dv, GSA's dk): one exponent G_last - G_t <= 0"),
+              "backward rows decayed to the chunk end (GLA's dv, GSA's dk): one exponent G_last - G_t <= 0",
+              atlas=STRONG_DECAY),
     Safeguard("gsa_gate_logsigmoid", "fla_lab/layers/gsa.py", "f = F.logsigmoid(x) / self.gate_logit_normalizer",
               "f = torch.log(torch.sigmoid(x)) / self.gate_logit_normalizer", "overflow", ("chunk_gsa",),
               "GSA layer's forget gate: logsigmoid, not log(sigmoid(x)) (sigmoid underflows to 0 below -88: "
@@ -117,17 +132,20 @@ REGISTRY = (
               "return tl.exp(b_gq - b_gk) * causal.to(tl.float32)", "0*inf", ("chunk_gla", "chunk_gsa"),
               "diagonal blocks: the exponent is masked before exp, so pairs above the diagonal give 0, not inf * 0",
               tests=("tests/test_chunk.py::test_chunk_gla[B1-T64-H1-K64-V64-float16-m10-h0-c64]",),
-              mutation="gla_diag_mask_after_exp"),
+              mutation="gla_diag_mask_after_exp",
+              atlas=STRONG_DECAY),
     Safeguard("gsa_later_rows_masked", CC, "return tl.where((o_j < T)[:, None] & m_d[None, :], b_gq - b_gn, 0)",
               "return b_gq - b_gn", "padded rows", ("chunk_gsa", "chunk_gla", "chunk_rwkv6"),
               "rows past T (loaded as 0) are masked in the exponent: exp(0 - gn) would overflow and meet a zero",
               tests=("tests/test_gsa.py::test_unmasked_padding_gives_nan_in_ds_and_dg_with_a_partial_last_chunk",),
-              bug="chunk_gsa:unmasked_padding"),
+              bug="chunk_gsa:unmasked_padding",
+              atlas=STRONG_DECAY),
     Safeguard("reference_row_exclusive", CC, "return gi + (i_start - 1) * HK + o_k",
               "return gi + i_start * HK + o_k", "0*inf", ("chunk_rwkv6", "chunk_gla"),
               "sub-chunk reference row gi[start - 1]: both factors exp(gq - gn) and exp(gn - gk) stay <= 1",
               tests=("tests/test_lesson_overflow.py::test_buggy_kernel_fails_exactly_where_the_reference_row_is_used",),
-              bug="chunk_rwkv6:exclusive_reference"),
+              bug="chunk_rwkv6:exclusive_reference",
+              atlas=STRONG_DECAY),
     Safeguard("rwkv7_decay_fp32", "fla_lab/layers/rwkv7.py", "return -DECAY_SCALE * w_raw.float().sigmoid()",
               "return -DECAY_SCALE * w_raw.sigmoid()", "precision", ("chunk_rwkv7", "fused_recurrent_rwkv7"),
               "RWKV-7 layer's log-decay in fp32 (the fix of upstream #181)",
