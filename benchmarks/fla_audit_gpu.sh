@@ -5,6 +5,8 @@
 # fused_recurrent_rwkv6 final-state repro, and `python -m fla_lab audit` on rwkv6, rwkv7 and GSA models (2 layers,
 # bf16, two truncated-BPTT segments) plus rwkv6 in fused_recurrent mode (the op the repro is about). Eight files in
 # $OUT; a table last. Every step under `timeout`; a step that fails does not stop the others.
+# STEPS (default "repro models fused tests") and FAMILIES (default "rwkv6 rwkv7 gsa") choose; MODEL_S (default 90)
+# is each model audit's limit: FLA's cold autotuning of its chunk kernels takes minutes on a fresh machine.
 set -u
 OUT=${OUT:-/tmp/fla_audit_out}
 mkdir -p "$OUT"
@@ -25,15 +27,18 @@ step() {  # name, seconds, command...: run it, log its exit status
     echo "$name rc=$rc $((SECONDS - start))s" | tee -a "$OUT/steps.txt"
 }
 
-step repro 150 python3 benchmarks/repro/fused_recurrent_rwkv6_dht.py --json "$OUT/repro.json" >> "$LOG" 2>&1
-for family in rwkv6 rwkv7 gsa; do
-    step "audit $family" 90 python3 -m fla_lab audit --fla "$family" --layers 2 --T 2048 --tbptt 2 --dtype bf16 \
+STEPS=" ${STEPS:-repro models fused tests} "
+want() { [[ "$STEPS" == *" $1 "* ]]; }
+want repro && step repro 150 python3 benchmarks/repro/fused_recurrent_rwkv6_dht.py --json "$OUT/repro.json" >> "$LOG" 2>&1
+for family in ${FAMILIES:-rwkv6 rwkv7 gsa}; do
+    want models || break
+    step "audit $family" "${MODEL_S:-90}" python3 -m fla_lab audit --fla "$family" --layers 2 --T 2048 --tbptt 2 --dtype bf16 \
         --json "$OUT/audit_$family.json" >> "$LOG" 2>&1
 done
-step "audit rwkv6 fused_recurrent" 75 python3 -m fla_lab audit --fla rwkv6 --mode fused_recurrent --layers 2 \
+want fused && step "audit rwkv6 fused_recurrent" 75 python3 -m fla_lab audit --fla rwkv6 --mode fused_recurrent --layers 2 \
     --T 512 --tbptt 2 --dtype bf16 --json "$OUT/audit_rwkv6_fused.json" >> "$LOG" 2>&1
 
-step tests 170 python3 -m pytest tests/test_fla_audit_cuda.py tests/test_upstream.py -q -p no:cacheprovider -rs \
+want tests && step tests 170 python3 -m pytest tests/test_fla_audit_cuda.py tests/test_upstream.py -q -p no:cacheprovider -rs \
     > "$OUT/tests.log" 2>&1
 python3 - "$OUT" <<'PY' | tee -a "$LOG"
 import glob, json, os, sys

@@ -4,7 +4,9 @@
 # With two GPUs the phase runs on the first while the rest runs on the second (their timings are each GPU's own; the
 # CPU cores are shared); with one, one after the other. Logs and JSON go to $OUT as one archive plus a summary;
 # the summary table comes last.
-#     OUT=/some/folder FLA_SRC=.flasrc bash benchmarks/gpu_cards.sh [unit] [recurrent] [audit] [fla_tests]
+#     OUT=/some/folder FLA_SRC=.flasrc bash benchmarks/gpu_cards.sh [unit] [recurrent] [safeguards] [audit] [fla_tests]
+# safeguards: tests/test_safeguards.py on the compiled kernels, then each naive form applied to an export of the tree
+# (made a git repository first when it is not one) and its test run there (FLA_LAB_SAFEGUARD_MUTATIONS=1).
 # Needs: .whl/ (the Jupyter stack, pytest-xdist, pytest-timeout, hypothesis, tqdm, numpy, FLA 0.6.0, einops) and,
 # for fla_tests, FLA_SRC: a directory holding FLA's tests/ops files and its fla/ package (one commit's).
 set -uo pipefail
@@ -41,8 +43,16 @@ lane0() {  # the test phase (a venv of its own, as the README sets one up), then
   fi
 }
 
-lane1() {  # the fused recurrent forwards beside FLA, then the FLA audit
+lane1() {  # the fused recurrent forwards beside FLA, the safeguards on the card, then the FLA audit
   export CUDA_VISIBLE_DEVICES=$other PYTHONPATH=$PWD:/tmp/site
+  if wants safeguards; then
+    git rev-parse --git-dir > /dev/null 2>&1 || {
+      git init -q && printf '.whl/\n.flasrc/\n.devsnap/\n' >> .git/info/exclude && git add -A &&
+        git -c user.name=device -c user.email=device@localhost commit -qm "the tree as sent"; }
+    timed safeguards-shipped 120 python3 -m pytest -q -p no:cacheprovider tests/test_safeguards.py -rs
+    FLA_LAB_SAFEGUARD_MUTATIONS=1 timed safeguards-naive "${NAIVE_S:-300}" python3 -m pytest -q -p no:cacheprovider \
+      -n 6 tests/test_safeguards.py -k naive_form_fails -rA
+  fi
   if wants recurrent; then
     OUT=$LOGS timed recurrent 150 python3 benchmarks/tune_kernels.py fused_recurrent_rwkv6 fused_recurrent_rwkv7 \
       --no-sweep --upstream --shapes 8x4096 64x1024 2x16384
@@ -65,6 +75,7 @@ cp "$LOGS/summary.txt" "$OUT/summary.txt"
 echo "==== summary ===="
 cat "$LOGS/summary.txt"
 grep -h "passed\|failed" "$LOGS/unit-cuda.log" 2>/dev/null | tail -2
+grep -h "passed\|failed" "$LOGS"/safeguards-*.log 2>/dev/null | tail -4
 grep -h "FLA 0.6.0\|fla_lab" "$LOGS/recurrent.log" 2>/dev/null | tail -12
 tail -8 "$LOGS/audit/audit.log" 2>/dev/null
 grep -h "total" "$LOGS/fla_tests_gpu.md" 2>/dev/null

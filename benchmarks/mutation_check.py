@@ -63,12 +63,19 @@ class Mutation:
     tests: tuple = ()  # pytest arguments instead of the op's TESTS (a safeguard's own test)
     kind: str = "slip"  # "slip": an uncatalogued mistake; "safeguard": a safeguard's naive form
     atlas_range: dict | None = None  # a safeguard's range (`Safeguard.atlas`), added to the atlas grid
-    op_level: bool = True  # False: a layer's line, upstream of the op (the atlas and the audit cannot see it)
+    op_level: bool = True  # False: upstream of the atlas's inputs (a layer's line, ABC's gates): tests only
+    gpu_only: bool = False  # the naive form changes only compiled code: run it where CUDA is
 
     @property
     def q_scale(self) -> float:
         """The query scale of the locator/audit step: the largest of the safeguard's range, else 1."""
         return max((self.atlas_range or {}).get("q_scales", (1.0,)))
+
+    @property
+    def decay(self) -> float | None:
+        """The decay of the locator/audit step: the largest of the safeguard's range, else the step's own."""
+        decays = (self.atlas_range or {}).get("decays")
+        return max(decays) if decays else None
 
 
 CS = "fla_lab/ops/common/chunk.py"
@@ -162,7 +169,7 @@ def safeguard_mutations() -> list[Mutation]:
     inv = load_safeguards()
     return [Mutation(e.guard.id, e.guard.ops[0], e.function, e.guard.path, e.guard.code, e.guard.naive,
                      f"safeguard reverted: {e.guard.what}", tests=e.guard.catching_tests(), kind="safeguard",
-                     atlas_range=e.guard.atlas, op_level=e.guard.atlas is not None)
+                     atlas_range=e.guard.atlas, op_level=e.guard.atlas is not None, gpu_only=e.guard.gpu_only)
             for e in inv.inventory() if e.guard.mutation is None]
 
 
@@ -181,6 +188,8 @@ TESTS = {  # each op's tests, and its case of tests/test_final_state_flag.py (th
     "fused_recurrent_rwkv7": ["tests/test_rwkv7.py", "tests/test_final_state_flag.py", "-k", "fused"],
     "chunk_gsa": ["tests/test_gsa.py", "tests/test_final_state_flag.py", "-k",
                   "test_chunk_gsa or vanilla or fixed_path or (final_state and chunk_gsa)"],
+    "fused_recurrent_gsa": ["tests/test_fused_recurrent_gsa.py", "tests/test_final_state_flag.py", "-k",
+                            "not final_state or fused_recurrent_gsa"],
     "chunk_rwkv7": ["tests/test_chunk_rwkv7.py", "tests/test_final_state_flag.py", "-k",
                     "exact or agrees or (final_state and chunk_rwkv7)"],
 }
@@ -270,7 +279,8 @@ def atlas_grid(m: Mutation) -> dict:
     """The sweep's grid: GRID, with the safeguard's range added to each axis it names."""
     grid = dict(GRID)
     for axis, values in (m.atlas_range or {}).items():
-        grid[axis] = tuple(sorted(set(grid.get(axis, ())) | {float(v) if axis != "lengths" else v for v in values}))
+        grid[axis] = tuple(sorted(set(grid.get(axis, ())) | {float(v) if axis in ("decays", "q_scales") else v
+                                                             for v in values}))
     return grid
 
 
@@ -299,13 +309,13 @@ def _step(op, x: dict, final_state: bool = True):
     loss.backward()
 
 
-def _inputs(op: str, h0: bool, q_scale: float = 1.0):
+def _inputs(op: str, h0: bool, m: Mutation):
     from fla_lab import atlas, harness, registry, runtime
 
     spec = registry.get(op)
-    x = spec.inputs(registry.Shape(1, 40, 1, 16, 16, 16), decay=None if "rwkv7" in op else 30.0,
-                    initial_state=h0, seed=1)
-    return harness.leaves(atlas.scale_queries(x, q_scale), None, runtime.device())
+    decay = m.decay or (None if "rwkv7" in op else 30.0)  # RWKV-7's own range unless a safeguard names one
+    x = spec.inputs(registry.Shape(1, 40, 1, 16, 16, 16), decay=decay, initial_state=h0, seed=1)
+    return harness.leaves(atlas.scale_queries(x, m.q_scale), None, runtime.device())
 
 
 def worker_locate(m: Mutation) -> dict:
@@ -322,7 +332,7 @@ def worker_locate(m: Mutation) -> dict:
         try:
             with contract.value_checks(False):
                 with hunt.locate() as found:
-                    _step(lambda **kw: getattr(ops, m.op)(**kw), _inputs(m.op, h0, m.q_scale), final_state)
+                    _step(lambda **kw: getattr(ops, m.op)(**kw), _inputs(m.op, h0, m), final_state)
             d = found.report.diagnosis
             entry["locator"] = {"event": found.report.event.what if found.report.event else None,
                                 "op": d.op if d else None, "kernel": d.kernel if d else None,
@@ -332,7 +342,7 @@ def worker_locate(m: Mutation) -> dict:
         try:
             with contract.value_checks(False):
                 with audit.audit() as rec:
-                    _step(lambda **kw: getattr(ops, m.op)(**kw), _inputs(m.op, h0, m.q_scale), final_state)
+                    _step(lambda **kw: getattr(ops, m.op)(**kw), _inputs(m.op, h0, m), final_state)
                 wrong = rec.wrong()
             entry["audit"] = {"flagged_ops": [r.call.op for r in wrong],
                               "worst": [f"{r.worst} {r.errors[r.worst]:.2e}" for r in wrong]}
@@ -403,7 +413,8 @@ def safeguard_cells(r: dict) -> tuple[str, str, str]:
     t, a, loc = r.get("tests", {}), r.get("atlas", {}), r.get("locate", {})
     tests = t.get("verdict", "-") + (f" (`{t['first_failing'].split('::')[-1]}`)" if t.get("first_failing") else "")
     if a.get("verdict") == "n/a":
-        return tests, "n/a (a layer's line)", "n/a"
+        where = "a layer's line" if "/layers/" in r["path"] else "a path the atlas's inputs never take"
+        return tests, f"n/a ({where})", "n/a"
     if a.get("verdict") == "flagged":
         where = "at ordinary inputs too" if a.get("at_ordinary_inputs") else "only in its range"
         atl = f"flagged {a['not_right']}/{a['settings']}, {where}; e.g. {_setting(a['bad'][0])}"
@@ -497,6 +508,11 @@ def main(argv=None) -> int:
         raise SystemExit(f"unknown mutation id(s): {sorted(unknown)}; --list shows them")
     chosen = [by_id[i] for i in args.only] if args.only else MUTATIONS
     chosen = [m for m in chosen if args.kind in (None, m.kind)]
+    if not cuda_visible():
+        skipped = [m.id for m in chosen if m.gpu_only and not args.only]
+        chosen = [m for m in chosen if m.id not in skipped]
+        if skipped:
+            print(f"GPU only, not run here: {', '.join(skipped)}")
 
     if args.worker:
         import fla_lab
@@ -521,8 +537,8 @@ def main(argv=None) -> int:
 
     def one(m: Mutation) -> None:
         r = run_mutation(m, args.stages)
-        with lock:
-            results[m.id] = r
+        with lock:  # a run of some stages keeps the others' results
+            results[m.id] = results.get(m.id, {}) | r
             write(results)
 
     with ThreadPoolExecutor(args.jobs) as pool:  # threads wait on subprocesses: the work is in those
@@ -532,6 +548,12 @@ def main(argv=None) -> int:
     print(text)
     print(f"total {time.perf_counter() - start:.0f}s for {len(chosen)} mutation(s), {args.jobs} at a time")
     return 0
+
+
+def cuda_visible() -> bool:
+    import torch
+
+    return torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
 
 
 def run_mutation(m: Mutation, stages) -> dict:
@@ -553,7 +575,8 @@ def run_mutation(m: Mutation, stages) -> dict:
                                            f", audit op {_yes(s['audit_op'])}")
             print(f"[{m.id}] {stage}: {verdict} ({s['seconds']:.0f}s)", flush=True)
         return r | {"seconds": round(time.perf_counter() - t0, 1), "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
-                    "device": "CPU (Triton interpreter)", "torch": torch.__version__, "triton": triton.__version__,
+                    "device": torch.cuda.get_device_name() if cuda_visible() else "CPU (Triton interpreter)",
+                    "torch": torch.__version__, "triton": triton.__version__,
                     "cores": os.cpu_count()}
     finally:
         shutil.rmtree(copy, ignore_errors=True)

@@ -42,6 +42,7 @@ class Safeguard:
     # where it matters, as keyword arguments of `atlas.settings` for its ops (decays, q_scales, lengths, dtypes);
     # None: a layer's line, upstream of every op (the atlas and the audit see its output as the op's input)
     atlas: dict | None = None
+    gpu_only: bool = False  # its naive form differs only in compiled code (16-bit or TF32 dots): its test needs CUDA
 
     def catching_tests(self) -> tuple:
         return self.tests or (f"{TESTS}::test_{self.id}",)
@@ -59,8 +60,32 @@ CC = "fla_lab/ops/common/chunk.py"
 GSA = "fla_lab/ops/gsa/chunk.py"
 R7 = "fla_lab/ops/rwkv7/chunk.py"
 CHUNK_OPS = ("chunk_gla", "chunk_rwkv6", "chunk_gsa")
+UTILS = "fla_lab/ops/common/utils.py"
+ALL_CHUNK_OPS = (*CHUNK_OPS, "chunk_rwkv7")
+GSA_OPS = ("chunk_gsa", "fused_recurrent_gsa")
 STRONG_DECAY = {"decays": (100.0,)}     # a chunk's cumulative log-decay far past exp's 88
 LARGE_LOGITS = {"q_scales": (100.0,)}   # GSA's slot logits far from zero
+FP16 = {"dtypes": ("fp16",)}            # fp16 inputs (a bf16 cumulative sum is promoted to fp32 by tl.cumsum)
+BF16_LARGE_LOGITS = {"dtypes": ("bf16",), "q_scales": (100.0,)}  # slot logits far from zero, bf16 inputs
+FP32_DOTS = {"dtypes": ("fp32",)}       # fp32 inputs on a GPU, where a dot may run in TF32 (the interpreter: IEEE)
+# bf16 on a GPU at training length and weak decay (tests/test_training_length.py); the interpreter's dots are fp32
+TRAINING_LENGTH = {"dtypes": ("bf16",), "lengths": (4096,), "decays": (0.001,)}
+
+GLA = "fla_lab/ops/gla/chunk.py"
+
+
+def one_exponent(id: str, path: str, code: str, naive: str, ops: tuple, what: str) -> Safeguard:
+    """A decay factor taken as one exponent G_later - G_earlier <= 0, whose naive form splits it in two,
+    exp(G_later) * exp(-G_earlier): 0 * inf once a cumulative log-decay passes -88 (the atlas's strong decay)."""
+    what = f"{what}: one exponent <= 0, not exp(G_later) * exp(-G_earlier)"
+    return Safeguard(id, path, code, naive, "0*inf", ops, what, atlas=STRONG_DECAY)
+
+
+def rounding(id: str, path: str, code: str, naive: str, ops: tuple, atlas: dict, what: str,
+             gpu_only: bool = False) -> Safeguard:
+    """A value kept in fp32, or a product at fp32's accuracy, where the naive form rounds to 16 bits (or TF32)."""
+    return Safeguard(id, path, code, naive, "precision", ops, what, atlas=atlas, gpu_only=gpu_only)
+
 
 REGISTRY = (
     Safeguard("gsa_softmax_max_first", GSA,
@@ -137,13 +162,15 @@ REGISTRY = (
     Safeguard("gsa_later_rows_masked", CC, "return tl.where((o_j < T)[:, None] & m_d[None, :], b_gq - b_gn, 0)",
               "return b_gq - b_gn", "padded rows", ("chunk_gsa", "chunk_gla", "chunk_rwkv6"),
               "rows past T (loaded as 0) are masked in the exponent: exp(0 - gn) would overflow and meet a zero",
-              tests=("tests/test_gsa.py::test_unmasked_padding_gives_nan_in_ds_and_dg_with_a_partial_last_chunk",),
+              tests=("tests/test_gsa.py::test_unmasked_padding_gives_nan_in_ds_and_dg_with_a_partial_last_chunk",
+                     "tests/test_gsa.py::test_fixed_path_is_finite_where_the_bug_fires"),
               bug="chunk_gsa:unmasked_padding",
               atlas=STRONG_DECAY),
     Safeguard("reference_row_exclusive", CC, "return gi + (i_start - 1) * HK + o_k",
               "return gi + i_start * HK + o_k", "0*inf", ("chunk_rwkv6", "chunk_gla"),
               "sub-chunk reference row gi[start - 1]: both factors exp(gq - gn) and exp(gn - gk) stay <= 1",
-              tests=("tests/test_lesson_overflow.py::test_buggy_kernel_fails_exactly_where_the_reference_row_is_used",),
+              tests=("tests/test_lesson_overflow.py::test_buggy_kernel_fails_exactly_where_the_reference_row_is_used",
+                     "tests/test_lesson_overflow.py::test_fixed_kernel_matches_the_spec_at_extreme_decay"),
               bug="chunk_rwkv6:exclusive_reference",
               atlas=STRONG_DECAY),
     Safeguard("rwkv7_decay_fp32", "fla_lab/layers/rwkv7.py", "return -DECAY_SCALE * w_raw.float().sigmoid()",
@@ -152,6 +179,99 @@ REGISTRY = (
               tests=("tests/test_layers_autocast.py::"
                      "test_bf16_decay_switch_rounds_the_decay_inside_a_real_autocast_step",),
               bug="rwkv7:bf16_decay"),
+    # a decay factor as one exponent around the sub-chunks' reference row gn, or per pair
+    one_exponent("earlier_rows_key_decay", CC, "b_acc += mma(b_s, b_y * tl.exp(b_gn[None, :] - b_gj), DOT)",
+                 "b_acc += mma(b_s, b_y * tl.exp(b_gn[None, :]) * tl.exp(-b_gj), DOT)", CHUNK_OPS,
+                 "rows from earlier sub-chunks (GLA's dq, GSA's slot output), key factor exp(gn - G_s)"),
+    one_exponent("earlier_rows_query_decay", CC,
+                 "b_acc *= tl.exp(tl.where(m_i[:, None] & m_d[None, :], b_gq - b_gn[None, :], 0))",
+                 "b_acc *= tl.exp(b_gq) * tl.exp(-b_gn[None, :])", CHUNK_OPS,
+                 "rows from earlier sub-chunks, query factor exp(G_t - gn)"),
+    one_exponent("later_rows_key_decay", CC,
+                 "b_acc *= tl.exp(tl.where(m_i[:, None] & m_d[None, :], b_gn[None, :] - b_gk, 0))",
+                 "b_acc *= tl.exp(b_gn[None, :]) * tl.exp(-b_gk)", CHUNK_OPS,
+                 "columns from later sub-chunks (GLA's dk, GSA's slot dv), key factor exp(gn - G_s)"),
+    one_exponent("later_rows_query_decay", CC,
+                 "b_acc += mma(b_st, b_w * tl.exp(EXPONENT(b_gq, b_gn[None, :], o_j, m_d, T)), DOT)",
+                 "b_acc += mma(b_st, b_w * tl.exp(b_gq) * tl.exp(-b_gn[None, :]), DOT)", CHUNK_OPS,
+                 "columns from later sub-chunks, the later rows' factor exp(G_t - gn) (the EXPONENT helper, which "
+                 "also masks rows past T)"),
+    one_exponent("gated_scores_query_decay", GLA, "b_qg = b_q * tl.exp(tl.where(m_ik, b_gq - b_gn[None, :], 0))",
+                 "b_qg = b_q * tl.exp(b_gq) * tl.exp(-b_gn[None, :])", CHUNK_OPS,
+                 "intra-chunk scores, a block of an earlier key sub-chunk, query factor exp(gq - gn)"),
+    one_exponent("gated_scores_key_decay", GLA, "b_A += mma(b_qg, b_kt * tl.exp(b_gn[:, None] - b_gkt), DOT)",
+                 "b_A += mma(b_qg, b_kt * tl.exp(b_gn[:, None]) * tl.exp(-b_gkt), DOT)", CHUNK_OPS,
+                 "intra-chunk scores, a block of an earlier key sub-chunk, key factor exp(gn - gk)"),
+    one_exponent("folded_diagonal_decay", GLA,
+                 "b_a += tl.sum(b_q * b_k * tl.exp(tl.where(m, b_gq - b_gk, 0)), axis=1)  # masked before exp",
+                 "b_a += tl.sum(b_q * b_k * tl.exp(b_gq) * tl.exp(-b_gk), axis=1)", CHUNK_OPS,
+                 "intra-chunk scores, diagonal block, each pair's exp(G_t - G_s) (both the chunk's cumulative "
+                 "decays, far past -88 in a late sub-chunk)"),
+    Safeguard("rwkv6_diagonal_masked_before_exp", CC,
+              "return tl.where(diag, b_u, tl.where(below, tl.exp(tl.where(below, b_gq - b_gk, 0)), 0))",
+              "return tl.where(diag, b_u, tl.exp(b_gq - b_gk) * below.to(tl.float32))", "0*inf", ("chunk_rwkv6",),
+              "RWKV6's diagonal blocks (backward): the exponent masked before exp, so pairs s > t, where "
+              "G_{t-1} - G_s >= 0, give 0, not inf * 0",
+              atlas=STRONG_DECAY),
+    one_exponent("gsa_slot_diagonal_decay", GSA, "b_e = tl.exp(tl.where(causal, b_g - b_gj[None, :], 0))",
+                 "b_e = tl.exp(b_g) * tl.exp(-b_gj[None, :])", ("chunk_gsa",),
+                 "GSA's slot output, diagonal block, each pair's exp(G_t - G_j)"),
+    one_exponent("rwkv7_pair_weight_decay", R7,
+                 "b_w = tl.exp(tl.where(m, tl.load(gi + rows_t[:, None] * HK + o_k[None, :], mask=m, other=0)",
+                 "b_w = tl.exp(tl.load(gi + rows_t[:, None] * HK + o_k[None, :], mask=m, other=0)) * "
+                 "tl.exp(tl.where(m, 0", ("chunk_rwkv7",),
+                 "RWKV-7's four scores, the weight exp(G_t - G_s) of each pair and channel"),
+    # the slot softmax's padded slots (M not a power of two), fp32 slot scores, ABC's gates
+    *(Safeguard(f"gsa_softmax{kernel}_pad_neg_inf", GSA, f'b_x = tl.load({pointer}, mask=m, other=float("-inf"))',
+                f"b_x = tl.load({pointer}, mask=m, other=0)", "padded rows", GSA_OPS,
+                f"slot softmax{what}: padded slots (M below its power of two) load -inf, so the row maximum is a "
+                "real logit's; with 0 a row of logits all below -88 subtracts 0 and exp underflows to a 0 / 0 row")
+      for kernel, pointer, what in (("", "x + o_r[:, None] * M + o_m[None, :]", ""),
+                                    ("_bwd", "x + p_rm", " backward (the probabilities recomputed)"))),
+    rounding("gsa_slot_scores_fp32", GSA, "o = empty_f32(q, B, T, H, V)",
+             "o = torch.empty(B, T, H, V, dtype=q.dtype, device=q.device)", ("chunk_gsa",), BF16_LARGE_LOGITS,
+             "GSA's slot scores (pass 1's output) kept fp32 for the softmax: in bf16 a logit of 30 is rounded by up "
+             "to 0.06, and the slot weights move by up to 6%"),
+    rounding("gsa_fused_slot_scores_fp32", "fla_lab/ops/gsa/fused_recurrent.py", "o_dtype=torch.float32, seqs=seqs)",
+             "o_dtype=q.dtype, seqs=seqs)", ("fused_recurrent_gsa",), BF16_LARGE_LOGITS,
+             "fused GSA's slot scores (pass 1's output) kept fp32 for the softmax, as the chunked op's"),
+    Safeguard("abc_gates_logcumsumexp", GSA, "z = s.float().logcumsumexp(1)", "z = s.float().exp().cumsum(1).log()",
+              "overflow", GSA_OPS,
+              "ABC's gates (g=None): the running normaliser as a log-cumulative-sum-exp, not log(cumsum(exp(s))) "
+              "(exp overflows for slot writes above 88: inf - inf in the log-decay)"),
+    Safeguard("abc_gates_fp32", GSA, "z = s.float().logcumsumexp(1)", "z = s.logcumsumexp(1)", "cancellation",
+              GSA_OPS,
+              "ABC's gates: the normaliser z in fp32, whose log-decay z_{t-1} - z_t subtracts two nearly equal "
+              "values (a bf16 z of 4 is rounded by up to 0.016, as large as a late step's decay)"),
+    # fp32 where a 16-bit form rounds
+    rounding("chunk_cumsum_fp32", CC, "b_g = tl.load(g + p, mask=m, other=0).to(tl.float32)",
+             "b_g = tl.load(g + p, mask=m, other=0)", ALL_CHUNK_OPS, FP16,
+             "the chunk's cumulative log-decay summed in fp32: an fp16 g summed in fp16 rounds G by 2^-11 of its size "
+             "at every row (tl.cumsum promotes bf16 only)"),
+    rounding("state_products_split", UTILS,
+             "return tl.dot(a, b_hi, input_precision=PRECISION) + tl.dot(a, b_lo, input_precision=PRECISION)",
+             "return tl.dot(a, b_hi, input_precision=PRECISION)", ("chunk_gsa", "chunk_gla", "chunk_rwkv6",
+                                                                    "chunk_rwkv7"), TRAINING_LENGTH,
+             "products with an fp32 state in 16-bit dots take the state as hi + lo halves, not one rounding "
+             "(GPU only: the interpreter's dots are fp32); the rounding reaches dg", gpu_only=True),
+    rounding("gsa_state_pass_split", CC, "b_h = b_h * tl.exp(b_glast)[None, :] + mma_split(b_kt, b_v, DOT)",
+             "b_h = b_h * tl.exp(b_glast)[None, :] + mma(b_kt, b_v, DOT)", ("chunk_gsa",), TRAINING_LENGTH,
+             "GSA's slot pass (value-side state) splits its decayed operand: the slot softmax magnifies one bf16 "
+             "rounding per term of h into dg at weak decay (GPU only)", gpu_only=True),
+    rounding("dot_precision_ieee", UTILS, "return tl.dot(a.to(DOT), b.to(DOT), input_precision=PRECISION)",
+             "return tl.dot(a.to(DOT), b.to(DOT))", ALL_CHUNK_OPS, FP32_DOTS,
+             "fp32 dots at PRECISION, IEEE fp32, not tl.dot's default, TF32 on a GPU (10 mantissa bits; GPU only)",
+             gpu_only=True),
+    rounding("rwkv7_solve_tf32x3", R7, "return tl.dot(x, y, input_precision=SOLVE_PRECISION)", "return tl.dot(x, y)",
+             ("chunk_rwkv7",), FP32_DOTS,
+             "RWKV-7's fp32 chunk products (the solve's, W, U0) at SOLVE_PRECISION, three TF32 products on a GPU, "
+             "about fp32's accuracy, not tl.dot's default, one TF32 product (GPU only)", gpu_only=True),
+    Safeguard("rwkv7_key_norm_eps", "fla_lab/layers/rwkv7.py",
+              "kk = F.normalize(split_heads(k * self.k_k, self.head_dim), dim=-1)",
+              "kk = split_heads(k * self.k_k, self.head_dim); kk = kk / kk.norm(dim=-1, keepdim=True)",
+              "padded rows", ("chunk_rwkv7", "fused_recurrent_rwkv7"),
+              "RWKV-7 layer's removal key normalised with an eps (F.normalize): a zero key, e.g. a zero-padded "
+              "token, gives 0, not 0 / 0 = NaN in a and b"),
 )
 
 
@@ -208,20 +328,31 @@ def naive_line(entry: Entry) -> str:
 
 
 def caught_by(g: Safeguard) -> str:
-    if g.bug:
-        return f"bug switch `{g.bug}`"
-    return ", ".join(f"`{t.split('::')[-1].split('[')[0]}`" for t in g.catching_tests())
+    tests = ", ".join(f"`{t.split('::')[-1].split('[')[0]}`" for t in g.catching_tests())
+    return f"bug switch `{g.bug}`; {tests}" if g.bug else tests
+
+
+AXES = {"dtypes": "{}", "decays": "m={:g}", "q_scales": "q x{:g}", "lengths": "T={}"}
+
+
+def range_text(g: Safeguard) -> str:
+    """Where the safeguard matters, in the atlas's terms ("m=100", "bf16 T=4096 m=0.001, GPU"); "-": outside them."""
+    if g.atlas is None:
+        return "-"
+    text = " ".join(AXES[axis].format(v) for axis, values in g.atlas.items() for v in values)
+    return text + (", GPU" if g.gpu_only else "")
 
 
 def table(lines: bool = True) -> str:
     """The inventory as a Markdown table; `lines=False` (the guide's section) leaves the line numbers out."""
-    rows = ["| safeguard | where | protects against | ops | naive form | caught by |", "|---|---|---|---|---|---|"]
+    rows = ["| safeguard | where | protects against | ops | naive form | where it matters (atlas) | caught by |",
+            "|---|---|---|---|---|---|---|"]
     for e in inventory():
         g = e.guard
         where = g.path.removeprefix("fla_lab/") + (f":{e.line}" if lines else "")
         naive = naive_line(e).replace("|", "\\|")
         rows.append(f"| `{g.id}` | `{where}` `{e.function}` | {g.protects}: {g.what} | {', '.join(g.ops)} | "
-                    f"`{naive}` | {caught_by(g)} |")
+                    f"`{naive}` | {range_text(g)} | {caught_by(g)} |")
     return "\n".join(rows)
 
 

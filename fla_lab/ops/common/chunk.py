@@ -174,7 +174,7 @@ def rows_from_earlier_subchunks(S, Y, gi, b_gq, i_start, t_first, i_i, o_c, o_d,
             b_gj = tl.load(gi + o_j[:, None] * HD + o_d[None, :], mask=m_d[None, :], other=0)
             b_s = tl.load(S + (i_start + o_c)[:, None] * SROW + (i_j * BC + o_c)[None, :], mask=m_i[:, None],
                           other=0)
-            b_acc += mma(b_s, b_y * tl.exp(b_gn[None, :] - b_gj), DOT)
+            b_acc += mma(b_s, b_y * tl.exp(b_gn[None, :] - b_gj), DOT)  # safeguard: earlier_rows_key_decay
         b_acc *= tl.exp(tl.where(m_i[:, None] & m_d[None, :], b_gq - b_gn[None, :], 0))
     return b_acc
 
@@ -234,7 +234,7 @@ def chunk_cumsum_kernel(g, gi, x, flags, cu_seqlens, chunk_indices, T, H: tl.con
     o_k = i_k * BK + tl.arange(0, BK)
     m = (o_t < T)[:, None] & (o_k < K)[None, :]
     p = (bos * H + i_h) * K + o_t[:, None] * H * K + o_k[None, :]
-    b_g = tl.load(g + p, mask=m, other=0).to(tl.float32)
+    b_g = tl.load(g + p, mask=m, other=0).to(tl.float32)  # safeguard: chunk_cumsum_fp32
     if G_SLOT >= 0:
         or_nonfinite_bit(flags, tl.sum(nonfinite_probe(b_g)), G_SLOT)
         or_positive_decay_bit(flags, tl.max(b_g))
@@ -273,7 +273,7 @@ def chunk_fwd_h_kernel(k, v, gi, h, h0, ht, cu_seqlens, chunk_offsets, T, H: tl.
             b_glast = tl.load(gi + bos * V + t_last * H * V + o_v, mask=m_v, other=0)
             b_g = tl.load(gi + bos * V + o_t[:, None] * H * V + o_v[None, :], mask=m_tv, other=0)
             b_v *= tl.exp(tl.where(m_tv, b_glast[None, :] - b_g, 0))  # split: GSA's softmax magnifies h's error
-            b_h = b_h * tl.exp(b_glast)[None, :] + mma_split(b_kt, b_v, DOT)
+            b_h = b_h * tl.exp(b_glast)[None, :] + mma_split(b_kt, b_v, DOT)  # safeguard: gsa_state_pass_split
         else:  # decay each key channel from its step to the chunk end
             b_glast = tl.load(gi + bos * K + t_last * H * K + o_k, mask=m_k, other=0)
             b_gt = tl.load(gi + bos * K + o_t[None, :] * H * K + o_k[:, None], mask=m_kt, other=0)

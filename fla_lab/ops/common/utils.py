@@ -151,7 +151,7 @@ PRECISION = tl.constexpr(DOT_PRECISION)
 @kernel
 def mma(a, b, DOT):
     """`a @ b` on the tensor cores: operands in the dot dtype, fp32 accumulation."""
-    return tl.dot(a.to(DOT), b.to(DOT), input_precision=PRECISION)
+    return tl.dot(a.to(DOT), b.to(DOT), input_precision=PRECISION)  # safeguard: dot_precision_ieee
 
 
 # FLA_LAB_SPLIT_STATES=0 turns the split off (read at import): benchmarks/long_accuracy.py measures both ways.

@@ -88,7 +88,7 @@ def slot_rows_kernel(x, y, gi, h, A, out, scale, cu_seqlens, chunk_indices, T, N
             b_gj = tl.load(gi + (i_start + j) * H * V + o_v, mask=m_j, other=0)
             b_aj = tl.load(A + o_i * H * BT + i_i * BC + j, mask=m_i, other=0)  # column j of the block
             causal = ((o_c >= j) & m_i)[:, None]
-            b_e = tl.exp(tl.where(causal, b_g - b_gj[None, :], 0))
+            b_e = tl.exp(tl.where(causal, b_g - b_gj[None, :], 0))  # safeguard: gsa_slot_diagonal_decay
             b_out += tl.where(causal, b_aj[:, None] * b_yj[None, :] * b_e, 0)
         b_out *= scale
     if ACC:
@@ -103,7 +103,7 @@ def slot_pass_fwd(q, k, v, gi, scale, h0, output_final_state, BT, launch, seqs=N
     V = v.shape[-1]
     h, ht = forward_states(k, v, gi, h0, output_final_state, BT, launch, gate_v=True, seqs=seqs)
     A = plain_scores(q, k, 1.0, BT, launch, seqs)
-    o = empty_f32(q, B, T, H, V)
+    o = empty_f32(q, B, T, H, V)  # safeguard: gsa_slot_scores_fp32
     NT, BV = chunks(T, BT, seqs), min(tile_width(V), launch.slots_BV)
     slot_rows_kernel[(grid_size(V, BV), NT * (BT // BC), B * H)](
         q, v, gi, h, A, o, scale, *chunk_tables(seqs), T, NT, H=H, K=K, V=V, BT=BT, BC=BC, BK=tile_width(K), BV=BV,
@@ -166,7 +166,7 @@ def slot_softmax_bwd_kernel(x, dp, dx, N, M: tl.constexpr, BM: tl.constexpr, BR:
     o_m = tl.arange(0, BM)
     m = (o_r < N)[:, None] & (o_m < M)[None, :]
     p_rm = o_r[:, None] * M + o_m[None, :]
-    b_x = tl.load(x + p_rm, mask=m, other=float("-inf")).to(tl.float32)
+    b_x = tl.load(x + p_rm, mask=m, other=float("-inf")).to(tl.float32)  # safeguard: gsa_softmax_bwd_pad_neg_inf
     b_x = tl.where(m, b_x - tl.max(b_x, axis=1)[:, None], float("-inf"))
     b_e = tl.where(m, tl.exp(b_x), 0)
     b_p = b_e / tl.maximum(tl.sum(b_e, axis=1), 1e-30)[:, None]

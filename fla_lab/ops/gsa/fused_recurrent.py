@@ -43,7 +43,7 @@ class FusedRecurrentGSAFunction(torch.autograd.Function):
     def forward(ctx, q, k, v, s, g, scale, hk0, hv0, output_final_state, launch, seqs=None):
         q, k, v, s, g, hk0, hv0 = as_contiguous(q, k, v, s, g, hk0, hv0)
         scores, hkt = fused_recurrent_fwd(q, k, s, None, None, scale, hk0, output_final_state, launch, gv=g,
-                                          o_dtype=torch.float32, seqs=seqs)
+                                          o_dtype=torch.float32, seqs=seqs)  # safeguard: gsa_fused_slot_scores_fp32
         p = slot_softmax(scores, torch.float32, launch.softmax_rows)
         o, hvt = fused_recurrent_fwd(p, s, v, g, None, 1.0, hv0, output_final_state, launch, o_dtype=v.dtype,
                                      seqs=seqs)

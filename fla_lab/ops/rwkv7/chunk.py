@@ -116,7 +116,7 @@ def row(x, o_c, j):
 @kernel
 def fdot(x, y):
     """`x @ y` of fp32 tiles at `SOLVE_PRECISION`."""
-    return tl.dot(x, y, input_precision=SOLVE_PRECISION)
+    return tl.dot(x, y, input_precision=SOLVE_PRECISION)  # safeguard: rwkv7_solve_tf32x3
 
 
 @kernel
