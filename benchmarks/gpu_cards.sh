@@ -49,9 +49,13 @@ lane1() {  # the fused recurrent forwards beside FLA, the safeguards on the card
     git rev-parse --git-dir > /dev/null 2>&1 || {
       git init -q && printf '.whl/\n.flasrc/\n.devsnap/\n' >> .git/info/exclude && git add -A &&
         git -c user.name=device -c user.email=device@localhost commit -qm "the tree as sent"; }
-    timed safeguards-shipped 120 python3 -m pytest -q -p no:cacheprovider tests/test_safeguards.py -rs
+    timed safeguards-shipped "${SHIPPED_S:-90}" python3 -m pytest -q -p no:cacheprovider tests/test_safeguards.py -rs
     FLA_LAB_SAFEGUARD_MUTATIONS=1 timed safeguards-naive "${NAIVE_S:-300}" python3 -m pytest -q -p no:cacheprovider \
       -n 6 tests/test_safeguards.py -k naive_form_fails -rA
+    # the GPU-only naive forms through the mutation check (tests, atlas over their range, locator/audit)
+    ids=$(python3 -c 'from fla_lab import safeguards as s; print(*[g.id for g in s.REGISTRY if g.gpu_only])')
+    timed safeguards-mutations "${GPU_MUT_S:-240}" python3 benchmarks/mutation_check.py --only $ids --jobs 4
+    cp benchmarks/results/mutations.json "$LOGS/mutations_gpu.json"
   fi
   if wants recurrent; then
     OUT=$LOGS timed recurrent 150 python3 benchmarks/tune_kernels.py fused_recurrent_rwkv6 fused_recurrent_rwkv7 \

@@ -227,7 +227,8 @@ def export_copy(m: Mutation) -> Path:
 
 
 def _run(cmd, copy: Path, timeout: int) -> tuple[int | None, str, float]:
-    env = dict(os.environ, PYTHONPATH=str(copy), PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS="1")
+    path = os.pathsep.join(p for p in (str(copy), os.environ.get("PYTHONPATH", "")) if p)  # the copy first
+    env = dict(os.environ, PYTHONPATH=path, PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS="1")
     start = time.perf_counter()
     try:
         p = subprocess.run(cmd, cwd=copy, env=env, capture_output=True, text=True, timeout=timeout)
