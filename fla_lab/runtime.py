@@ -43,35 +43,33 @@ def configure() -> None:
         index_tensors_as_scalars()
     _STATE["device"] = "cuda" if has_cuda and not _STATE["interpret"] else "cpu"
     hide_interpreter_noise()
-    if _STATE["device"] == "cuda":
-        announce_first_compile()
 
 
 COMPILE_NOTE = ("fla_lab: Triton is compiling this GPU's kernels (or loading them from its disk cache): the first "
                 "call of each op waits for it, later calls do not")
 
 
-def announce_first_compile(say=print) -> bool:
-    """Print COMPILE_NOTE the first time this process compiles a Triton kernel, so the wait of a notebook's first
-    cells on a GPU is explained where it happens. Chains any hook already installed and never asks Triton to skip a
-    compile (a true return would). Returns whether the hook was installed (a Triton with `knobs.runtime`)."""
-    try:
-        import triton
+_ANNOUNCED = []  # COMPILE_NOTE was printed in this process
 
-        knobs = triton.knobs.runtime
-        previous = knobs.jit_cache_hook
-    except (AttributeError, ImportError):
-        return False
-    said = []
 
-    def hook(*args, **info):
-        if not said:
-            said.append(True)
+def announce_first_launch(jitted, say=print) -> None:
+    """On a GPU, print COMPILE_NOTE before the first launch of any fla_lab kernel in this process (a kernel's first
+    launch compiles it or loads it from Triton's disk cache), so the wait of a notebook's first cells is explained
+    where it happens. Wraps the jitted kernel's `run` until its first launch, then puts the original back. (Not a
+    `triton.knobs.runtime` hook: setting one makes Triton serialise every kernel's constexprs as JSON, which fails
+    for kernels that take a `@triton.jit` helper as an argument.)"""
+    if _STATE["device"] != "cuda":
+        return
+    original = jitted.run
+
+    def run(*args, **kwargs):
+        jitted.run = original
+        if not _ANNOUNCED:
+            _ANNOUNCED.append(True)
             say(COMPILE_NOTE)
-        return previous(*args, **info) if previous is not None else None
+        return original(*args, **kwargs)
 
-    knobs.jit_cache_hook = hook
-    return True
+    jitted.run = run
 
 
 def _switch_triton_knob_on() -> None:

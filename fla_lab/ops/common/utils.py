@@ -27,6 +27,7 @@ def kernel(fn):
     params = inspect.signature(fn).parameters
     lengths = [n for n in UNSPECIALIZED if n in params and params[n].annotation in (inspect.Parameter.empty, "")]
     jitted = triton.jit(fn, do_not_specialize=lengths)
+    runtime.announce_first_launch(jitted)
     _KERNELS[f"{fn.__module__}.{fn.__name__}"] = jitted
     return jitted
 
