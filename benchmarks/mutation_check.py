@@ -447,7 +447,8 @@ def safeguard_section(results: dict) -> list[str]:
     s = safeguard_summary(results)
     lines = ["## Safeguards: each naive form, and who catches it", "",
              f"One row per entry of `fla_lab.safeguards` ({s['entries']}): its shipped line replaced by the naive "
-             "form. Tests: the entry's own tests. Atlas: the grid above plus the entry's range (`Safeguard.atlas`); "
+             "form, on the CPU under the interpreter, or on a GPU for the naive forms that change only compiled "
+             "code (16-bit or TF32 dots). Tests: the entry's own tests. Atlas: the grid above plus the entry's range (`Safeguard.atlas`); "
              "'at ordinary inputs' means flagged at m=0.1 with the queries as drawn, 'only in its range' means only "
              "at the strong decay or the large query scale. Audit: the T=40 step at the entry's query scale.", "",
              f"**{s['ran']} of {s['entries']} ran.** The tests catch {s['tests']} of {s['ran']}; of the "
@@ -455,17 +456,25 @@ def safeguard_section(results: dict) -> list[str]:
              f"their range) and the audit {s['audit']}; caught by at least one: {s['caught_by_one']} of {s['ran']}"
              + (f"; missed: {', '.join(s['missed'])}" if s["missed"] else "")
              + (f"; not run: {', '.join(s['not_run'])}" if s["not_run"] else "") + ".", "",
-             "| safeguard | protects | op | naive form reverted by | tests | atlas | audit |",
-             "|---|---|---|---|---|---|---|"]
+             "| safeguard | protects | op | naive form reverted by | ran on | tests | atlas | audit |",
+             "|---|---|---|---|---|---|---|---|"]
     for e in inv.inventory():
         g, r = e.guard, results.get(mutation_of(e.guard))
         cells = safeguard_cells(r) if r else ("not run", "not run", "not run")
-        lines.append(f"| `{g.id}` | {g.protects} | {g.ops[0]} | `{mutation_of(g)}` | " + " | ".join(cells) + " |")
+        where = "-" if not r else "CPU" if r["device"].startswith("CPU") else r["device"].removeprefix("NVIDIA ")
+        lines.append(f"| `{g.id}` | {g.protects} | {g.ops[0]} | `{mutation_of(g)}` | {where} | " + " | ".join(cells)
+                     + " |")
     return lines
+
+
+KEPT = 4  # the not-right settings kept per record (the count and statuses cover the rest)
 
 
 def write(results: dict) -> str:
     RESULTS.mkdir(parents=True, exist_ok=True)
+    for r in results.values():
+        if len(r.get("atlas", {}).get("bad", ())) > KEPT:
+            r["atlas"]["bad"] = r["atlas"]["bad"][:KEPT]
     (RESULTS / "mutations.json").write_text(json.dumps(list(results.values()), indent=1))
     order = [m.id for m in MUTATIONS if m.kind == "slip"]
     ran = [results[i] for i in order if i in results]

@@ -65,7 +65,8 @@ ALL_CHUNK_OPS = (*CHUNK_OPS, "chunk_rwkv7")
 GSA_OPS = ("chunk_gsa", "fused_recurrent_gsa")
 STRONG_DECAY = {"decays": (100.0,)}     # a chunk's cumulative log-decay far past exp's 88
 LARGE_LOGITS = {"q_scales": (100.0,)}   # GSA's slot logits far from zero
-FP16 = {"dtypes": ("fp16",)}            # fp16 inputs (a bf16 cumulative sum is promoted to fp32 by tl.cumsum)
+# fp16 inputs at decays whose cumulative sums fp16 rounds visibly (tl.cumsum promotes bf16 to fp32, not fp16)
+FP16 = {"dtypes": ("fp16",), "decays": (1.0, 10.0)}
 BF16_LARGE_LOGITS = {"dtypes": ("bf16",), "q_scales": (100.0,)}  # slot logits far from zero, bf16 inputs
 FP32_DOTS = {"dtypes": ("fp32",)}       # fp32 inputs on a GPU, where a dot may run in TF32 (the interpreter: IEEE)
 # bf16 on a GPU at training length and weak decay (tests/test_training_length.py); the interpreter's dots are fp32

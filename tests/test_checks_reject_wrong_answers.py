@@ -181,6 +181,19 @@ WRONG = {
                 return dht
             """,
     },
+    "06:check_removal": {
+        "ordinary inputs noticing it too": """
+            prediction = {"safeguard": "gsa_softmax_max_first", "naive": None, "ordinary": "nonfinite",
+                          "in_range": "nonfinite"}
+            """,
+        "finite but wrong in its range": """
+            prediction = {"safeguard": "gsa_softmax_max_first", "naive": None, "ordinary": "right",
+                          "in_range": "wrong"}
+            """,
+        "nonsense": """
+            prediction = {"safeguard": "banana", "naive": None, "ordinary": "apple", "in_range": "cherry"}
+            """,
+    },
 }
 CAUSE = ("mechanism", "tensor", "condition")
 # Notebook 06: findings made from the solution's (`s`); "off": the model with its options back to the defaults, so

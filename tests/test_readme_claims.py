@@ -321,6 +321,27 @@ def test_mutation_check_counts():
     assert not unbacked(text, [len(rows), caught, flagged, audited, seconds])
 
 
+def test_safeguard_mutation_counts():
+    from conftest import benchmark_script
+
+    mc = benchmark_script("mutation_check")
+    rows = {r["id"]: r for r in load("mutations.json")}
+    s = mc.safeguard_summary(rows)
+    text = block("**Every safeguard is load-bearing.**", "What fla_lab knows about each op")
+    gpu = [r for r in rows.values() if r.get("kind") == "safeguard" and not r["device"].startswith("CPU")]
+    assert not s["missed"] and not s["not_run"] and s["ran"] == s["entries"]
+    assert f"lists the kernels' and layers' {s['entries']} numerical safeguards" in text
+    assert f"{s['ran'] - len(gpu)} on the CPU, the {len(gpu)}" in text and {r["device"] for r in gpu} == {"NVIDIA H200"}
+    assert f"the tests catch {s['tests']} of {s['ran']}. Of the {s['op_level']} in kernels" in text
+    assert f"the atlas flags {s['atlas']}, {s['atlas_only_in_range']} of them only in their range" in text
+    assert f"flags {s['audit']}. The other {s['entries'] - s['op_level']} act" in text
+    days = sorted({r["finished"][:10] for r in rows.values() if r.get("kind") == "safeguard"})
+    assert f"H200, {days[-1]})" in text
+    assert not unbacked(text, [s["entries"], s["ran"] - len(gpu), len(gpu), s["tests"], s["ran"], s["op_level"],
+                               s["atlas"], s["atlas_only_in_range"], s["audit"], s["entries"] - s["op_level"],
+                               days[-1]], [88, 100, 16, 32, 4096])
+
+
 def test_gpu_atlas_table_and_findings():
     atlas = load("atlas_gpu.json")
     env, records = atlas["environment"], atlas["records"]
