@@ -439,7 +439,8 @@ def safeguard_summary(results: dict) -> dict:
             "atlas_only_in_range": sum(r["atlas"]["verdict"] == "flagged" and not r["atlas"].get("at_ordinary_inputs")
                                        for r in op_level.values()),
             "audit": sum(bool(r.get("locate", {}).get("audit_op")) for r in op_level.values()),
-            "caught_by_one": len(caught), "missed": sorted(set(ran) - caught), "not_run": sorted(set(rows) - set(ran))}
+            "caught_by_one": len(caught), "missed": sorted(set(ran) - caught), "not_run": sorted(set(rows) - set(ran)),
+            "days": sorted({r["finished"][:10] for r in ran.values()})}
 
 
 def safeguard_section(results: dict) -> list[str]:
@@ -451,7 +452,7 @@ def safeguard_section(results: dict) -> list[str]:
              "code (16-bit or TF32 dots). Tests: the entry's own tests. Atlas: the grid above plus the entry's range (`Safeguard.atlas`); "
              "'at ordinary inputs' means flagged at m=0.1 with the queries as drawn, 'only in its range' means only "
              "at the strong decay or the large query scale. Audit: the T=40 step at the entry's query scale.", "",
-             f"**{s['ran']} of {s['entries']} ran.** The tests catch {s['tests']} of {s['ran']}; of the "
+             f"**{s['ran']} of {s['entries']} ran** ({', '.join(s['days'])}). The tests catch {s['tests']} of {s['ran']}; of the "
              f"{s['op_level']} kernel safeguards the atlas flags {s['atlas']} ({s['atlas_only_in_range']} only in "
              f"their range) and the audit {s['audit']}; caught by at least one: {s['caught_by_one']} of {s['ran']}"
              + (f"; missed: {', '.join(s['missed'])}" if s["missed"] else "")

@@ -51,7 +51,7 @@ def kernel_safeguards() -> list[safeguards.Entry]:
 def describe_range(atlas_range: dict) -> str:
     """`{"q_scales": (100.0,)}` as "q scale 100" (axes in the order of AXES, however the dict is ordered)."""
     axes = sorted(atlas_range, key=lambda a: list(AXES).index(a) if a in AXES else len(AXES))
-    return ", ".join(f"{AXES.get(a, a)} {'/'.join(map(_value, atlas_range[a]))}" for a in axes)
+    return ", ".join(f"{AXES.get(a, a)} {' and '.join(map(_value, atlas_range[a]))}" for a in axes)
 
 
 def _value(v) -> str:
@@ -65,12 +65,13 @@ def choices() -> None:
     width, op_width = max(len(g.id) for g in guards), max(len(g.ops[0]) for g in guards)
     print(f"{'safeguard':<{width}}  {'op':<{op_width}}  {'protects against':<17} range")
     for g in guards:
-        print(f"{g.id:<{width}}  {g.ops[0]:<{op_width}}  {g.protects:<17} {describe_range(g.atlas)}")
+        print(f"{g.id:<{width}}  {g.ops[0]:<{op_width}}  {g.protects:<17} {describe_range(g.atlas)}"
+              + (", GPU" if g.gpu_only else ""))
 
 
 def show(safeguard: str) -> None:
-    """Print one safeguard: where it is, what it protects against, its shipped code and the registry's naive form
-    (the text `remove` replaces, and its default replacement)."""
+    """Print one safeguard: where it is, what it protects against, its shipped line and the naive one, and the exact
+    text `remove` replaces (your `naive` replaces that text, not the whole line)."""
     entry = _entry(safeguard)
     if isinstance(entry, str):
         print(entry)
@@ -78,12 +79,14 @@ def show(safeguard: str) -> None:
     g = entry.guard
     print(f"{g.id}: {g.path}, in {entry.function} ({', '.join(g.ops)}); matters at {describe_range(g.atlas)}")
     print(f"  protects against {g.protects}: {g.what}")
-    print(f"  shipped code: {_indent(g.code)}")
-    print(f"  naive form  : {_indent(g.naive)}")
+    print(f"  shipped line : {safeguards.source(g.path).splitlines()[entry.line - 1].strip()}")
+    print(f"  naive line   : {safeguards.naive_line(entry)}")
+    print(f"  text replaced: {_indent(g.code)}")
+    print(f"  by default by: {_indent(g.naive)}")
 
 
 def _indent(code: str) -> str:
-    return code.replace("\n", "\n" + " " * 16)
+    return code.replace("\n", "\n" + " " * 17)
 
 
 def _entry(safeguard) -> safeguards.Entry | str:
@@ -92,8 +95,10 @@ def _entry(safeguard) -> safeguards.Entry | str:
     if guard is None:
         return f"no safeguard {safeguard!r}: pick an id that safeguard_removal.choices() prints"
     if guard.atlas is None:
-        return (f"{safeguard} is a layer's line: it acts before any op, so the atlas cannot see it; pick a kernel "
-                f"safeguard from safeguard_removal.choices()")
+        where = ("a layer's line: it acts before any op" if "/layers/" in guard.path
+                 else "on a path the atlas's inputs never take")
+        return (f"{safeguard} is {where}, so the atlas cannot see it; pick a kernel safeguard from "
+                f"safeguard_removal.choices()")
     return safeguards.locate(guard, safeguards.source(guard.path))  # one file parsed, not the whole inventory
 
 
