@@ -2,9 +2,10 @@
 
 A sweep of op x variant (fixed, each catalogued bug, an external library's op) x dtype x per-step decay magnitude
 x sequence length (x chunk size) x combination (initial state passed or not, random final-state cotangent or none)
-(x query scale: the queries multiplied by it, which moves GSA's slot-softmax logits far from zero) gives one tidy record per setting: the non-finite census of the output, the final state(s) and every gradient,
-relative errors against the float64 reference (scale-aware for gradients, and unfloored), the largest state magnitude
-and a status (`STATUSES`). The combinations matter: a truncated-BPTT segment starts from no state yet sends a
+(x query scale: the queries multiplied by it, which moves GSA's slot-softmax logits far from zero) gives one tidy
+record per setting: the non-finite census of the output, the final state(s) and every gradient, relative errors
+against the float64 reference (scale-aware for gradients, and unfloored), the largest state magnitude and a status
+(`STATUSES`). The combinations matter: a truncated-BPTT segment starts from no state yet sends a
 gradient into its final state, and a gradient path that only that case takes is invisible to the other three.
 
 Records are cached on disk, keyed by the setting, the op's source hash, the torch/triton versions and the device:
