@@ -333,15 +333,26 @@ def caught_by(g: Safeguard) -> str:
     return f"bug switch `{g.bug}`; {tests}" if g.bug else tests
 
 
-AXES = {"dtypes": "{}", "decays": "m={:g}", "q_scales": "q x{:g}", "lengths": "T={}"}
+AXES = {"decays": "decay", "q_scales": "q scale", "lengths": "T", "dtypes": "dtype"}  # their names, in this order
+
+
+def describe_range(atlas_range: dict) -> str:
+    """Keyword arguments of `atlas.settings` as text: `{"q_scales": (100.0,)}` as "q scale 100", axes in AXES'
+    order however the dict is ordered."""
+    axes = sorted(atlas_range, key=lambda a: list(AXES).index(a) if a in AXES else len(AXES))
+    return ", ".join(f"{AXES.get(a, a)} {' and '.join(map(_value, atlas_range[a]))}" for a in axes)
+
+
+def _value(v) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
 
 
 def range_text(g: Safeguard) -> str:
-    """Where the safeguard matters, in the atlas's terms ("m=100", "bf16 T=4096 m=0.001, GPU"); "-": outside them."""
+    """Where the safeguard matters, in the atlas's terms ("decay 0.001, T 4096, dtype bf16, GPU"); "-": outside
+    them."""
     if g.atlas is None:
         return "-"
-    text = " ".join(AXES[axis].format(v) for axis, values in g.atlas.items() for v in values)
-    return text + (", GPU" if g.gpu_only else "")
+    return describe_range(g.atlas) + (", GPU" if g.gpu_only else "")
 
 
 def table(lines: bool = True) -> str:

@@ -35,7 +35,6 @@ ORDINARY = {"decays": (1.0,), "q_scales": (1.0,)}
 SIDES = ("ordinary", "in_range")   # the prediction's keys: the two checks
 PREDICTABLE = ("right", "wrong", "nonfinite")
 RANK = {"right": 0, "wrong": 1, "nonfinite": 2, "raises": 3}  # the worst status of a side's settings wins
-AXES = {"decays": "decay", "q_scales": "q scale", "lengths": "T", "dtypes": "dtype"}
 TIMEOUT_S = 600
 EXERCISE = "remove a safeguard: which check notices"
 
@@ -48,16 +47,6 @@ def kernel_safeguards() -> list[safeguards.Entry]:
     return [e for e in safeguards.inventory() if e.guard.atlas is not None]
 
 
-def describe_range(atlas_range: dict) -> str:
-    """`{"q_scales": (100.0,)}` as "q scale 100" (axes in the order of AXES, however the dict is ordered)."""
-    axes = sorted(atlas_range, key=lambda a: list(AXES).index(a) if a in AXES else len(AXES))
-    return ", ".join(f"{AXES.get(a, a)} {' and '.join(map(_value, atlas_range[a]))}" for a in axes)
-
-
-def _value(v) -> str:
-    return f"{v:g}" if isinstance(v, float) else str(v)
-
-
 def choices() -> None:
     """Print the safeguards the exercise can remove: id, the op the run sweeps, what it protects against, its
     range."""
@@ -65,8 +54,7 @@ def choices() -> None:
     width, op_width = max(len(g.id) for g in guards), max(len(g.ops[0]) for g in guards)
     print(f"{'safeguard':<{width}}  {'op':<{op_width}}  {'protects against':<17} range")
     for g in guards:
-        print(f"{g.id:<{width}}  {g.ops[0]:<{op_width}}  {g.protects:<17} {describe_range(g.atlas)}"
-              + (", GPU" if g.gpu_only else ""))
+        print(f"{g.id:<{width}}  {g.ops[0]:<{op_width}}  {g.protects:<17} {safeguards.range_text(g)}")
 
 
 def show(safeguard: str) -> None:
@@ -77,7 +65,8 @@ def show(safeguard: str) -> None:
         print(entry)
         return
     g = entry.guard
-    print(f"{g.id}: {g.path}, in {entry.function} ({', '.join(g.ops)}); matters at {describe_range(g.atlas)}")
+    where = safeguards.describe_range(g.atlas)
+    print(f"{g.id}: {g.path}, in {entry.function} ({', '.join(g.ops)}); matters at {where}")
     print(f"  protects against {g.protects}: {g.what}")
     print(f"  shipped line : {safeguards.source(g.path).splitlines()[entry.line - 1].strip()}")
     print(f"  naive line   : {safeguards.naive_line(entry)}")
@@ -261,7 +250,7 @@ def measure_side(name: str, op: str, atlas_range: dict) -> Side:
     # in the atlas's order (o, final states, gradients), each once
     tensors = dict.fromkeys(n for r in records for n in [*r.get("nonfinite", {}), *r.get("beyond_tolerance", [])])
     message = next((r["message"] for r in records if r["status"] == "raises"), "")
-    where = describe_range({k: grid[k] for k in (ORDINARY if name == "ordinary" else atlas_range)})
+    where = safeguards.describe_range({k: grid[k] for k in (ORDINARY if name == "ordinary" else atlas_range)})
     return Side(name, where, tuple((_setting(r, grid), r["status"]) for r in records), tuple(tensors),
                 max(atlas.worst_error(r) for r in records), message[:160])
 
