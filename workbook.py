@@ -338,10 +338,21 @@ def same_numbers_on_every_cpu(env: dict) -> dict:
     """Pin numpy's OpenBLAS to one x86-64 kernel family. The Triton interpreter computes `tl.dot` with numpy, and
     OpenBLAS picks its kernels by CPU (AVX-512 on one machine, AVX2 on another), which sums in another order: the
     saved outputs' last digits would then depend on the machine that saved them. Haswell's kernels run on every
-    x86-64 CPU with AVX2; a value the user set is kept, other architectures are left alone."""
+    x86-64 CPU with AVX2; a value the user set is kept, other architectures are left alone. OpenBLAS reads it when
+    numpy loads, before any notebook code runs; torch's share of the rule (one thread, no oneDNN, MKL's AVX2 path)
+    is set in-process by `import fla_lab` (fla_lab.runtime.same_digits_on_every_cpu)."""
     if platform.machine() in ("x86_64", "AMD64"):
         env.setdefault("OPENBLAS_CORETYPE", "Haswell")
     return env
+
+
+def another_cpu(cores: int | None = None) -> dict:
+    """What a machine unlike this one would present to the notebooks: the other thread count (1 where torch would
+    take several, 2 on a one-core machine) and the AVX2 kernels of ATen, oneDNN and MKL even on an AVX-512 CPU.
+    The `notebooks-other-cpu` phase compares the saved outputs under it: they must not change."""
+    cores = os.cpu_count() if cores is None else cores
+    return {"OMP_NUM_THREADS": "1" if (cores or 1) > 1 else "2", "ATEN_CPU_CAPABILITY": "avx2",
+            "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
 
 
 def test_env() -> dict:
@@ -361,6 +372,7 @@ class Phase:
     args: tuple = ()
     out: Path | None = None
     skip: str | None = None  # why it does not run (it then fails the command at the end)
+    env: tuple = ()  # (name, value) pairs set on top of the phase's environment
 
 
 def phase_env(phase: Phase, base: dict | None = None) -> dict:
@@ -374,24 +386,27 @@ def phase_env(phase: Phase, base: dict | None = None) -> dict:
         del env["CUDA_VISIBLE_DEVICES"]
     if phase.kind == "execute" and phase.out is not None:
         env["FLA_LAB_FIGURES_DIR"] = str(phase.out / "figures")  # the repository's figures/ stay the CPU ones
+    env.update(phase.env)
     return env
 
 
 def plan_phases(gpu: bool, browser_problem: str | None = None, extra: list[str] | tuple = (),
                 n_workers: str = "2", nbs: list[Path] | None = None) -> list[Phase]:
-    """The test command's phases, in order. On a CPU machine (CI): unit tests, notebooks under nbval, browser,
-    all in the CPU environment. With an NVIDIA GPU two more: the same unit tests on CUDA, then every notebook
+    """The test command's phases, in order. On a CPU machine (CI): unit tests, notebooks under nbval (then again
+    as on another CPU: `another_cpu`), browser, all in the CPU environment. With an NVIDIA GPU two more: the same unit tests on CUDA, then every notebook
     executed top to bottom on the GPU (GPU-only cells included) into artifacts/notebooks-gpu/, not compared
     (its outputs differ from the CPU ones by design). `browser_problem` (Chromium missing) skips the browser."""
     nbs = notebooks() if nbs is None else nbs
     unit = ("tests", "--ignore=tests/browser", f"--ignore={PROSE_TEST}", "-n", n_workers, "-q", *extra)
     sanitize = GPU_SANITIZE if gpu else SANITIZE
+    nbval = ("--nbval", "--nbval-current-env", f"--nbval-sanitize-with={sanitize}", "-n", n_workers, "--dist",
+             "loadscope", "-q")
     phases = [
         Phase("unit", "pytest", "cpu", unit),
         # nbval compares the saved outputs; the prose test, the markdown against those outputs
-        Phase("notebooks", "pytest", "cpu", ("--nbval", "--nbval-current-env", f"--nbval-sanitize-with={sanitize}",
-                                             "-n", n_workers, "--dist", "loadscope", "-q", PROSE_TEST,
-                                             *map(str, nbs))),
+        Phase("notebooks", "pytest", "cpu", (*nbval, PROSE_TEST, *map(str, nbs))),
+        # the same outputs on a CPU unlike this one (another thread count, AVX2 kernels): the digits must not move
+        Phase("notebooks-other-cpu", "pytest", "cpu", (*nbval, *map(str, nbs)), env=tuple(another_cpu().items())),
     ]
     if gpu:
         phases += [Phase("unit-cuda", "pytest", "gpu", unit),
@@ -409,6 +424,7 @@ def describe_phase(phase: Phase) -> str:
                  "compared)")
     n_nb = sum(a.endswith(".ipynb") for a in phase.args)
     what += f" [{n_nb} notebooks]" if n_nb else ""
+    what += f" with {' '.join(f'{k}={v}' for k, v in phase.env)}" if phase.env else ""
     skip = f"  SKIPPED: {phase.skip}" if phase.skip else ""
     figures = f"; figures to {env['FLA_LAB_FIGURES_DIR']}" if "FLA_LAB_FIGURES_DIR" in env else ""
     return f"{phase.name:14s} {where}: {what}{figures}{skip}"

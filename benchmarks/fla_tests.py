@@ -315,7 +315,7 @@ def export(fla: Path, commit: str, files: list[str], dest: Path, with_package: b
 
 
 def run_pytest(work: Path, files: list[str], site: Path, keyword: str | None, gpu: bool = False,
-               workers: int = 0) -> tuple[int, str, float]:
+               workers: int = 0, log_path: Path | None = None) -> tuple[int, str, float]:
     env = {k: v for k, v in os.environ.items() if k not in ("FLA_CI_ENV", "PYTEST_ADDOPTS", "TRITON_INTERPRET")}
     env.update({DEVICE_ENV: "cuda" if gpu else "cpu"},
                PYTHONPATH=os.pathsep.join([str(work), str(site), str(ROOT)]))
@@ -326,9 +326,10 @@ def run_pytest(work: Path, files: list[str], site: Path, keyword: str | None, gp
            "--junitxml=junit.xml", "--rootdir", str(work), *deselect, *files] + (["-k", keyword] if keyword else [])
     cmd += ["-n", str(workers)] if workers else []
     start = time.time()
-    with open(work / "pytest.log", "w") as log:  # -v: `tail -f` it to follow the run
+    log_path = log_path or work / "pytest.log"
+    with open(log_path, "w") as log:  # -v: each test's name as it finishes (`tail -f` it to follow the run)
         rc = subprocess.run(cmd + ["-v"], cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
-    return rc, (work / "pytest.log").read_text(), time.time() - start
+    return rc, log_path.read_text(), time.time() - start
 
 
 def table(results: dict[str, dict], files: list[str]) -> list[str]:
@@ -417,6 +418,7 @@ def main() -> int:
     parser.add_argument("--gpu", action="store_true", help="on the CUDA device at FLA's own sizes (no shrink)")
     parser.add_argument("--workers", type=int, default=0, help="pytest-xdist workers (0: one process)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    parser.add_argument("--log", type=Path, help="pytest's -v output here as it runs (default: the temporary directory)")
     parser.add_argument("--junit", type=Path, nargs="+",
                         help="no run: the table from these junit.xml files (a later file's test files replace)")
     args = parser.parse_args()
@@ -431,7 +433,7 @@ def main() -> int:
         gpu = gpu_name() if args.gpu else None
         (work / "conftest.py").write_text(conftest(args.gpu))
         (work / "pytest.ini").write_text("[pytest]\n")
-        rc, log, seconds = run_pytest(work, args.files, args.site, args.keyword, args.gpu, args.workers)
+        rc, log, seconds = run_pytest(work, args.files, args.site, args.keyword, args.gpu, args.workers, args.log)
         junit = work / "junit.xml"
         if not junit.exists():
             print(log[-5000:])

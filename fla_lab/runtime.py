@@ -42,7 +42,29 @@ def configure() -> None:
         round_bf16_casts_to_nearest()
         index_tensors_as_scalars()
     _STATE["device"] = "cuda" if has_cuda and not _STATE["interpret"] else "cpu"
+    if _STATE["device"] == "cpu":
+        same_digits_on_every_cpu()
     hide_interpreter_noise()
+
+
+def same_digits_on_every_cpu() -> None:
+    """Make torch's CPU arithmetic sum in the same order on every x86-64 machine, so the notebooks print the digits
+    their prose quotes (and nbval compares) whatever the CPU and its core count:
+
+    - one thread: torch splits a reduction (a bf16 matmul's, a norm's) among its threads, one partial sum each, so
+      the last digits depend on the thread count, which torch sets to the machine's physical cores;
+    - torch's own matmul kernels, not oneDNN's: torch hands bf16 matmuls to oneDNN only on AVX-512 CPUs, whose
+      AMX or AVX-512 kernels block the sum differently from the AVX2 kernel other CPUs run.
+
+    numpy's OpenBLAS (the interpreter's `tl.dot`) and torch's MKL pick their kernels when they load, from the
+    environment: `workbook.py` sets those variables (`same_numbers_on_every_cpu`). Call `torch.set_num_threads`
+    after importing fla_lab to trade the digits for speed."""
+    import torch
+
+    if platform.machine() in ("x86_64", "AMD64"):
+        os.environ.setdefault("MKL_CBWR", "AVX2")
+    torch.set_num_threads(1)
+    torch.backends.mkldnn.enabled = False
 
 
 COMPILE_NOTE = ("fla_lab: Triton is compiling this GPU's kernels (or loading them from its disk cache): the first "
@@ -193,6 +215,10 @@ def describe() -> dict:
         "mode": "Triton interpreter on the CPU" if interpreting() else "compiled Triton on the GPU",
         "TRITON_INTERPRET": _STATE["interpret_source"],
     }
+    if device() == "cpu":
+        info["cpu arithmetic"] = (f"{torch.get_num_threads()} thread(s), oneDNN "
+                                  f"{'on' if torch.backends.mkldnn.enabled else 'off'}, MKL_CBWR="
+                                  f"{os.environ.get('MKL_CBWR', 'unset')} (see same_digits_on_every_cpu)")
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
     return info

@@ -13,6 +13,17 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
+def pytest_runtest_logreport(report):
+    """With FLA_LAB_TEST_TIMES=FILE, append each test's phase time and outcome to FILE as it finishes (in the
+    controller only under xdist): a GPU run cut off by its time limit still leaves every finished test's time."""
+    path = os.environ.get("FLA_LAB_TEST_TIMES")
+    if not path or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    if report.when == "call" or report.outcome != "passed":
+        with open(path, "a") as out:
+            out.write(f"{report.duration:.2f}\t{report.when}\t{report.outcome}\t{report.nodeid}\n")
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

@@ -185,3 +185,31 @@ def test_no_triton_hook_is_installed():  # a jit_cache_hook makes Triton JSON-se
 
     assert getattr(getattr(triton, "knobs", None), "runtime", None) is None or \
         triton.knobs.runtime.jit_cache_hook is None
+
+
+AMP_STEP_DIGEST = """
+import hashlib, torch, fla_lab
+from fla_lab.lessons import amp
+step = amp.amp_step("bf16_decay", T=48, hidden_size=64)
+print(torch.get_num_threads(), torch.backends.mkldnn.enabled,
+      hashlib.sha256(step.output.float().numpy().tobytes()).hexdigest())
+"""
+
+
+def test_cpu_arithmetic_is_pinned_so_another_cpu_prints_the_same_digits():
+    """Issue 42: `import fla_lab` on the CPU sets one thread, no oneDNN and MKL's AVX2 path, so a bf16 autocast
+    step (bf16 matmuls, norms, the kernel) gives the same bits whatever thread count or vector width the machine
+    would have chosen: here, this machine's defaults against what an AVX2 machine with another core count
+    presents (workbook.another_cpu)."""
+    here = run_python(AMP_STEP_DIGEST, {"CUDA_VISIBLE_DEVICES": ""})
+    other = run_python(AMP_STEP_DIGEST, {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "3",
+                                         "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+                                         "MKL_ENABLE_INSTRUCTIONS": "AVX2"})
+    assert here.returncode == 0 == other.returncode, here.stderr + other.stderr
+    assert here.stdout.split()[:2] == ["1", "False"]
+    assert here.stdout == other.stdout
+
+
+def test_doctor_names_the_cpu_arithmetic():
+    out = run_python("import fla_lab; fla_lab.doctor()", {"CUDA_VISIBLE_DEVICES": ""})
+    assert "cpu arithmetic   : 1 thread(s), oneDNN off, MKL_CBWR=AVX2" in out.stdout, out.stdout

@@ -36,9 +36,9 @@ NBS = [ROOT / "notebooks" / "00_x.ipynb", ROOT / "notebooks" / "05_y.ipynb"]
 
 def test_cpu_plan_is_ci(wb):
     phases = wb.plan_phases(gpu=False, nbs=NBS)
-    assert [p.name for p in phases] == ["unit", "notebooks", "browser"]
+    assert [p.name for p in phases] == ["unit", "notebooks", "notebooks-other-cpu", "browser"]
     assert all(p.device == "cpu" and p.kind == "pytest" and p.skip is None for p in phases)
-    unit, nbval, browser = phases
+    unit, nbval, other_cpu, browser = phases
     assert unit.args == ("tests", "--ignore=tests/browser", f"--ignore={wb.PROSE_TEST}", "-n", "2", "-q")
     assert "--nbval" in nbval.args and "--nbval-current-env" in nbval.args and "--dist" in nbval.args
     assert wb.PROSE_TEST in nbval.args and (ROOT / wb.PROSE_TEST).exists()  # the prose beside the outputs
@@ -49,7 +49,7 @@ def test_cpu_plan_is_ci(wb):
 def test_gpu_plan_adds_cuda_unit_tests_and_gpu_notebook_run(wb):
     phases = wb.plan_phases(gpu=True, extra=["-k", "gla"], nbs=NBS)
     names = [p.name for p in phases]
-    assert names == ["unit", "notebooks", "unit-cuda", "notebooks-gpu", "browser"]
+    assert names == ["unit", "notebooks", "notebooks-other-cpu", "unit-cuda", "notebooks-gpu", "browser"]
     by = {p.name: p for p in phases}
     # saved outputs are compared in the CPU environment only
     assert by["notebooks"].device == "cpu" and "--nbval" in by["notebooks"].args
@@ -168,12 +168,12 @@ def test_missing_browser_runs_other_phases_then_fails(wb, monkeypatch, capsys):
 
     monkeypatch.setattr(wb, "pytest_phase", fake_pytest)
     assert wb.test([]) == 1
-    assert ran == [("unit", ""), ("notebooks", "")]
+    assert ran == [("unit", ""), ("notebooks", ""), ("notebooks-other-cpu", "")]
     out = capsys.readouterr().out
-    assert "6 passed, 0 failed" in out and "browser test did not run: apt-get failed: no network" in out
+    assert "9 passed, 0 failed" in out and "browser test did not run: apt-get failed: no network" in out
 
 
-def test_gpu_test_command_runs_five_phases(wb, monkeypatch):
+def test_gpu_test_command_runs_six_phases(wb, monkeypatch):
     ran = []
     monkeypatch.setattr(wb, "setup", lambda: None)
     monkeypatch.setattr(wb, "has_nvidia_gpu", lambda: True)
@@ -187,8 +187,8 @@ def test_gpu_test_command_runs_five_phases(wb, monkeypatch):
     monkeypatch.setattr(wb, "execute_phase", lambda phase, env: (
         ran.append((phase.name, env.get("CUDA_VISIBLE_DEVICES", "<unset>"))) or (0, counts)))
     assert wb.test([]) == 0
-    assert ran == [("unit", ""), ("notebooks", ""), ("unit-cuda", "<unset>"), ("notebooks-gpu", "<unset>"),
-                   ("browser", "")]
+    assert ran == [("unit", ""), ("notebooks", ""), ("notebooks-other-cpu", ""), ("unit-cuda", "<unset>"),
+                   ("notebooks-gpu", "<unset>"), ("browser", "")]
 
 
 def test_phase_option_runs_only_the_named_phases_and_passes_the_rest_to_pytest(wb, monkeypatch):
@@ -438,6 +438,21 @@ def test_saved_outputs_do_not_depend_on_the_cpu(wb, monkeypatch):
     monkeypatch.delenv("OPENBLAS_CORETYPE")
     monkeypatch.setattr(wb.platform, "machine", lambda: "aarch64")
     assert "OPENBLAS_CORETYPE" not in wb.test_env()
+
+
+def test_the_other_cpu_phase_compares_the_same_outputs_as_another_machine_would(wb):
+    """Issue 42: the saved outputs must not depend on the thread count or the CPU's vector width. The second nbval
+    phase compares the same notebooks (not the prose: the same markdown) with the thread count this machine would
+    not use and AVX2 kernels in ATen, oneDNN and MKL."""
+    by = {p.name: p for p in wb.plan_phases(gpu=False, nbs=NBS)}
+    other, main = by["notebooks-other-cpu"], by["notebooks"]
+    assert [a for a in other.args if a != wb.PROSE_TEST] == [a for a in main.args if a != wb.PROSE_TEST]
+    assert wb.PROSE_TEST not in other.args and not main.env
+    env = wb.phase_env(other, base={"OMP_NUM_THREADS": "8"})
+    assert env["ATEN_CPU_CAPABILITY"] == "avx2" and env["MKL_ENABLE_INSTRUCTIONS"] == "AVX2" == env["ONEDNN_MAX_CPU_ISA"]
+    assert env["CUDA_VISIBLE_DEVICES"] == ""
+    assert wb.another_cpu(cores=2)["OMP_NUM_THREADS"] == "1" and wb.another_cpu(cores=1)["OMP_NUM_THREADS"] == "2"
+    assert "ATEN_CPU_CAPABILITY=avx2" in wb.describe_phase(other)
 
 
 def test_execute_saves_through_short_polls_not_nbconvert(wb, monkeypatch, tmp_path):
