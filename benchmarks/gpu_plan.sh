@@ -1,29 +1,36 @@
 #!/usr/bin/env bash
 # The GPU test plan (issue 43): one device call per step, each under 9 minutes, in this order. A session has about
-# 30 minutes of device time in calls of at most 10; the plan spends about 22 and leaves room for one lost call.
+# 30 minutes of device time in calls of at most 10; the plan spends about 21 and leaves room for one lost call.
+# Times measured 2026-12-05 (commit 35aafe0 and before; the card named), and what they predict after the cuts:
 #
-#   order  step        what                                                         expected on a cold H100
-#   1      unit        `workbook.py test --phase unit-cuda` (8 workers)             ~1 min setup + 6 min
-#   2      notebooks   every notebook on the GPU, cold then warm Triton cache,      ~1 min setup + 6 min
-#                      exercises NOT YET / PASS, explorers driven (notebook_times)
-#   3      fla_tests   FLA's own op tests at FLA's sizes, fla_lab's ops swapped in  ~7 min
-#                      (benchmarks/fla_tests.py --gpu, 8 workers)
-#   (plus about 1 minute per call to start a machine that is not warm)
+#   order  step          what                                                      measured / expected
+#   1      unit          `workbook.py test --phase unit-cuda` (8 workers)          H100: 30 s setup + 448 s (1290 tests,
+#                                                                                  2745 s of test time); after the cuts
+#                                                                                  (test_launch per op, learner copies
+#                                                                                  CPU only) about 2500 s / 8 workers
+#   2      notebooks 00  notebooks 00-03b on the GPU, cold then warm Triton cache  H200 cold: 242 s; warm about 80 s
+#   3      notebooks 04  notebooks 04-06 cold then warm, then FLA's own op tests   H200 cold: 149 s; warm about 50 s;
+#          + fla_tests   at FLA's sizes (benchmarks/fla_tests.py --gpu, 8 workers) fla_tests 160 s
+#   (plus about 1.5 minutes per call to start a machine that is not warm: about 21 minutes in all)
 #
-#     OUT=/some/folder bash benchmarks/gpu_plan.sh unit|notebooks|fla_tests
+#     OUT=/some/folder bash benchmarks/gpu_plan.sh unit | notebooks 00 01 02 03a 03b | notebooks 04 05 06 fla_tests
 #
-# Needs .whl/ (the Jupyter stack, pytest-xdist, pytest-timeout, hypothesis, tqdm, numpy 2.3.5, einops, FLA 0.6.0;
-# carried to the machine) and, for fla_tests, .flasrc/ (FLA's fla/ and tests/ at one commit). Everything a step
-# learns goes to $OUT as it happens: the -v log (each test's name as it finishes), per-test times
+# Each notebook group starts from an empty Triton cache (cold: what a learner meets first), then runs again on the
+# filled cache in fresh kernels (warm: a second session); the exercises' checks must say NOT YET on the stub and
+# PASS on the solution, and every explorer is driven (benchmarks/notebook_times.py --widgets, as the notebooks-gpu
+# phase). Needs .whl/ (the Jupyter stack, pytest-xdist, pytest-timeout, hypothesis, tqdm, numpy 2.3.5, einops, FLA
+# 0.6.0; carried to the machine) and, for fla_tests, .flasrc/ (FLA's fla/ and tests/ at one commit). Everything a
+# step learns goes to $OUT as it happens: the -v log (each test's name as it finishes), per-test times
 # (FLA_LAB_TEST_TIMES), JSON; a short table comes last. Each command runs under `timeout`.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-step=${1:?usage: gpu_plan.sh unit|notebooks|fla_tests}
+steps=("$@")
+[ ${#steps[@]} -gt 0 ] || { echo "usage: gpu_plan.sh unit | notebooks NAME... | fla_tests"; exit 2; }
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 start=$SECONDS
-echo "card: $card; step: $step; commit: $(git rev-parse --short HEAD 2>/dev/null || echo tree)" | tee "$OUT/summary.txt"
+echo "card: $card; steps: ${steps[*]}; commit: ${COMMIT:-unknown}" | tee "$OUT/summary.txt"
 
 timed() {  # name, seconds, command...: output to $OUT/name.log as it comes, "name rc seconds" to the summary
   local name=$1 seconds=$2 t0=$SECONDS
@@ -37,7 +44,7 @@ setup() {  # the README's set-up, from the carried wheels (the machine's own tor
   PIP_FIND_LINKS=$PWD/.whl timed setup 150 python3 workbook.py setup
 }
 
-case $step in
+case ${steps[0]} in
   unit)
     setup
     FLA_LAB_TEST_TIMES=$OUT/unit-cuda-times.tsv timed unit-cuda "${UNIT_S:-450}" \
@@ -48,22 +55,24 @@ case $step in
     ;;
   notebooks)
     setup
-    export TRITON_CACHE_DIR=/tmp/notebook-triton-cache
-    timed notebooks-gpu "${NOTEBOOKS_S:-480}" .venv/bin/python benchmarks/notebook_times.py --device gpu --repeat 2 \
-      --triton-cache "$TRITON_CACHE_DIR" --widgets --timeout 300 --cells 3 --json "$OUT/notebook_times_gpu.json"
-    grep -E "^(notebook|[0-9][0-9][a-z]?_)|total|NOT YET|PASS|FAIL" "$OUT/notebooks-gpu.log" | tail -30 \
-      >> "$OUT/summary.txt"
+    names=()
+    for s in "${steps[@]:1}"; do [ "$s" = fla_tests ] || names+=("$s"); done
+    group=nb-${names[0]}
+    timed "$group" "${NOTEBOOKS_S:-330}" .venv/bin/python benchmarks/notebook_times.py --device gpu --repeat 2 \
+      --triton-cache "/tmp/$group-triton-cache" --widgets --timeout 300 --cells 3 --json "$OUT/$group.json" \
+      "${names[@]}"
+    grep -E "^[0-9][0-9][a-z]?_|NOT YET|PASS|FAIL|Error" "$OUT/$group.log" | tail -30 >> "$OUT/summary.txt"
     ;;
-  fla_tests)
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-      .whl/*.whl > "$OUT/install.log" 2>&1
-    PYTHONPATH=$PWD:/tmp/site timed fla_tests "${FLA_TESTS_S:-500}" python3 benchmarks/fla_tests.py --gpu \
-      --fla .flasrc --fla-package commit --site /tmp/site --workers "${FLA_WORKERS:-8}" \
-      --log "$OUT/fla_tests-v.log" --out "$OUT/fla_tests_gpu.md"
-    grep -E "FAILED|passed|failed" "$OUT/fla_tests-v.log" | tail -8 >> "$OUT/summary.txt"
-    ;;
-  *) echo "unknown step $step"; exit 2 ;;
 esac
-echo "step $step: $((SECONDS - start)) s on $card" | tee -a "$OUT/summary.txt"
+
+if [[ " ${steps[*]} " == *" fla_tests "* ]]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .whl/*.whl > "$OUT/install.log" 2>&1
+  PYTHONPATH=$PWD:/tmp/site timed fla_tests "${FLA_TESTS_S:-300}" python3 benchmarks/fla_tests.py --gpu \
+    --fla .flasrc --fla-package commit --site /tmp/site --workers "${FLA_WORKERS:-8}" \
+    --log "$OUT/fla_tests-v.log" --out "$OUT/fla_tests_gpu.md"
+  grep -E "FAILED|passed|failed" "$OUT/fla_tests-v.log" | tail -8 >> "$OUT/summary.txt"
+fi
+echo "steps ${steps[*]}: $((SECONDS - start)) s on $card" | tee -a "$OUT/summary.txt"
 echo "==== summary ===="
 cat "$OUT/summary.txt"

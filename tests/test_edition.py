@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fla_lab import edition
+from fla_lab import edition, runtime
 from fla_lab.exercises import CHECK_TAG, EXERCISE_TAG, PREDICT_TAG, SOLUTION_TAG
 
 NOTEBOOKS = edition.sources()
@@ -192,6 +192,9 @@ def test_old_notebook_names_still_open_the_renamed_notebooks():
     assert all(p.resolve().exists() and p.resolve().parent == edition.NOTEBOOKS for p in links)
 
 
+# On a GPU the notebooks-gpu phase runs every notebook, its stubs' checks included, top to bottom: the learner's
+# copy adds nothing there but four minutes of the CUDA unit phase.
+@pytest.mark.skipif(runtime.device() == "cuda", reason="CPU only: on a GPU the notebooks-gpu phase runs the stubs")
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_learner_copy_runs_top_to_bottom_with_the_stubs(path, tmp_path):
     """Run All in the learner's copy, stubs in place: every cell runs (only cells tagged raises-exception may
