@@ -618,8 +618,10 @@ def lab_root(top: Path = ROOT) -> Path:
 def lab_arguments(root: Path = LEARNER) -> list[str]:
     """JupyterLab's arguments for `lab` (the browser test starts its learner server with them too): the server
     rooted at `root` (the learner's edition) explicitly, since a user's Jupyter config (`ServerApp.root_dir`) would
-    otherwise root it elsewhere, such as the checkout, and the first notebook opened."""
-    return [f"--ServerApp.root_dir={root}", "--ip=127.0.0.1", str(root / LAB_START)]
+    otherwise root it elsewhere, such as the checkout, and the first notebook opened. JupyterLab's terminals are off:
+    a terminal starts a shell in the server's working directory, the checkout, one `ls` from the answer keys."""
+    return [f"--ServerApp.root_dir={root}", "--ServerApp.terminals_enabled=False", "--ip=127.0.0.1",
+            str(root / LAB_START)]
 
 
 def lab_env(base: dict | None = None, root: Path = LEARNER) -> dict:

@@ -21,7 +21,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from fla_lab.exercises import SOLUTION_TAG
+from fla_lab.exercises import REVEAL_TAG, SOLUTION_TAG, seal
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
@@ -90,16 +90,36 @@ def learner_copy(path: Path) -> str:
 
     body, _ = _exporter().from_filename(str(path))
     nb = nbformat.reads(body, as_version=4)
-    for cell in nb.cells:
+    for i, cell in enumerate(nb.cells):
         cell.metadata.pop("jupyter", None)  # nothing left to hide: solutions are gone, not collapsed
         cell.metadata.pop("collapsed", None)
         if cell.cell_type == "markdown":
             cell.source = REPO_FIGURE.sub(r"figures/\1", cell.source)
+        if REVEAL_TAG in cell.metadata.get("tags", []):
+            nb.cells[i] = behind_the_gate(cell)
     head = nbformat.v4.new_markdown_cell(banner(path.name), metadata={"tags": [BANNER_TAG]})
     head.id = BANNER_TAG
     nb.cells.insert(0, head)
     nb.metadata.pop("widgets", None)  # saved widget state of the reference run
     return nbformat.writes(nb) + "\n"
+
+
+def behind_the_gate(cell):
+    """A cell tagged `reveal` shows the fix after an exercise's check. Its code starts with `verdict.reveal()`,
+    which raises until the check passed or the hints ran out, so Run All stops there; its markdown (the fix in
+    words) becomes such a gate too, the text sealed (base64) and displayed once the gate opens. `raises-exception`
+    lets a headless run (nbclient, the edition's test) go on past it."""
+    import nbformat
+
+    tags = [*cell.metadata["tags"], "raises-exception"]
+    if cell.cell_type == "markdown":
+        source = (f'verdict.reveal(explain="{seal(cell.source)}")  # the fix in words: shown once your check says '
+                  "PASS, or after verdict.hint()'s last tier")
+        gate = nbformat.v4.new_code_cell(source, metadata={**cell.metadata, "tags": tags})
+        gate.id = cell.id
+        return gate
+    cell.metadata["tags"] = tags
+    return cell
 
 
 def repo_figures(path: Path) -> list[Path]:

@@ -10,9 +10,17 @@ every `solution` cell.
 A lesson module's `check_*` function measures and returns a `Verdict`; printing it gives a stable, rounded
 pass / not-yet message (nbval compares it). A NOT YET verdict carries hints in tiers, following the mistake it
 measured: `verdict.hint()` prints the next one (first where to look, then what is wrong, last the line).
+
+Nothing on the learner's path states an answer before the attempt:
+- a solution line lives in its lesson module as a `Sealed` text (base64 in the source, a repr that says how it
+  opens), so Tab, `??` and `help()` on the lesson show no answer; a hint's last tier opens it;
+- the cell that shows the shipped fix after a check starts with `verdict.reveal()`, which raises `NotRevealed`
+  (stopping Run All there) until the check said PASS or `verdict.hint()` has printed its last tier; in the
+  learner's edition the fix in words becomes such a gate too (`verdict.reveal(explain=...)`).
 """
 from __future__ import annotations
 
+import base64
 import math
 from dataclasses import dataclass, field
 
@@ -20,7 +28,29 @@ SOLUTION_TAG = "solution"   # removed from the learner's edition (the solution a
 EXERCISE_TAG = "exercise"   # the cell the learner edits
 CHECK_TAG = "check"         # the cell that runs the learner's code and prints the verdict
 PREDICT_TAG = "predict"     # a question asked before the cell that answers it
+REVEAL_TAG = "reveal"       # shows the fix after a check: its code starts with verdict.reveal()
 HINT_TIERS = ("where to look", "what is wrong", "the line")
+
+
+class NotRevealed(Exception):
+    """Raised by `Verdict.reveal()` before the exercise is solved or its hints are used up."""
+
+
+class Sealed(str):
+    """A solution line kept out of sight: the source holds it in base64, `repr` says how it opens; as a `str` it is
+    the line itself, for the hint that prints it and the checks that compare with it. `seal(text)` makes the
+    source form (`python -m fla_lab.exercises seal "TEXT"` prints it)."""
+
+    def __new__(cls, encoded: str):
+        return super().__new__(cls, base64.b64decode(encoded.encode()).decode())
+
+    def __repr__(self) -> str:
+        return "<sealed solution line: its exercise's last hint tier, or the fix after a PASS, shows it>"
+
+
+def seal(text: str) -> str:
+    """The base64 form that `Sealed(...)` takes in a lesson's source."""
+    return base64.b64encode(text.encode()).decode()
 
 
 @dataclass
@@ -30,7 +60,7 @@ class Verdict:
     exercise: str
     passed: bool
     facts: list[str] = field(default_factory=list)
-    hints: tuple[str, ...] = ()  # tiers: where to look, what is wrong, the line (fewer when the mistake says more)
+    hints: tuple[str, ...] = field(default=(), repr=False)  # tiers: where to look, what is wrong, the line
     shown: int = 0               # how many hints `hint()` has printed
 
     def __post_init__(self) -> None:
@@ -65,6 +95,26 @@ class Verdict:
         if tier == len(self.hints) - 1 and self.shown >= len(self.hints):
             print("(that was the last hint)")
         self.shown += 1
+
+    def revealed(self) -> bool:
+        """The fix may be shown: the check passed, or every hint tier, the line included, has been printed."""
+        return self.passed or (bool(self.hints) and self.shown >= len(self.hints))
+
+    def reveal(self, explain: str | None = None) -> None:
+        """The gate at the top of a cell that shows the shipped fix: returns once `revealed()`, else raises
+        `NotRevealed`, so Run All stops here instead of printing the answer to an exercise not yet tried.
+        `explain`: the fix in words, markdown in base64 (`seal`), displayed once the gate opens (the learner's
+        edition turns each explanation after a check into such a cell)."""
+        if self.revealed():
+            if explain is not None:
+                from IPython.display import Markdown, display
+
+                display(Markdown(Sealed(explain)))
+            return
+        left = len(self.hints) - self.shown
+        raise NotRevealed(f"{self.exercise}: not solved yet, so the fix stays hidden. Make the check above say PASS, "
+                          f"or call verdict.hint() {left} more time(s) (its last tier is the line), then run this "
+                          "cell again.")
 
 
 def fmt(x: float) -> str:
@@ -108,3 +158,12 @@ def not_a_jit_helper(exercise: str, candidate) -> Verdict | None:
         return None
     return Verdict(exercise, False, [f"{getattr(candidate, '__name__', candidate)} is not a @triton.jit function"],
                    ("decorate the helper with @triton.jit",))
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:2] == ["seal"] and len(sys.argv) == 3:
+        print(seal(sys.argv[2]))
+    else:
+        print('usage: python -m fla_lab.exercises seal "TEXT"')

@@ -38,9 +38,9 @@ RWKV7_W_SCALE = -0.6065306597126334  # -exp(-0.5): RWKV-7's log-decay lies in (-
 def rwkv7_inputs(B, T, H, K, V, *, decay=None, initial_state=True, seed=0) -> dict[str, torch.Tensor]:
     """RWKV-7 inputs in float32 on the CPU, in the op's positional order `r, w, k, v, a, b` (+ `initial_state`).
 
-    As the RWKV-7 layer builds them: `kk` unit-norm per head, `a = -kk`, `b = kk * a_gate` with a_gate in (0, 1),
-    so `diag(exp w) + b a^T` only removes state. `decay=None` is RWKV-7's own range
-    `w = -e^-0.5 * sigmoid(randn)`; a number m gives the stress decay `-m * U(0.05, 1)` of `log_decay`.
+    `a` and `b` are RWKV-7's own, as its layer builds them from a random key and a random gate in (0, 1), so
+    `diag(exp w) + b a^T` only removes state. `decay=None` is RWKV-7's own range `w = -e^-0.5 * sigmoid(randn)`;
+    a number m gives the stress decay `-m * U(0.05, 1)` of `log_decay`.
     """
     gen = torch.Generator().manual_seed(seed)
     shape = (B, T, H, K)

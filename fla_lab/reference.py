@@ -71,7 +71,7 @@ def recurrent_rwkv6(r, k, v, w, u, scale=None, initial_state=None, output_final_
 def recurrent_rwkv7(r, w, k, v, a, b, scale=1.0, initial_state=None, output_final_state=False):
     """RWKV-7 / DPLR: `S_t = (diag(exp w_t) + b_t a_t^T) S_{t-1} + k_t v_t^T`, `o_t = scale * S_t^T r_t`.
 
-    In RWKV-7 proper `a = -kk` and `b = kk * a_gate` with `kk` unit-norm, so `b a^T` removes part of the state.
+    In RWKV-7 proper `a` and `b` come from the key and a gate in (0, 1), so that `b a^T` removes part of the state.
     """
     r, w, k, v, a, b, h0 = _f64(r, w, k, v, a, b, initial_state)
     B, T, H, K = r.shape

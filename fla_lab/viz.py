@@ -34,6 +34,12 @@ def figure(ncols: int = 1, nrows: int = 1, width: float = 5.0, height: float = 3
     return fig, axes.ravel()
 
 
+def legend_below(ax, ncol: int = 2, **kwargs) -> None:
+    """The axes' legend under its x label, outside the data (constrained layout makes room for it)."""
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=ncol, fontsize=kwargs.pop("fontsize", 8),
+              frameon=False, **kwargs)
+
+
 def save(fig, name: str) -> Path | None:
     """Save into figures/<name>.png (deterministic metadata, so a re-run does not churn the repository)."""
     folder = figures_dir()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from fla_lab import edition, runtime
-from fla_lab.exercises import CHECK_TAG, EXERCISE_TAG, PREDICT_TAG, SOLUTION_TAG
+from fla_lab.exercises import CHECK_TAG, EXERCISE_TAG, PREDICT_TAG, REVEAL_TAG, SOLUTION_TAG
 
 NOTEBOOKS = edition.sources()
 MAIN_PATH_WORDS = 2600  # "at most about 2,500" words of markdown before `## Going further`
@@ -207,6 +207,26 @@ def test_learner_copy_runs_top_to_bottom_with_the_stubs(path, tmp_path):
         if CHECK_TAG in tags(cell):
             printed = "".join(o.get("text", "") for o in cell.outputs)
             assert "NOT YET" in printed and "PASS" not in printed, f"{path.name}: the stub's check printed {printed!r}"
+        if REVEAL_TAG in tags(cell):  # the fix, in code or in words, stays hidden: the gate raised first
+            assert cell.cell_type == "code", f"{path.name}: the fix in words is shown"
+            assert [o.get("ename") for o in cell.outputs] == ["NotRevealed"], f"{path.name}: {cell.outputs}"
+
+
+def test_every_fix_after_a_check_is_behind_the_gate():
+    """In each notebook with an exercise, the cells tagged `reveal` come after a check, and each such code cell
+    starts with `verdict.reveal()`; the reference run (solutions in place) passes the gate silently."""
+    gated = 0
+    for path in NOTEBOOKS:
+        cells = json.loads(path.read_text())["cells"]
+        for i, cell in enumerate(cells):
+            if REVEAL_TAG not in cell["metadata"].get("tags", []):
+                continue
+            assert any(CHECK_TAG in c["metadata"].get("tags", []) for c in cells[:i]), f"{path.name} cell {i}"
+            if cell["cell_type"] == "code":
+                gated += 1
+                assert text(cell).startswith("verdict.reveal()"), f"{path.name} cell {i}"
+                assert not any(o.get("output_type") == "error" for o in cell["outputs"]), f"{path.name} cell {i}"
+    assert gated >= 6
 
 
 def test_execute_file_runs_a_widget_notebook_to_the_end(tmp_path):

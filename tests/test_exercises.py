@@ -6,6 +6,7 @@ import math
 import pytest
 
 from fla_lab import exercises
+from fla_lab.exercises import NotRevealed, Sealed, Verdict, seal
 
 
 def test_verdict_prints_pass_or_not_yet_with_rounded_facts_and_no_hint_text():
@@ -86,3 +87,38 @@ def test_check_passes_the_shipped_fix_and_not_the_historical_bug(exercise):
     fixed, buggy = check(fix), check(bug)
     assert fixed.passed and str(fixed).startswith("PASS"), str(fixed)
     assert not buggy.passed and str(buggy).startswith("NOT YET"), str(buggy)
+
+
+def test_reveal_waits_for_a_pass_or_the_last_hint(capsys):
+    stub = Verdict("x", False, ["f"], ("where", "what", "the line"))
+    with pytest.raises(NotRevealed, match="verdict.hint\\(\\) 3 more"):
+        stub.reveal()
+    stub.hint(), stub.hint()
+    with pytest.raises(NotRevealed, match="1 more"):
+        stub.reveal()
+    stub.hint()
+    stub.reveal()  # the line was printed: the fix may follow
+    Verdict("x", True, ["f"]).reveal()
+    with pytest.raises(NotRevealed):  # no hints to use up: only a PASS opens it
+        Verdict("x", False, ["f"]).reveal()
+
+
+def test_a_sealed_line_is_the_line_but_shows_nothing_in_the_source_or_repr():
+    line = "return gi + (i_start - 1) * HK + o_k"
+    sealed = Sealed(seal(line))
+    assert sealed == line and str(sealed) == line and line not in repr(sealed)
+    assert line not in seal(line) and "HK" not in seal(line)
+    assert "hints" not in repr(Verdict("x", False, ["f"], ("a", "b", line))) and line not in repr(
+        Verdict("x", False, ["f"], ("a", "b", line)))
+
+
+def test_the_fix_in_words_displays_once_the_gate_opens(monkeypatch):
+    import IPython.display
+
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", lambda obj: shown.append(obj.data))
+    with pytest.raises(NotRevealed):
+        Verdict("x", False, ["f"], ("a",)).reveal(explain=seal("the **line**"))
+    assert shown == []
+    Verdict("x", True, []).reveal(explain=seal("the **line**"))
+    assert shown == ["the **line**"]

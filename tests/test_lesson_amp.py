@@ -199,7 +199,7 @@ def test_check_log_decay_rejects_the_buggy_line_and_accepts_the_fp32_one():
     assert fixed and str(fixed).startswith("PASS") and "receives w as fp32" in str(fixed) and not fixed.hints
     # tiers follow the mistake: where (the ops that round, from the trace), what, the line
     assert "(sigmoid, mul)" in stub.hints[0] and "sigmoid is on neither" in stub.hints[1]
-    assert stub.hints[2] == late.hints[2] == amp.FIX_LINE
+    assert stub.hints[2] == late.hints[2] == amp._LINE
 
 
 def _official_formula_decay(w_raw):
@@ -254,3 +254,52 @@ def test_trace_dtypes_gives_cpu_autocast_live_and_cuda_autocast_by_its_op_lists(
     for op in ("exp", "softplus", "log", "sigmoid", "tanh"):
         assert amp._cuda_rule(op, [torch.bfloat16], torch.bfloat16) == {"fp32": torch.float32, "bf16": torch.bfloat16}[
             amp.CUDA_AUTOCAST_BF16[op]]
+
+
+def _wrong_constant_decay(w_raw):
+    return -0.6 * w_raw.float().sigmoid()  # fp32, nothing rounded, but the scale is not e^-0.5
+
+
+def _flipped_sign_decay(w_raw):
+    return math.exp(-0.5) * w_raw.float().sigmoid()  # fp32, a positive "log-decay"
+
+
+def test_a_wrong_constant_gets_hints_about_the_value_not_the_rounding():
+    verdict = amp.check_log_decay(_wrong_constant_decay, T=16)
+    assert str(verdict).startswith("NOT YET") and "w is fp32" in str(verdict)
+    where, what, line = verdict.hints
+    assert "value error, not a rounding one" in where and "same factor" in where and "0.98923" in where
+    assert "e^-0.5" in what and "math.exp(-0.5)" in what
+    assert not any(word in where + what for word in ("softplus", "autocast", "show_dtypes"))
+    assert line == amp._LINE
+
+
+def test_a_flipped_sign_gets_hints_about_the_sign_of_a_log_decay():
+    verdict = amp.check_log_decay(_flipped_sign_decay, T=16)
+    assert str(verdict).startswith("NOT YET") and "w is fp32" in str(verdict)
+    where, what, line = verdict.hints
+    assert "positive" in where and "value error, not a rounding one" in where
+    assert "w <= 0" in what and "sign" in what and "exp(w)" in what
+    assert not any(word in where + what for word in ("softplus", "autocast", "show_dtypes"))
+    assert line == amp._LINE
+
+
+def test_rounding_mistakes_keep_their_rounding_hints():
+    """The value check does not take over the bf16 cases: the stub and a late cast still get the trace."""
+    x = amp.lora_grid(-8, 4, 4001).to(torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
+        for line in (_buggy_decay, _late_cast_decay, _official_formula_decay):
+            w = line(x)
+            rounded = [n for n, got, _ in amp.trace_dtypes(line, "cpu")[1:] if got == "bf16"]
+            assert amp.value_hints(w, x, rounded) == ()
+
+
+def test_the_solution_line_is_sealed_out_of_tab_and_source():
+    import inspect
+
+    from fla_lab import exercises
+
+    assert isinstance(amp._LINE, exercises.Sealed) and amp._LINE == "return -math.exp(-0.5) * w_raw.float().sigmoid()"
+    assert amp._LINE not in inspect.getsource(amp) and amp._LINE not in repr(amp._LINE)
+    assert not any(getattr(amp, name) == amp._LINE for name in dir(amp) if not name.startswith("_"))
+    assert "upcast" not in (amp.__doc__ or "") and "fp32 first" not in (amp.__doc__ or "")

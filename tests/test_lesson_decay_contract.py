@@ -252,8 +252,8 @@ def test_naive_log_of_gate_gets_hints_that_say_where_and_why_it_is_not_finite():
     lo, hi = (float(v) for v in where.split("from ")[1].split(" that")[0].split(" to "))
     assert lo == dc.SATURATED_X[0] and -90 < hi < -88  # exp(-x) overflows fp32 below x = -88.7 (interpreter)
     assert "every other x matches float64" in where
-    assert "log(0) = -inf" in what and "88.7" in what and dc.STABLE_LOG_SIGMOID not in where + what
-    assert dc.STABLE_LOG_SIGMOID in line
+    assert "log(0) = -inf" in what and "88.7" in what and dc._LOG_DECAY_LINE not in where + what
+    assert dc._LOG_DECAY_LINE in line
     assert _tiers(verdict) != _tiers(dc.check_log_decay(gate_as_reported))  # not the stub's hints
 
 
@@ -275,7 +275,7 @@ def test_check_log_decay_accepts_a_stable_log_sigmoid():
 
 
 def test_the_solution_line_in_the_hints_is_the_helper_that_passes():
-    assert STABLE_SOURCE.strip().endswith(dc.STABLE_LOG_SIGMOID)
+    assert STABLE_SOURCE.strip().endswith(dc._LOG_DECAY_LINE)
 
 
 # the exercise of #150: a, b as a learner might build them
@@ -293,6 +293,7 @@ REMOVALS = {
     "gate read": lambda k, a, b: (-_unit(k) * a, _unit(k)),
     "layer": lambda k, a, b: (-_unit(k), _unit(k) * a),
     "sign on b": lambda k, a, b: (_unit(k), -_unit(k) * a),
+    "report negated": lambda k, a, b: (-a, b),  # removes, but along the report's vectors: no key
 }
 
 
@@ -319,6 +320,20 @@ def test_check_removal_hints_follow_the_mistake(removal_verdicts, name, where, w
     tiers = _tiers(verdict)
     assert len(tiers) == 3 and where in tiers[0] and what in tiers[1], tiers
     assert "-kk, kk * a" in tiers[2] and not any("-kk, kk * a" in t for t in tiers[:2])
+
+
+def test_a_removal_without_the_key_gets_a_hint_about_the_key_not_its_length(removal_verdicts):
+    """(-a, b): b . a < -1 as for the unnormalised key, but the answer uses no key: the hint says so, instead of
+    blaming the key's squared length."""
+    verdict = removal_verdicts["report negated"]
+    assert not verdict.passed and str(verdict).startswith("NOT YET")
+    where, what, line = _tiers(verdict)
+    assert "below -1" in where and "do not depend on k" in where
+    assert "built from k" in what and "report's b" in what and "squared length" not in what
+    assert line.startswith(dc._REMOVAL_LINE) and not any(dc._REMOVAL_LINE in t for t in (where, what))
+    k, a, b = (torch.rand(1, 4, 1, 8, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    assert not dc.uses_key(REMOVALS["report negated"], k, a, b, -a, b)
+    assert dc.uses_key(REMOVALS["layer"], k, a, b, *REMOVALS["layer"](k, a, b))
 
 
 def test_check_removal_facts_do_not_print_the_answer(removal_verdicts):
@@ -380,3 +395,21 @@ def test_on_device_moves_tensors_in_containers_and_leaves_the_rest():
     moved = dc.on_device({"a": torch.ones(2), "b": [torch.zeros(1), 3], "c": "text"})
     assert moved["a"].device.type == runtime.device() and moved["b"][0].device.type == runtime.device()
     assert moved["b"][1] == 3 and moved["c"] == "text" and isinstance(moved["b"], list)
+
+
+def test_the_solution_lines_are_sealed_out_of_tab_and_source():
+    """Neither Tab (the public names), `??` (the module's source, docstrings included) nor a repr shows an answer;
+    `harness.rwkv7_inputs`, which notebook 02 names before its exercise 2, does not give a and b either."""
+    import inspect
+
+    from fla_lab import exercises, harness
+
+    lines = (dc._LOG_DECAY_LINE, dc._REMOVAL_LINE)
+    assert all(isinstance(line, exercises.Sealed) for line in lines)
+    source = inspect.getsource(dc)
+    for line in lines:
+        assert line not in source and line not in repr(line)
+        assert not any(getattr(dc, name) == line for name in dir(dc) if not name.startswith("_"))
+    docs = "".join(inspect.getdoc(f) or "" for f in (dc, *(getattr(dc, n) for n in dir(dc) if not n.startswith("_"))))
+    assert "kk * a" not in docs and "-kk" not in docs and "tl.minimum(x, 0.0)" not in docs
+    assert "-kk" not in inspect.getdoc(harness.rwkv7_inputs) and "kk * a" not in inspect.getdoc(harness.rwkv7_inputs)

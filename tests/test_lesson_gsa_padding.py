@@ -380,7 +380,7 @@ def test_hints_follow_the_mistake():
     for right in (stages.later_rows_exponent, rows_only_minus_inf):
         found = lesson.diagnose(right)
         assert not found["raised"] and not found["overflow_rows"] and not found["wrong_real"]
-    assert all(hint.endswith(lesson.LINE[-40:]) for hint in lesson.exponent_hints(stub)[2:])
+    assert all(hint.endswith(lesson._LINE[-40:]) for hint in lesson.exponent_hints(stub)[2:])
 
 
 def test_probe_tile_is_a_partial_chunk_at_strong_decay():
@@ -403,3 +403,74 @@ def test_a_mask_along_the_slots_gets_its_own_hint():
     stub = lesson.diagnose(stages.later_rows_exponent_unmasked)
     assert not stub["masks_slots"] and stub["like_stub"]
     assert "slot channels" in lesson.exponent_hints(found)[1] and "slot channels" not in lesson.exponent_hints(stub)[1]
+
+
+# ---------------------------------------------------------------------------------------------------- wrong answers
+# A cap keeps exp() finite on the rows past T and the zero-padded do cancels it: the gradients come out right, so
+# only the probe's look at the exponent itself tells it from a mask (issue 44).
+
+
+@triton.jit
+def capped(b_gq, b_gn, o_j, m_d, T):  # a cap, not a mask: exp(88) = 1.7e38 on the rows past T, times do = 0
+    return tl.minimum(b_gq - b_gn, 88.0)
+
+
+@triton.jit
+def rows_only(b_gq, b_gn, o_j, m_d, T):  # the notebook's solution: a row condition alone
+    return tl.where((o_j < T)[:, None], b_gq - b_gn, 0)
+
+
+@triton.jit
+def positive_fill(b_gq, b_gn, o_j, m_d, T):  # a row mask with a value above 0 there: exp(1) > 1
+    return tl.where((o_j < T)[:, None], b_gq - b_gn, 1.0)
+
+
+def test_a_cap_is_not_a_mask():
+    verdict = lesson.check_padded_exponent(capped)
+    assert not verdict.passed and str(verdict).startswith("NOT YET")
+    assert "non-finite: ds 0, dg 0 of 1080 each" in verdict.facts  # the kernel's gradients come out right...
+    assert all("<=" in f for f in verdict.facts[:2])
+    assert verdict.facts[-1] == ("probe tile, rows past T (t = 45..47): largest exponent 8.8e+01 > 0 "
+                                 "(exp() <= 1, as on every real row)")  # ...the exponent itself does not
+    found = lesson.diagnose(capped)
+    assert found["caps"] and found["past_T_max"] == 88.0 and not found["overflow_rows"] and not found["wrong_real"]
+    where, what, line = verdict.hints
+    assert where.startswith("rows past T") and "8.8e+01" in where and "1.7e+38" in where
+    assert what.startswith("your helper caps the exponent") and "instead of masking the rows past T" in what
+    assert line == lesson._LINE
+
+
+def test_a_positive_value_on_the_rows_past_T_gets_its_own_hint():
+    verdict = lesson.check_padded_exponent(positive_fill)
+    assert not verdict.passed and "largest exponent 1.0e+00 > 0" in verdict.facts[-1]
+    found = lesson.diagnose(positive_fill)
+    assert found["past_T_max"] == 1.0 and not found["caps"]  # on the ramp tile it is no min(gq - gn, 1)
+    assert "above 0" in verdict.hints[1] and "caps" not in verdict.hints[1]
+
+
+@pytest.mark.parametrize("helper", [stages.later_rows_exponent, rows_only, rows_only_minus_inf],
+                         ids=["shipped", "rows_only", "rows_only_minus_inf"])
+def test_masks_still_pass(helper):
+    verdict = lesson.check_padded_exponent(helper)
+    assert verdict.passed and str(verdict).startswith("PASS"), str(verdict)
+    top = "-inf" if helper is rows_only_minus_inf else "0.0e+00"
+    assert verdict.facts[-1].startswith(f"probe tile, rows past T (t = 45..47): largest exponent {top} <= 0")
+
+
+def test_the_solution_line_is_sealed():
+    """No public name, docstring or readable source line of the module gives the answer; the last hint tier does,
+    and it is the line the shipped kernel runs."""
+    import inspect
+
+    from fla_lab import exercises
+
+    answer = "tl.where((o_j < T)[:, None]"
+    assert isinstance(lesson._LINE, exercises.Sealed) and answer in lesson._LINE
+    assert lesson._LINE.split("`")[1] in inspect.getsource(stages.later_rows_exponent.fn)  # the shipped line
+    assert answer not in repr(lesson._LINE) and not hasattr(lesson, "LINE")
+    assert answer not in inspect.getsource(lesson)
+    public = {n: getattr(lesson, n) for n in dir(lesson) if not n.startswith("_")}
+    assert not [n for n, v in public.items() if isinstance(v, str) and answer in v]
+    docs = [lesson.__doc__] + [inspect.getdoc(v) or "" for v in public.values()
+                               if inspect.isfunction(v) and v.__module__ == lesson.__name__]
+    assert len(docs) > 1 and not [d for d in docs if answer in d or "masked to 0" in d]

@@ -84,15 +84,28 @@ def test_the_piecewise_gate_keeps_the_forward_and_makes_the_gate_gradient_nan():
 def test_the_model_is_built_with_documented_options_that_switch_off_returns_to_the_defaults():
     model = hunting.mystery_model()
     options = [hunting._option(e) for e in hunting.EXERCISES]
-    assert hunting.switches_on(model) == 2 and [name for name, _, _ in options] == ["blocks.1.attn", "blocks.2.attn"]
+    assert hunting._switches_on(model) == 2 and [name for name, _, _ in options] == ["blocks.1.attn", "blocks.2.attn"]
     gsa, rwkv7 = (model.get_submodule(name) for name, _, _ in options)
     assert gsa.gate_fn == "piecewise" and gsa.bug is None
     assert isinstance(rwkv7.attention_op, hunting.BoundOp) and rwkv7.attention_op.options == {"bug": CARRY}
-    assert not hunting.switch_off(model, "blocks.0.attn (RWKV6Attention)")  # the locator's spelling; nothing held
-    assert hunting.switch_off(model, "blocks.1.attn") and gsa.gate_fn == "logsigmoid"
-    assert hunting.switch_off(model, "blocks.2.attn") and rwkv7.attention_op is None
-    assert hunting.switches_on(model) == 0 and not hunting.switch_off(model, "blocks.2.attn")
-    assert hunting.switches_on(hunting.mystery_model(switched_on=False)) == 0
+    hunting.switch_off(model, "blocks.0.attn (RWKV6Attention)")  # the locator's spelling; nothing held
+    assert hunting._switches_on(model) == 2
+    hunting.switch_off(model, "blocks.1.attn")
+    assert gsa.gate_fn == "logsigmoid"
+    hunting.switch_off(model, "blocks.2.attn")
+    assert rwkv7.attention_op is None and hunting._switches_on(model) == 0
+    assert hunting._switches_on(hunting.mystery_model(switched_on=False)) == 0
+
+
+def test_switch_off_says_the_same_of_every_module():
+    """Item 3 of issue 44: switch_off was True only on the module that held an option, an oracle for the module.
+    It now prints the same line whichever module it is given, and returns nothing."""
+    model = hunting.mystery_model()
+    said = {name: _printed(hunting.switch_off, model, name) for name in ("blocks.0.attn", "blocks.1.attn",
+                                                                         "blocks.2.attn")}
+    assert {text.replace(name, "<m>") for name, text in said.items()} == {"<m>: back on its layer's defaults\n"}
+    assert hunting.switch_off(model, "blocks.0.attn") is None and hunting._switches_on(model) == 0
+    assert "not a module of the model" in _printed(hunting.switch_off, model, "banana")
 
 
 def test_the_mystery_model_hunt_end_to_end():
@@ -113,19 +126,57 @@ def test_the_mystery_model_hunt_end_to_end():
 
     victim = hunting.check_nan_hunt(model, {"module": "blocks.0.attn (RWKV6Attention)", "where": "x"})
     assert not victim.passed and "reach that op" in victim.hints[0] and "chunk_rwkv6" not in victim.hints[0]
-    method = hunting.check_nan_hunt(model, {"module": "blocks.1.attn", "where": "chunk_gsa"})
-    assert not method.passed and "PyTorch code" in method.hints[0]
+    op = hunting.check_nan_hunt(model, {"module": "blocks.1.attn", "where": "chunk_gsa"})
+    assert not op.passed and "PyTorch code" in op.hints[0]
     nan, silent = (_solutions()[name] for name in ("finding", "finding2"))
-    assert not hunting.check_nan_hunt(model, nan).passed  # still switched on
-    assert hunting.switch_off(model, "blocks.1.attn")
+    on = hunting.check_nan_hunt(model, nan)  # still switched on
+    assert not on.passed and "switch it off" in on.hints[0]
+    hunting.switch_off(model, "blocks.1.attn")
     assert hunting.check_nan_hunt(model, nan).passed
 
     wrong_kernel = hunting.check_silent_hunt(model, {"module": "blocks.2.attn", "where": "dplr_fwd_o_kernel"})
     assert not wrong_kernel.passed and "T = 16" in wrong_kernel.hints[0]
     backward = hunting.check_silent_hunt(model, {"module": "blocks.2.attn", "where": "dplr_bwd_kernel"})
-    assert "a forward kernel" in backward.hints[0]
-    assert hunting.switches_on(model) == 1 and hunting.switch_off(model, "blocks.2.attn")
-    assert hunting.check_silent_hunt(model, silent).passed and hunting.switches_on(model) == 0
+    assert "backward only" in backward.hints[0]
+    assert hunting._switches_on(model) == 1
+    hunting.switch_off(model, "blocks.2.attn")
+    assert hunting.check_silent_hunt(model, silent).passed and hunting._switches_on(model) == 0
+
+
+# --- item 3 of issue 44: the finding is graded as a whole -------------------------------------------------------
+
+def _off_model():
+    model = hunting.mystery_model()
+    for exercise in hunting.EXERCISES:
+        hunting.switch_off(model, hunting._option(exercise)[0])
+    return model
+
+
+@pytest.mark.parametrize("exercise, name, check", [("nan", "finding", "check_nan_hunt"),
+                                                   ("silent", "finding2", "check_silent_hunt")])
+def test_a_wrong_field_gets_one_not_yet_that_does_not_say_which(exercise, name, check):
+    """One wrong field, any of the five, gets the same NOT YET: the same notes, the same hints (which enumerate no
+    choices), nothing that says which field it was; the option's state is not said either."""
+    model, solution = _off_model(), _solutions()[name]
+    wrong = {"module": "blocks.0.norm", "mechanism": "cancellation", "tensor": "dv", "condition": "any_input",
+             "where": "GatedSlotAttention.forward" if exercise == "nan" else "dplr_fwd_o_kernel"}
+    verdicts = {field: getattr(hunting, check)(model, {**solution, field: value}) for field, value in wrong.items()}
+    for field, verdict in verdicts.items():
+        assert not verdict.passed, (field, str(verdict))
+        text = str(verdict)
+        assert "graded as a whole" in text and "(not yet)" not in text and "option" not in text, text
+        for choice in [*hunting.MECHANISMS, *hunting.CONDITIONS]:
+            assert not any(re.search(rf"\b{choice}\b", h) for h in verdict.hints[:2]), (field, choice)
+    assert len({v.hints for v in verdicts.values()}) == 1, "the hints tell the wrong field apart"
+
+
+def test_why_must_cite_a_number():
+    """Item 4 of issue 44: `why` was never read; now it must be a sentence that cites a number."""
+    model, solution = _off_model(), _solutions()["finding"]
+    for why in ("", "the gate is wrong", "the torch.where in the gate makes the backward NaN somehow"):
+        verdict = hunting.check_nan_hunt(model, {**solution, "why": why})
+        assert not verdict.passed and "cites a number" in str(verdict) and verdict.hints, str(verdict)
+    assert hunting.check_nan_hunt(model, solution).passed
 
 
 def test_the_model_as_called_joins_the_registry_beside_the_shipped_op():

@@ -182,7 +182,7 @@ def test_hints_follow_the_mistake():
     half = masks.check_h0_mask(half_transposed_mask)
     assert "raises" in half.facts[0] and "transposed" not in half.hints[1] and "[BV, BK]" in half.hints[1]
     for verdict in (values_only, keys_only, half):
-        assert verdict.hints[-1] == masks.FIX_LINE
+        assert verdict.hints[-1] == masks._LINE
 
 
 def test_check_refuses_a_plain_function():
@@ -214,3 +214,17 @@ def test_figure_legends_name_only_what_is_drawn(monkeypatch):
     bars = [text.get_text() for text in fig.axes[1].get_legend().get_texts()]
     assert bars == ["fp32 gradient tolerance", "buggy kernel", "fixed kernel"]
     assert any(label.startswith("solid") for label in legend_labels(masks.plot_config(16, 16, 24, 40)))
+
+
+def test_the_solution_line_is_sealed_out_of_tab_and_source():
+    import inspect
+
+    from fla_lab import exercises
+
+    assert isinstance(masks._LINE, exercises.Sealed) and masks._LINE == "return m_v[:, None] & m_k[None, :]"
+    assert masks._LINE not in inspect.getsource(masks) and masks._LINE not in repr(masks._LINE)
+    assert not any(getattr(masks, name) == masks._LINE for name in dir(masks) if not name.startswith("_"))
+    docs = [inspect.getdoc(masks)] + [inspect.getdoc(getattr(masks, n)) or "" for n in dir(masks)
+                                      if not n.startswith("_") and getattr(getattr(masks, n), "__module__", "")
+                                      == masks.__name__]
+    assert not any("m_v[:, None] & m_k[None, :]" in doc or "fixed `[BV, BK]`" in doc for doc in docs)

@@ -256,3 +256,72 @@ def test_a_first_row_misses_about_one_time_in_eight_at_m_100():
     rate = overflow.first_row_miss_rate(100.0, T=1024, draws=50)
     assert rate["predicted"] == pytest.approx(0.132, abs=2e-3)
     assert abs(rate["measured"] - rate["predicted"]) < 0.04 and rate["rows"] == 50 * 48
+
+
+# ---------------------------------------------------------------------------------------------------- wrong answers
+# Each passed an earlier version of the check (issue 44): it must now say NOT YET, with the hint tier that fits.
+
+
+@triton.jit
+def stride_sixteen(gi, i_start, o_k, HK: tl.constexpr):  # the row stride written as 16: right only for H * K = 16
+    return gi + (i_start - 1) * 16 + o_k
+
+
+@triton.jit
+def last_row(gi, i_start, o_k, HK: tl.constexpr):  # a fixed row, the chunk's last: below every query's ge
+    return gi + 63 * HK + o_k
+
+
+def test_a_hard_coded_row_stride_fails_with_two_heads():
+    verdict = overflow.check_reference_row(stride_sixteen)
+    assert not verdict.passed and str(verdict).startswith("NOT YET")
+    one_head, weak, two_heads = verdict.facts
+    assert one_head.endswith("within tolerance") and weak.endswith("within tolerance")  # one head: rows 16 apart
+    assert two_heads.startswith("strong decay, 2 heads (m = 100; rows of gi 32 apart): o and ht vs float64")
+    assert "worst error inf, failing: o" in two_heads
+    assert overflow.reference_row_offset(stride_sixteen) == -1  # the safe row with one head...
+    assert overflow.reference_row_offset(stride_sixteen, H=2) == -17  # ...and 17 rows early with two
+    where, what, line = verdict.hints
+    assert "2 heads" in where and "steps from one row to the next" in where
+    assert "row stride" in what and "HK = H * K" in what and "K or 16" in what and "i_start - 17" in what
+    assert line.startswith(overflow._LINE) and not any(overflow._LINE in h for h in (where, what))
+
+
+def test_a_fixed_last_row_gets_the_hint_of_every_query_row():
+    verdict = overflow.check_reference_row(last_row)
+    assert not verdict.passed
+    assert verdict.facts[0].endswith("failing: o, dr, dv, dw; o non-finite at t = 16..63")
+    assert overflow.reference_row_offset(last_row) == overflow.BC - 1  # "15 or later": every query row breaks
+    where, what, _ = verdict.hints
+    assert "only on the first row" not in where and "most rows of the later sub-chunks" in where
+    assert "every query row's own factor exp(ge[t] - gn)" in where
+    assert "reads row i_start + 15 or later" in what and "a fixed row" in what and "moves with i_start" in what
+    # the stub keeps its own hint: one query row at a time
+    assert "only on the first row of a sub-chunk" in overflow.check_reference_row(inclusive_reference).hints[0]
+
+
+def test_the_solution_passes_every_case_with_one_head_and_two():
+    verdict = overflow.check_reference_row(exclusive_reference)
+    assert verdict.passed and len(verdict.facts) == len(overflow.EXERCISE_CASES) == 3
+    assert all(fact.endswith("within tolerance") for fact in verdict.facts)
+    assert verdict.facts[2].startswith("strong decay, 2 heads (m = 100; rows of gi 32 apart)")
+
+
+def test_the_solution_line_is_sealed():
+    """No public name, docstring or readable source line of the module gives the answer; the last hint tier does,
+    and it is the line the shipped kernel runs."""
+    import inspect
+
+    from fla_lab import exercises
+
+    answer = "(i_start - 1) * HK"
+    assert isinstance(overflow._LINE, exercises.Sealed) and answer in overflow._LINE
+    assert answer in inspect.getsource(common_chunk.reference_row.fn)  # the shipped fix's line
+    assert answer not in repr(overflow._LINE) and not hasattr(overflow, "THE_LINE")
+    assert answer not in inspect.getsource(overflow) and "start - 1]" not in (overflow.__doc__ or "")
+    public = {n: getattr(overflow, n) for n in dir(overflow) if not n.startswith("_")}
+    assert not [n for n, v in public.items() if isinstance(v, str) and answer in v]
+    docs = [inspect.getdoc(v) or "" for v in public.values()
+            if inspect.isfunction(v) and v.__module__ == overflow.__name__]
+    assert docs and not [d for d in docs if answer in d or "gi[start - 1]" in d]
+    assert overflow.reference_row_hints(0)[-1].startswith(str(overflow._LINE))

@@ -6,6 +6,7 @@ hints; the notebook's solution gets PASS)."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -37,6 +38,15 @@ def _prediction(tag: str) -> dict:
 @pytest.fixture(scope="module")
 def solution_run():
     return removal.remove(SOLUTION_ID)
+
+
+@pytest.fixture(autouse=True)
+def fresh_process():
+    """Each test predicts as a fresh kernel would: no prediction recorded, no removal shown (the module's
+    `solution_run`, set up before this, ran `remove()`)."""
+    removal._forget_predictions()
+    yield
+    removal._forget_predictions()
 
 
 def test_the_choices_are_the_inventorys_kernel_lines(capsys):
@@ -138,3 +148,58 @@ def test_the_notebooks_solution_passes(solution_run):
     verdict = removal.check_removal(prediction)
     assert verdict.passed, str(verdict)
     assert "noticed by: the atlas in the safeguard's range only" in str(verdict)
+
+
+# --- item 2 of issue 44: a prediction made after the run does not count ------------------------------------------
+
+def test_the_statuses_a_wrong_prediction_shows_do_not_pass_when_resubmitted(solution_run):
+    """The run is cached, so resubmitting what a NOT YET printed would pass at once: the first prediction of a removal
+    is the one graded, and a different one made after its statuses were shown gets NOT YET."""
+    solution = _prediction("solution")
+    first = removal.check_removal({**solution, "in_range": "wrong"})
+    assert not first.passed and "the run: nonfinite" in str(first) and "recorded" in str(first), str(first)
+    late = removal.check_removal(solution)  # the run's statuses, copied from the verdict above
+    assert not late.passed and "does not count" in str(late) and "after the run" in str(late), str(late)
+    assert "another safeguard" in late.hints[0] and all(late.hints)
+    assert not removal.check_removal({**solution, "in_range": "wrong"}).passed  # the first one stays graded
+
+
+def test_the_same_removal_respaced_is_not_a_new_prediction(solution_run, monkeypatch):
+    """A naive line with a comment added, or respaced, is the same removal (no new run is needed to tell)."""
+    monkeypatch.setattr(removal, "_removal",
+                        lambda s, n: dataclasses.replace(solution_run, naive=n or solution_run.naive))
+    solution = _prediction("solution")
+    assert not removal.check_removal({**solution, "ordinary": "wrong"}).passed
+    respaced = {**solution, "naive": solution["naive"].replace(", ", ",  ") + "  # mine"}
+    late = removal.check_removal(respaced)
+    assert not late.passed and "does not count" in str(late), str(late)
+
+
+def test_a_removal_run_before_any_prediction_cannot_be_predicted(solution_run):
+    """`remove()` prints the statuses: a prediction checked after it, even the right one, is not a prediction."""
+    removal.remove(SOLUTION_ID)  # cached: the learner ran it by hand, before predicting
+    late = removal.check_removal(_prediction("solution"))
+    assert not late.passed and "remove() before any prediction" in str(late), str(late)
+    assert late.hints and all(late.hints)
+
+
+def test_the_right_first_prediction_passes_and_passes_again(solution_run):
+    solution = _prediction("solution")
+    assert removal.check_removal(solution).passed
+    assert removal.check_removal(solution).passed  # the same prediction: still the first one
+
+
+def _unnoticed(safeguard: str) -> removal.Removal:
+    """A run in which no check notices the removal (as the interpreter finds for a GPU-only line)."""
+    side = lambda name: removal.Side(name, "dtype fp32", (("T=33", "right"), ("T=64", "right")), (), 1e-7)
+    return removal.Removal(safeguard, "return tl.dot(a, b)", "chunk_gla", "", tuple(map(side, [*removal.SIDES,
+                                                                                               "shipped"])))
+
+
+def test_a_tf32_safeguards_hint_is_about_precision_not_range():
+    """Item 5: `dot_precision_ieee` keeps dots in IEEE fp32 against TF32; its hint must not say that the naive form
+    differs once a value leaves fp32's range."""
+    why = removal._prediction_hints(_unnoticed("dot_precision_ieee"), "in_range")[1]
+    assert "TF32" in why and "interpreter" in why and "range" not in why, why
+    overflow = removal._prediction_hints(_unnoticed("gsa_softmax_max_first"), "ordinary")[1]
+    assert "fp32's range" in overflow

@@ -354,6 +354,7 @@ def test_lab_roots_jupyterlab_at_the_learner_edition(wb, monkeypatch):
         ["--allow-root"] if os.geteuid() == 0 else [])]
     opened = [Path(a) for a in cmd if a.endswith(".ipynb")]
     assert opened == [ROOT / "learner" / "00_start_here.ipynb"]  # inside the root, as JupyterLab requires
+    assert "--ServerApp.terminals_enabled=False" in cmd  # a terminal would open a shell in the checkout
     for outside in (ROOT / "notebooks", ROOT / "docs" / "onboarding.md"):
         assert Path(roots[0]) not in outside.parents
     assert wb.lab_root(Path("/elsewhere")) == Path("/elsewhere/learner")  # the browser test's copy of the tree

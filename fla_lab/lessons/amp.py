@@ -2,8 +2,9 @@
 
 Every decay here comes from the layer's own code, `RWKV7Attention.log_decay` (`log_decay_from_lora`): `bug="bf16_decay"` computes
 `-e^-0.5 * sigmoid(x)` in the dtype of the LoRA output `x` (upstream before 965c3553, and again from d9e86d00 /
-v0.2.0 to 0.6.0), the fixed path upcasts `x` to fp32 first. Both start from the same rounded LoRA output, as in a
-bf16 model: what differs is only the rounding of the sigmoid (and of the product), which is what #181 is about.
+v0.2.0 to 0.6.0); the fixed path is the layer's line without the switch (the notebook's exercise is to write it).
+Both start from the same rounded LoRA output, as in a bf16 model: what differs is only the rounding on the way,
+which is what #181 is about.
 """
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ CUDA_AUTOCAST_BF16 = {"linear": "bf16", "exp": "fp32", "softplus": "fp32", "log"
 def log_decays(lora_output: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, torch.Tensor]:
     """(buggy, fixed) log-decays in float64 for LoRA outputs rounded to `dtype`, through the layer's `log_decay_from_lora`.
 
-    The buggy path computes the sigmoid in `dtype` (`bug="bf16_decay"`); the fixed one in fp32 (965c3553).
+    The buggy path computes the sigmoid in `dtype` (`bug="bf16_decay"`); the fixed one is the layer's line without the
+    switch (965c3553).
     """
     x = lora_output.to(dtype)
     low = log_decay_from_lora(x, BUG)
@@ -113,7 +115,7 @@ def plot_cumulative_decay(xs=(-8.0, -7.0, -6.0, -5.0, -4.0), T_max: int = 8192, 
     fig, (left, right) = viz.figure(ncols=2, width=4.6, height=3.4)
     for i, x in enumerate(xs):
         rel, decay = cumulative_decay(x, T, dtype)
-        color = matplotlib.colormaps["plasma"](i / max(len(xs) - 1, 1))
+        color = matplotlib.colormaps["plasma"](0.85 * i / max(len(xs) - 1, 1))  # plasma's top end is pale yellow
         positive = bool(rel[-1] > 0)  # solid: decays too slowly; dashed: too fast (some curves overlap otherwise)
         left.plot(T, 100 * rel.abs().numpy(), color=color, ls="-" if positive else "--",
                   label=f"x = {x:g} ({'+' if positive else '-'})")
@@ -521,28 +523,75 @@ def check_log_decay(candidate: Callable[[torch.Tensor], torch.Tensor], T: int = 
     return exercises.verdict("RWKV-7 log-decay in fp32 under autocast", facts, hints)
 
 
-FIX_LINE = "return -math.exp(-0.5) * w_raw.float().sigmoid()"
+# the solution line: sealed (base64 in this source; Tab, `??` and help() do not show it), opened by the last hint
+# tier only
+_LINE = exercises.Sealed("cmV0dXJuIC1tYXRoLmV4cCgtMC41KSAqIHdfcmF3LmZsb2F0KCkuc2lnbW9pZCgp")
+ROUNDING_BOUND = 2 * 2.0 ** -8  # the most two bf16 roundings (the sigmoid, the product) move w, relative
+
+
+def value_hints(w: torch.Tensor, x: torch.Tensor, rounded: list[str]) -> tuple[str, ...]:
+    """Hint tiers for a line whose values are wrong, not rounded: a positive w (the sign), w off by one factor at
+    every x (the constant), or another formula. Empty when the error is rounding (`decay_hints` takes over).
+
+    A value error: w > 0 somewhere, or the median relative error beyond bf16's unit roundoff 2^-8 (rounding scatters
+    around 0), or w fp32 from a line in which no op returned bf16 (nothing rounded, yet w is off)."""
+    ref = official_log_decay(x.cpu())
+    got = w.detach().double().cpu().reshape(ref.shape)
+    rel = (got - ref) / ref.abs()
+    nothing_rounded = w.dtype == torch.float32 and not rounded
+    if not ((got > 0).any() or abs(float(rel.median())) > 2.0 ** -8 or nothing_rounded):
+        return ()
+    dtype = viz.DTYPE_NAMES.get(w.dtype, str(w.dtype))
+    kind = ("a value error, not a rounding one: no op of your line returned bf16" if nothing_rounded else
+            f"a value error, beyond what rounding does (at most {ROUNDING_BOUND:.1e} relative, scattered around 0)")
+    dtype_too = "" if w.dtype == torch.float32 else f"; once the values are right, w's dtype ({dtype}) is next"
+    if (got > 0).any():
+        return exercises.hints(
+            f"w is positive (up to {float(got.max()):.3g}) where float64's w = -e^-0.5 sigmoid(w_raw) lies in "
+            f"(-e^-0.5, 0): {kind}",
+            "w is a log-decay: the kernel multiplies the state by exp(w) at every step, so w <= 0 (a decay "
+            "exp(w) <= 1); w > 0 makes the state grow. " + (
+                "Look at the sign of the constant in front of the sigmoid" if bool((got >= 0).all()) else
+                "Yours is positive at some x only: the function of w_raw must stay positive, the sigmoid in (0, 1), "
+                "times a negative constant") + dtype_too, _LINE)
+    ratio = got / ref
+    factor = float(ratio.median())
+    if float((ratio - factor).abs().max()) <= ROUNDING_BOUND * 1.01:
+        return exercises.hints(
+            f"w is {dtype} and off by the same factor at every x: w / float64's w = {factor:.5f}, {kind}",
+            "the scale of RWKV-7's log-decay is e^-0.5 = 0.60653..., exactly: write it as math.exp(-0.5), not a "
+            "rounded number. A constant off by a fraction is a per-step bias of that fraction, and it compounds "
+            "over the sequence like the bf16 one" + dtype_too, _LINE)
+    worst = int(rel.abs().argmax())
+    return exercises.hints(
+        f"w is {dtype} and off by more than rounding: median relative error {float(rel.median()):+.1e}, worst at "
+        f"x = {float(x.flatten()[worst]):.2f} ({float(got[worst]):.4g} against float64's {float(ref[worst]):.4g}): "
+        f"{kind}",
+        "compare your line with RWKV-7's w = -e^-0.5 sigmoid(w_raw) term by term: the sigmoid of w_raw itself, "
+        "times the constant -e^-0.5 (math.exp(-0.5))" + dtype_too, _LINE)
 
 
 def decay_hints(candidate, w: torch.Tensor, x: torch.Tensor, grid: dict, tol: float, dev: str) -> tuple[str, ...]:
-    """Hint tiers chosen from what the candidate did: the historical bf16 sigmoid, a cast after the sigmoid, a
-    rounding by other ops (e.g. the official formula under CPU autocast), right values in the wrong dtype."""
+    """Hint tiers chosen from what the candidate did: values wrong rather than rounded (`value_hints`: the sign, the
+    constant), the historical bf16 sigmoid, a cast after the sigmoid, a rounding by other ops (e.g. the official
+    formula under CPU autocast), right values in the wrong dtype."""
     rounded = [name for name, got, _ in trace_dtypes(candidate, dev)[1:] if got == "bf16"]  # [0]: w_raw's Linear
     trace = (f"run amp.show_dtypes(my_log_decay): the ops of your line that return bf16 under {dev} autocast are "
              f"where w loses its bits ({', '.join(rounded) or 'none'})")
     if grid["max"] <= tol:
         return exercises.hints("the values are right: look at the first line, the dtype of w",
                                "the kernel takes w in fp32: return the fp32 result, not a cast of it")
+    if value := value_hints(w, x, rounded):
+        return value
     if not rounded_like_the_sigmoid_line(w, x, dev):
         return exercises.hints(
             trace, f"w was rounded on the way, but not by the historical line's sigmoid: {_other_ops_note(dev)}; a "
-            "line that relies on autocast's op lists is fp32 only on a device whose lists include its ops", FIX_LINE)
+            "line that relies on autocast's op lists is fp32 only on a device whose lists include its ops", _LINE)
     if w.dtype == torch.float32:
         return exercises.hints(
             trace, "w is fp32 but holds bf16 values: the sigmoid had already rounded them when you cast; a cast "
-            "cannot bring back the bits, it has to come before the first op that rounds", FIX_LINE)
+            "cannot bring back the bits, it has to come before the first op that rounds", _LINE)
     return exercises.hints(
         trace, "w_raw arrives as bf16 (a Linear's output under autocast), and sigmoid is on neither autocast's fp32 "
         "list: it computes and returns bf16, and so does the product after it. Switching autocast off does not help: "
-        "the input is already bf16", FIX_LINE)
-
+        "the input is already bf16", _LINE)

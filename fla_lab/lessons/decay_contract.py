@@ -450,10 +450,11 @@ SIGNS = {"log-space (w <= 0)": -1.0, "raw positive (w > 0)": 1.0}
 
 
 def explorer_inputs(decay: float, sign: float, ab: float, T: int = 128, K: int = 16, seed: int = 0) -> dict:
-    """RWKV-7 inputs with `w = sign * decay * U(0.05, 1)`, `a = -kk`, `b = -ab * kk` (so `b . a = ab`).
+    """RWKV-7 inputs with `w = sign * decay * U(0.05, 1)`, and `a`, `b` along one unit vector kk, scaled so that
+    `b . a = ab` at every step.
 
-    kk is a unit vector with positive entries (normalised U(0, 1)), so successive steps point the same way,
-    as #150's a, b ~ U(0, 1) do. RWKV-7's contract is ab in [-1, 0] (b = kk * a_gate); #150 had ab near K / 4.
+    kk has positive entries (normalised U(0, 1)), so successive steps point the same way, as #150's a, b ~ U(0, 1)
+    do. RWKV-7's own a, b keep ab in [-1, 0]; #150 had ab near K / 4.
     """
     gen = torch.Generator().manual_seed(seed)
     shape = (1, T, 1, K)
@@ -586,7 +587,10 @@ EXERCISE_LOG_DECAY = "#11: the log of a sigmoid gate, as a @triton.jit helper"
 EXERCISE_REMOVAL = "#150: RWKV-7's a and b, from the key and the gate"
 SATURATED_X = (-200.0, 200.0)  # sigma(x) rounds to 0 below x ~ -88.7 (exp(-x) overflows) in fp32, to 1 above x ~ 17
 GATE_BT = 64  # rows per program
-STABLE_LOG_SIGMOID = "return tl.minimum(x, 0.0) - tl.log(1.0 + tl.exp(-tl.abs(x)))"
+# the solution lines: sealed (base64 in this source; Tab, `??` and help() do not show them), opened by the last
+# hint tier only
+_LOG_DECAY_LINE = exercises.Sealed("cmV0dXJuIHRsLm1pbmltdW0oeCwgMC4wKSAtIHRsLmxvZygxLjAgKyB0bC5leHAoLXRsLmFicyh4KSkp")
+_REMOVAL_LINE = exercises.Sealed("a2sgPSBGLm5vcm1hbGl6ZShrLCBkaW09LTEpOyByZXR1cm4gLWtrLCBrayAqIGE=")
 
 
 @triton.jit
@@ -626,7 +630,7 @@ def log_decay_hints(x: torch.Tensor, w: torch.Tensor) -> tuple[str, ...]:
     x, w = x.flatten().double(), w.flatten().double()
     ref = F.logsigmoid(x)
     bad = ~torch.isfinite(w)
-    line = f"split log(sigmoid(x)) = -log(1 + exp(-x)) on the sign of x:  {STABLE_LOG_SIGMOID}"
+    line = f"split log(sigmoid(x)) = -log(1 + exp(-x)) on the sign of x:  {_LOG_DECAY_LINE}"
     if (w[~bad] > 0).any():
         return exercises.hints(
             where=f"w is positive (up to {float(w[~bad].max()):.2f}): the contract refuses it, and the exact state "
@@ -692,15 +696,15 @@ def check_log_decay(helper, T: int = 256, K: int = 16, seed: int = 0) -> exercis
 
 
 # B (#150, PyTorch). The report passed a, b ~ U(0, 1) as if they were free inputs. RWKV-7 derives both from the key
-# and the in-context learning rate a_gate in (0, 1): kk = normalize(k) per head (the layer first multiplies k by its
-# parameter k_k; 1 here), a = -kk, b = kk * a_gate. The learner derives that from the step (read along a, write back
+# and the in-context learning rate a_gate in (0, 1), as its layer does (`removal_lines()` prints those lines; the
+# layer's per-channel key scale k_k is 1 here). The learner derives them from the step (read along a, write back
 # along b) with the eigenvalue probe, and writes `removal(k, a, b) -> (a, b)`, reading the report's `a` as a_gate.
-# Only the product b a^T enters the recurrence, so (kk, -kk * a_gate) is the same step and passes too.
+# Only the product b a^T enters the recurrence, so either sign convention of the pair passes.
 
 PROBE_WIDTHS = (8, 64)
 
 
-def removal_reference(k: torch.Tensor, a_gate: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _removal_reference(k: torch.Tensor, a_gate: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """RWKV-7's removal vectors from a key and a gate, as `fla_lab.layers.RWKV7Attention` builds them (k_k = 1)."""
     kk = F.normalize(k, dim=-1)
     return -kk, kk * a_gate
@@ -742,16 +746,29 @@ def probe_removal(removal, widths=PROBE_WIDTHS, T: int = 64, seed: int = 0) -> l
     return out
 
 
-def removal_hints(k, a_gate, a, b, probes: list[Probe]) -> tuple[str, ...]:
-    """Hint tiers that follow the learner's a, b: adding (b . a > 0), removing more than everything (b . a < -1,
-    growing with K: the key's length), removing nothing, or the gate on the read side (the transposed step)."""
-    a_ref, b_ref = removal_reference(k.double(), a_gate.double())
+def uses_key(removal, k: torch.Tensor, a_gate: torch.Tensor, b: torch.Tensor, a_out, b_out) -> bool:
+    """Whether the learner's `removal(k, a, b)` depends on the key: called again with another rand key (the gate and
+    the report's b kept), does it return other vectors than `(a_out, b_out)`? A removal that raises counts as one
+    that does (the check's facts already say what went wrong)."""
+    other = torch.rand(k.shape, generator=torch.Generator().manual_seed(12345), dtype=k.dtype)
+    try:
+        a2, b2 = removal(other, a_gate.clone(), b.clone())
+        return not (torch.equal(torch.as_tensor(a2), torch.as_tensor(a_out)) and
+                    torch.equal(torch.as_tensor(b2), torch.as_tensor(b_out)))
+    except Exception:  # noqa: BLE001  (a hint, not a traceback)
+        return True
+
+
+def removal_hints(k, a_gate, a, b, probes: list[Probe], key_used: bool = True) -> tuple[str, ...]:
+    """Hint tiers that follow the learner's a, b: adding (b . a > 0), removing nothing (b . a = 0), a step that
+    ignores the key (`key_used` False: the report's vectors, negated or otherwise), removing more than everything
+    (b . a < -1, growing with K: the key's length), or the gate on the read side (the transposed step)."""
+    a_ref, b_ref = _removal_reference(k.double(), a_gate.double())
     R, R_ref = _rank_one(a, b), _rank_one(a_ref, b_ref)
     close = lambda X, Y: float((X - Y).abs().max()) <= 1e-5 * float(Y.abs().max())  # noqa: E731
     seen = "; ".join(f"K = {p.K}: b . a up to {p.ba[1]:+.2f}, down to {p.ba[0]:+.2f}, |eigenvalue| {p.radius:.2f}"
                      for p in probes)
-    line = ("kk = F.normalize(k, dim=-1); return -kk, kk * a   (a unit key read, the gate on what is written back; "
-            "the report's b is not used)")
+    line = f"{_REMOVAL_LINE}   (a unit key read, the gate on what is written back; the report's b is not used)"
     if close(R, -R_ref):
         return exercises.hints(
             where=f"the probe: {seen}. Right size, wrong sign",
@@ -766,18 +783,31 @@ def removal_hints(k, a_gate, a, b, probes: list[Probe]) -> tuple[str, ...]:
                  "against a (b . a < 0), both along the key's direction, and the report's b, drawn at random, has no "
                  "place",
             line=line)
-    if min(p.ba[0] for p in probes) < -1 - 1e-6:
+    if max(abs(p.ba[0]) for p in probes) < 1e-6:
+        return exercises.hints(
+            where=f"the probe: {seen}. b . a = 0: the transition is diag(exp w), it never grows, but it never removes",
+            what="RWKV-7 removes, at each step, a fraction a_gate of what the state holds along the key's direction",
+            line=line)
+    below = min(p.ba[0] for p in probes) < -1 - 1e-6
+    if not key_used:
+        return exercises.hints(
+            where=f"the probe: {seen}." + (" b . a below -1, lower at the larger K: a negative eigenvalue beyond -1, "
+                                           "the state flips sign and grows." if below else "") +
+                  " And your a, b do not depend on k: called again with another key, removal returned the same "
+                  "vectors",
+            what="the step reads the state along a (rho = a^T S) and writes rho back along b, and RWKV-7 reads and "
+                 "writes along the key's direction, one unit vector per head and token: a and b are built from k. The "
+                 "report's a enters only as the gate a_gate, scaling what is written back per channel; the report's b "
+                 "has no place" + (". Two U(0, 1) vectors, signs changed or not, have |b . a| about K/4, so a step "
+                                   "along them removes several times what the state holds" if below else ""),
+            line=line)
+    if below:
         return exercises.hints(
             where=f"the probe: {seen}. b . a below -1, lower at the larger K: a negative eigenvalue beyond -1, the "
                   "state flips sign and grows",
             what="b . a carries the key's squared length (|k|^2 is about K/3 for rand keys), so the step removes more "
                  "than the state holds: read along a unit vector, the key normalised per head (over the last "
                  "dimension, K)",
-            line=line)
-    if max(abs(p.ba[0]) for p in probes) < 1e-6:
-        return exercises.hints(
-            where=f"the probe: {seen}. b . a = 0: the transition is diag(exp w), it never grows, but it never removes",
-            what="RWKV-7 removes, at each step, a fraction a_gate of what the state holds along the key's direction",
             line=line)
     if close(R, R_ref.transpose(-1, -2)):
         return exercises.hints(
@@ -799,7 +829,7 @@ def check_removal(removal, T: int = 64, K: int = 64, seed: int = 0) -> exercises
 
     tol = check.tolerance(torch.float32).fwd
     x = rwkv7_case(RWKV7_CASES[0], T, K, seed)
-    k, a_gate = x["k"].clone(), x["a"].clone()
+    k, a_gate, b_report = x["k"].clone(), x["a"].clone(), x["b"].clone()
     a, b = removal(x["k"].clone(), x["a"].clone(), x["b"].clone())
     x["a"], x["b"] = a.float(), b.float()
     seen = probe(x["w"], x["a"], x["b"], x["r"], x["k"], x["v"])
@@ -807,7 +837,7 @@ def check_removal(removal, T: int = 64, K: int = 64, seed: int = 0) -> exercises
               f"b . a over the {T} steps: from {seen.ba[0]:+.3f} to {seen.ba[1]:+.3f}"),
              (seen.radius <= 1.0 + 1e-6,
               f"largest |eigenvalue| of diag(exp w) + b a^T over {T} steps: {seen.radius:.3f}")]
-    a_ref, b_ref = removal_reference(k.double(), a_gate.double())
+    a_ref, b_ref = _removal_reference(k.double(), a_gate.double())
     mine = reference.recurrent_rwkv7(**x)[0]
     theirs = reference.recurrent_rwkv7(**{**x, "a": a_ref, "b": b_ref})[0]
     facts.append(exercises.error_fact("float64 recurrence with your a, b vs with RWKV-7's (o)",
@@ -821,4 +851,5 @@ def check_removal(removal, T: int = 64, K: int = 64, seed: int = 0) -> exercises
                                          f"{exercises.fmt(seen.state)}"))
     if all(ok for ok, _ in facts):
         return exercises.verdict(EXERCISE_REMOVAL, facts)
-    return exercises.verdict(EXERCISE_REMOVAL, facts, removal_hints(k, a_gate, a, b, probe_removal(removal)))
+    key_used = uses_key(removal, k, a_gate, b_report, a, b)
+    return exercises.verdict(EXERCISE_REMOVAL, facts, removal_hints(k, a_gate, a, b, probe_removal(removal), key_used))

@@ -225,7 +225,7 @@ def exponent_ranges(g: torch.Tensor, chunk_size: int = CHUNK) -> dict[str, float
       of i]`): query factor `gi_t - gn` and key factor `gn - gi_s`;
     - transposed, `cols_from_later_subchunks` (rows s of sub-chunk i from later sub-chunks j, `gn = gi[last valid
       row of i]`): `gi_t - gn` over valid later rows, and over rows past T, where the decay loads as 0 (the bug)
-      or the exponent is masked to 0 (the fix).
+      or as the fix 737550ff forms it (the fix).
     """
     gi = reference.chunk_local_cumsum(g, chunk_size)  # float64
     T = g.shape[1]
@@ -712,24 +712,29 @@ def _probe_kernel(GQ, GN, E, T, ROW0: tl.constexpr, M: tl.constexpr, BC: tl.cons
     tl.store(E + p, b_e + tl.zeros([BC, BD], dtype=tl.float32))
 
 
-def probe_tile() -> dict[str, torch.Tensor]:
+def probe_tile(gn0: float = PROBE_GN, gn_step: float = 1.0) -> dict[str, torch.Tensor]:
     """A tile as `cols_from_later_subchunks` loads it: later rows t = 32..47 of a partial chunk with T = 45, 24 slots
-    of a 32-wide tile. gn = -(100 + slot); gq_t = gn - 1.5 (t - 31) on real rows and slots, the load's 0 on rows
-    past T. Slots past the tile's 24 get gn = -1, gq = -3 (any finite exponent will do there): unlike the load's 0,
-    they tell a helper that masks slots only from the stub, so its hint can name the rows past T.
-    `expected`: gq - gn on real cells (NaN where any finite exponent will do)."""
+    of a 32-wide tile. gn = -(gn0 + gn_step * slot) (by default -(100 + slot)); gq_t = gn - 1.5 (t - 31) on real rows
+    and slots, the load's 0 on rows past T. Slots past the tile's 24 get gn = -1, gq = -3 (any finite exponent will
+    do there): unlike the load's 0, they tell a helper that masks slots only from the stub, so its hint can name the
+    rows past T. `expected`: gq - gn on real cells (NaN where any finite exponent will do)."""
     rows, slots = torch.arange(BC)[:, None] + PROBE_ROWS, torch.arange(32)[None, :]
     real_slot = slots < EXERCISE_SLOTS
-    gn = torch.where(real_slot, -(PROBE_GN + slots), -1.0).float()
+    gn = torch.where(real_slot, -(gn0 + gn_step * slots), -1.0).float()
     real = (rows < PROBE_T) & real_slot
     gq = torch.where(real, gn - 1.5 * (rows - PROBE_ROWS + 1), torch.where(real_slot, 0.0, -3.0)).float()
     return {"gq": gq, "gn": gn[0], "real": real, "past_T": (rows >= PROBE_T) & real_slot,
             "rows": rows.expand(BC, 32), "expected": torch.where(real, gq - gn, math.nan)}
 
 
-def probe_exponent(helper) -> torch.Tensor:
-    """What `helper` returns on `probe_tile()`: `[16, 32]` fp32 (raises what the helper raises)."""
-    tile = probe_tile()
+RAMP_TILE = {"gn0": 1.0, "gn_step": 8.0}  # a second probe tile, |gn| = 1..185 over the slots: on its rows past T the
+#                                           unmasked exponent ranges from 1 to 185, below and above any cap
+
+
+def probe_exponent(helper, tile: dict | None = None) -> torch.Tensor:
+    """What `helper` returns on `tile` (`probe_tile()` by default): `[16, 32]` fp32 (raises what the helper
+    raises)."""
+    tile = probe_tile() if tile is None else tile
     gq, gn = harness.on_device((tile["gq"], tile["gn"].contiguous()))  # the kernel runs on fla_lab.device()
     out = torch.empty(BC, 32, device=gq.device)
     _probe_kernel[(1,)](gq, gn, out, PROBE_T, ROW0=PROBE_ROWS, M=EXERCISE_SLOTS, BC=BC, BD=32, EXPONENT=helper)
@@ -747,9 +752,13 @@ def _message(error: Exception) -> str:
 
 def diagnose(helper) -> dict:
     """What the helper got wrong on the probe tile: `raised` (the error's first line, or None), `overflow_rows` (rows
-    past T whose exp() is inf or NaN), `wrong_real` (real cells whose exponent is not gq - gn), `like_stub` (the
-    unmasked line's values on every cell of a real slot), `masks_slots` (like the stub there, and 0 on the slots
-    past the tile: a mask along the slot channels only), `example` (one wrong real cell: row, slot, got, expected)."""
+    past T whose exp() is inf or NaN), `past_T_max` (the largest exponent on rows past T of the real slots: a row
+    that does not exist needs exp() <= 1, as every real row has, so at most 0), `caps` (it bounds the unmasked
+    exponent instead of masking the rows: on `RAMP_TILE` too it returns min(gq - gn, past_T_max) on every real
+    slot, and that bound cut some row past T), `wrong_real` (real cells whose exponent is not gq - gn),
+    `like_stub` (the unmasked line's values on every cell of a real slot), `masks_slots` (like the stub there, and
+    0 on the slots past the tile: a mask along the slot channels only), `example` (one wrong real cell: row, slot,
+    got, expected)."""
     from fla_lab.ops.common import chunk
 
     try:
@@ -767,14 +776,23 @@ def diagnose(helper) -> dict:
     stub = probe_exponent(chunk.later_rows_exponent_unmasked)
     real_slots = tile["real"] | tile["past_T"]
     like_stub = bool(torch.equal(got[real_slots], stub[real_slots]))
-    return {"raised": None, "overflow_rows": overflow_rows, "wrong_real": int(wrong.sum()),
-            "real": int(tile["real"].sum()), "like_stub": like_stub,
+    past_T_max = float(got[tile["past_T"]].max())  # NaN when one is NaN
+    caps = False
+    if not overflow_rows and past_T_max > 0:  # finite factors above 1 on rows past T: a cap, or a value above 0?
+        ramp = probe_tile(**RAMP_TILE)
+        got_ramp, stub_ramp = probe_exponent(helper, ramp), probe_exponent(chunk.later_rows_exponent_unmasked, ramp)
+        bound = torch.minimum(stub_ramp, torch.tensor(past_T_max))
+        caps = bool(torch.equal(got_ramp[real_slots], bound[real_slots])
+                    and (stub_ramp[ramp["past_T"]] < past_T_max).any())
+    return {"raised": None, "overflow_rows": overflow_rows, "past_T_max": past_T_max, "caps": caps,
+            "wrong_real": int(wrong.sum()), "real": int(tile["real"].sum()), "like_stub": like_stub,
             "masks_slots": like_stub and bool((got[~real_slots] == 0).all()), "example": example}
 
 
-LINE = ("`return tl.where((o_j < T)[:, None] & m_d[None, :], b_gq - b_gn, 0)`: a [16, 1] row mask (with the "
-        "channel mask) keeps every real row's exponent and gives each row past T an exponent of 0, whose exp() "
-        "times the row's zero W adds exactly 0")
+_LINE = exercises.Sealed(
+    "YHJldHVybiB0bC53aGVyZSgob19qIDwgVClbOiwgTm9uZV0gJiBtX2RbTm9uZSwgOl0sIGJfZ3EgLSBiX2duLCAwKWA6IGEgWzE2LCAxXSByb3cg"
+    "bWFzayAod2l0aCB0aGUgY2hhbm5lbCBtYXNrKSBrZWVwcyBldmVyeSByZWFsIHJvdydzIGV4cG9uZW50IGFuZCBnaXZlcyBlYWNoIHJvdyBwYXN0"
+    "IFQgYW4gZXhwb25lbnQgb2YgMCwgd2hvc2UgZXhwKCkgdGltZXMgdGhlIHJvdydzIHplcm8gVyBhZGRzIGV4YWN0bHkgMA==")
 
 
 def exponent_hints(found: dict) -> tuple[str, ...]:
@@ -785,7 +803,7 @@ def exponent_hints(found: dict) -> tuple[str, ...]:
             what="the tile is [16 later rows t, 32 slot channels]; o_j is [16], one entry per row. A mask built "
                  "from it must vary down the rows: (o_j < T)[None, :] is a [1, 16] row vector, laid along the "
                  "channels (with exactly 16 channels it would broadcast and mask the wrong cells without an error)",
-            line=LINE)
+            line=_LINE)
     rows = found["overflow_rows"]
     if rows:
         where = (f"rows past T: on the probe tile (later rows 32..47, T = 45, |gn| >= 100) exp() of your exponent "
@@ -807,7 +825,28 @@ def exponent_hints(found: dict) -> tuple[str, ...]:
                     "contributes W = 0 either way")
         if found["wrong_real"]:
             where += f"; and {found['wrong_real']} of its {found['real']} real cells changed"
-        return exercises.hints(where=where, what=what, line=LINE)
+        return exercises.hints(where=where, what=what, line=_LINE)
+    top = found["past_T_max"]
+    if top > 0:  # finite (no overflow row) but above 0: exp() > 1 on a row that does not exist
+        where = (f"rows past T: on the probe tile (later rows 32..47, T = 45, |gn| >= 100) your exponent on rows "
+                 f"{spans(list(range(PROBE_T, PROBE_ROWS + BC)))} reaches {exercises.fmt(top)}, not 0 or below: "
+                 f"exp() = {exercises.fmt(math.exp(top))}, finite, so no NaN here, yet a factor above 1 on a row that "
+                 "does not exist")
+        if found["wrong_real"]:
+            where += f"; and {found['wrong_real']} of its {found['real']} real cells changed"
+        if found["caps"]:
+            what = ("your helper caps the exponent (a bound such as tl.minimum(..., 88.0)) instead of masking the rows "
+                    f"past T: a row past T keeps gq - gn = |gn| up to the cap, exp() = {exercises.fmt(math.exp(top))}. "
+                    "That row adds 0 only because its do loads as exactly 0 (any do above "
+                    f"{exercises.fmt(torch.finfo(torch.float32).max / math.exp(top))} there would overflow), and the "
+                    "cap holds only while it stays below 88.72. A row that does not exist needs an exponent chosen by "
+                    "a condition on the rows, whose exp() is at most 1, as on every real row (gq_t <= gn)")
+        else:
+            what = (f"rows past T get an exponent above 0 ({exercises.fmt(top)}): exp() > 1, where every real row's "
+                    "factor is at most 1 (gq_t <= gn). The row adds 0 only because its do loads as exactly 0; give a "
+                    "row that does not exist a value whose exp() is at most 1: 0, whose exp() times the zero do is 0, "
+                    "or below")
+        return exercises.hints(where=where, what=what, line=_LINE)
     if found["wrong_real"]:
         r, m, got, want = found["example"]
         return exercises.hints(
@@ -815,16 +854,18 @@ def exponent_hints(found: dict) -> tuple[str, ...]:
                   f"(row {r}, slot {m}: {exercises.fmt(got)} instead of gq - gn = {exercises.fmt(want)})",
             what="a real later row t has gq_t <= gn and its exponent gq_t - gn must stay exactly that; only the "
                  "rows past T (o_j >= T) may get another value",
-            line=LINE)
+            line=_LINE)
     return exercises.hints(where="the helper is right on the probe tile (rows 32..47, T = 45) but not in the "
-                                 "kernel: does it depend on values the probe does not have?", line=LINE)
+                                 "kernel: does it depend on values the probe does not have?", line=_LINE)
 
 
 def check_padded_exponent(helper) -> exercises.Verdict:
     """Run the real `chunk_gsa` (fp32, T = 45, 24 slots, decay knob m = 30) with `helper` in the EXPONENT slot of
     its slot-gradient kernel, forward and backward, against the float64 recurrence: PASS when every gradient is
-    finite and within the fp32 gradient tolerance (scale-aware, as `harness.compare`); ds and dg are printed, the
-    two the helper reaches. The hints follow what the helper does on a probe tile (`diagnose`)."""
+    finite and within the fp32 gradient tolerance (scale-aware, as `harness.compare`) and, on the probe tile, the
+    rows past T get an exponent of at most 0 (exp() <= 1, as every real row: a cap that keeps exp() finite is not a
+    mask, it only works because the padded do loads as 0); ds and dg are printed, the two the helper reaches. The
+    hints follow what the helper does on the probe tile (`diagnose`)."""
     if rejected := exercises.not_a_jit_helper(EXERCISE, helper):
         return rejected
     found = diagnose(helper)
@@ -837,8 +878,12 @@ def check_padded_exponent(helper) -> exercises.Verdict:
     bad = {n: int((~torch.isfinite(got[n])).sum()) for n in ("ds", "dg")}
     others = [n for n in names if n not in bad]
     others_ok = all(errors[n] <= tol for n in others)
+    top = found["past_T_max"]
+    rows = spans(list(range(PROBE_T, PROBE_ROWS + BC)))
     extra = [(not any(bad.values()), f"non-finite: ds {bad['ds']}, dg {bad['dg']} of {got['ds'].numel()} each"),
-             (others_ok, f"the other gradients ({', '.join(others)}) within tolerance: {others_ok}")]
+             (others_ok, f"the other gradients ({', '.join(others)}) within tolerance: {others_ok}"),
+             (top <= 0, f"probe tile, rows past T (t = {rows}): largest exponent {exercises.fmt(top)} "
+                        f"{'<=' if top <= 0 else '>'} 0 (exp() <= 1, as on every real row)")]
     shown = {f"{n} (T = {EXERCISE_T}, m = {EXERCISE_DECAY:g})": errors[n] for n in ("ds", "dg")}
     return exercises.verdict_from_errors(EXERCISE, shown, tol, exponent_hints(found), extra)
 

@@ -160,26 +160,32 @@ def mystery_model(seed: int = 0, switched_on: bool = True) -> TinyLM:
     return model.to(runtime.device())
 
 
-def switches_on(model: TinyLM) -> int:
-    """How many of the options that make the model go wrong are still on (not which)."""
+def _switches_on(model: TinyLM) -> int:
+    """How many of the options that make the model go wrong are still on (for the tests: on the learner's path,
+    only a check whose finding is right says whether its option is off)."""
     return sum(_is_on(model, exercise) for exercise in EXERCISES)
 
 
-def switch_off(model: nn.Module, module_name: str) -> bool:
+def switch_off(model: nn.Module, module_name: str) -> None:
     """Put the module `module_name` (the locator's `module` line, or a name like "blocks.0.attn") back on the
-    layer's defaults: its `bug=` switch off, and any option the model was built with back to the default. Returns
-    whether it held one."""
-    name = module_name.split(" (")[0].strip()
-    module = model.get_submodule(name)
-    held = getattr(module, "bug", None) is not None
+    layer's defaults: its `bug=` switch off, and any option the model was built with back to the default. It says
+    the same for every module, whether or not it held one: what tells is the check, once the finding is right, and
+    a training step."""
+    name = str(module_name or "").split(" (")[0].strip()
+    try:
+        module = model.get_submodule(name) if name else None
+    except AttributeError:
+        module = None
+    if module is None or module is model:
+        print(f"{name or '(empty)'!r} is not a module of the model: print(model) lists them")
+        return
     if hasattr(module, "bug"):
         module.bug = None
     for exercise in EXERCISES:
         where, attr, _ = _option(exercise)
         if where == name and _is_on(model, exercise):
             setattr(module, attr, _default(module, attr))
-            held = True
-    return held
+    print(f"{name}: back on its layer's defaults")
 
 
 def tokens(T: int = T_HUNT, seed: int = 0) -> torch.Tensor:
@@ -260,8 +266,11 @@ def register_as_called(call: hunt.Call, library: str = "model") -> str:
 
 # --- the checks ------------------------------------------------------------------------------------------------
 # A finding names the module, the code (`where`) and the cause, chosen from `cause_choices()`: the mechanism, the
-# tensor it first makes wrong, and the condition for it to show; `why` is a free sentence for the discussion, not
-# graded. Each field is compared with the answer key as a digest (`_digest` of the normalised answer).
+# tensor it first makes wrong, and the condition for it to show; `why` is the learner's own sentence, which must cite
+# a number read off a tool (a threshold, a length, an error). Each field is compared with the answer key as a digest
+# (`_digest` of the normalised answer), and the finding is graded as a whole: a NOT YET never says which field is
+# right, so that no field falls to trial and error, and its hints point at the tool output to read, following only
+# what a tool's output already contradicts (the victim the report names, an op where the locator found none).
 
 FIELDS = ("module", "where", "mechanism", "tensor", "condition")
 MECHANISMS = {  # the locator's causes (`hunt.CAUSES`), and what else a kernel or a layer can get wrong
@@ -335,15 +344,33 @@ def cause_choices() -> None:
     print("\n".join(f"  {key:<{width}}  {text}" for key, text in CONDITIONS.items()))
 
 
+WHY_WORDS = 8  # `why`: a sentence at least this long, citing a number
+
+
 @dataclass
 class _Finding:
     shown: dict[str, str]     # each field as the check prints it
-    right: dict[str, bool]
+    right: dict[str, bool]    # never printed one by one: the finding is graded as a whole
     offered: dict[str, bool]  # the cause's fields: one of `cause_choices()`
     facts: list[tuple[bool, str]]
 
+    @property
+    def whole(self) -> bool:
+        return all(self.right.values())
 
-def _read(model: nn.Module, finding, exercise: str, what: str) -> _Finding:
+
+def _why(finding: dict) -> tuple[bool, str]:
+    """`why` holds when it is a sentence that cites a number: what the learner measured or read (a threshold, a
+    length, an error). The check cannot grade the reasoning; it asks that the sentence rest on something measured."""
+    text = str(finding.get("why") or "")
+    words, cites = len(text.split()), bool(re.search(r"\d", text))
+    ok = words >= WHY_WORDS and cites
+    need = "" if ok else (f" (a sentence of {WHY_WORDS} words or more that cites a number you read off a tool: a "
+                          "threshold, a length, an error)")
+    return ok, f"why: {words} word(s), cites a number: {'yes' if cites else 'no'}{need}"
+
+
+def _read(model: nn.Module, finding, exercise: str) -> _Finding:
     finding = finding if isinstance(finding, dict) else {}
     shown = {field: _normal(field, finding.get(field)) for field in FIELDS}
     shown["module"] = str(finding.get("module") or "").split(" (")[0].strip()
@@ -351,16 +378,18 @@ def _read(model: nn.Module, finding, exercise: str, what: str) -> _Finding:
     right["where"] &= right["module"]
     choices = {"mechanism": set(MECHANISMS), "tensor": _tensors(model), "condition": set(CONDITIONS)}
     offered = {field: shown[field] in options for field, options in choices.items()}
-    facts = [(right["module"], f"module: {shown['module'] or '(empty)'}"
-                               + ("" if right["module"] else f" (not where {what} is made)")),
-             (right["where"], f"where: {shown['where'] or '(empty)'}" + ("" if right["where"] else " (not yet)"))]
+    # each field as written; a note only where the word is no answer at all (empty, or not in the list)
+    facts = [(bool(shown[field]), f"{field}: {shown[field] or '(empty)'}") for field in ("module", "where")]
     for field in choices:
-        note = ("" if right[field] else " (not yet)" if offered[field] else
+        note = ("" if offered[field] else
                 " (not one of lesson.cause_choices())" if shown[field] else " (choose from lesson.cause_choices())")
-        facts.append((right[field], f"{field}: {shown[field] or '(empty)'}{note}"))
-    words = len(str(finding.get("why") or "").split())
-    facts.append((True, f"why: {words} word(s), for the discussion (not graded)"))
-    return _Finding(shown, right, offered, facts)
+        facts.append((offered[field], f"{field}: {shown[field] or '(empty)'}{note}"))
+    facts.append(_why(finding))
+    found = _Finding(shown, right, offered, facts)
+    facts.append((found.whole, "the finding as a whole: right" if found.whole else
+                  "the finding as a whole: not yet (graded as a whole: this check does not say which part; read "
+                  "each part off a tool's output)"))
+    return found
 
 
 def _module_hint(model: nn.Module, module: str) -> tuple[str, ...] | None:
@@ -376,35 +405,56 @@ def _module_hint(model: nn.Module, module: str) -> tuple[str, ...] | None:
     return None
 
 
-def _cause_hints(finding: _Finding, field: str, tiers: tuple[str, str], line: str) -> tuple[str, ...]:
-    where, what = tiers
-    if finding.shown[field] and not finding.offered[field]:
-        where = f"{finding.shown[field]!r} is not one of lesson.cause_choices()'s {field}s; {where}"
-    return exercises.hints(where=where, what=what, line=line)
+def _answer(exercise: str) -> str:
+    """The last hint tier of a finding not yet right: the whole finding, field by field."""
+    lines = _material()[exercise]["lines"]
+    return " | ".join(lines[field] for field in FIELDS)
 
 
-NAN_CAUSE_HINTS = {
-    "mechanism": ("the forward is finite and no op made the NaN: read the line of the method you named that computes "
-                  "the gate. Which operation there has a backward that can be non-finite where its forward is not?",
-                  "autograd differentiates both branches of torch.where and multiplies the discarded branch's "
-                  "gradient by 0: where that branch's derivative is infinite, 0 * inf = NaN"),
-    "tensor": ("lesson.grad_census(model, <the module you named>): which parameter's gradient holds NaN while the "
-               "block's other parameters are finite?",
-               "the op's own gradients are finite (the locator checked every op boundary): the first non-finite value "
-               "is a parameter's gradient, as grad_census names it"),
-    "condition": ("which inputs make the discarded branch infinite? log(sigmoid(x)) is -inf, and its derivative "
-                  "1/sigmoid(x) is inf, once sigmoid(x) rounds to 0",
-                  "in fp32, sigmoid(x) rounds to 0 below x = -88.7 (bf16 has the same range: the 16 bits are not the "
-                  "cause); a logit that low is a gate that forgets everything in one step"),
-}
+def _with_format_notes(found: _Finding, tiers: tuple[str, ...]) -> tuple[str, ...]:
+    """Tiers with a note, first, on every cause word that is not in `cause_choices()` (a word, not an answer)."""
+    stray = [f"{found.shown[f]!r} is not one of lesson.cause_choices()'s {f}s" for f in found.offered
+             if found.shown[f] and not found.offered[f]]
+    return ((f"{'; '.join(stray)}. {tiers[0]}",) + tiers[1:]) if stray else tiers
+
+
+def _switched_on_hints(on: bool) -> tuple[str, ...]:
+    """A right finding whose option is still on."""
+    return exercises.hints(what="the finding is right: now switch it off, lesson.switch_off(model, module)") if on \
+        else ()
+
+
+def _op_or_kernel(name: str) -> bool:
+    """`name` spells an op of the registry or a Triton kernel (not a layer's method)."""
+    return name.endswith("_kernel") or any(name == spec.name for spec in registry.ops().values())
+
+
+NAN_HINTS = (  # a finding not yet right, when nothing it says contradicts a tool's output on its face
+    "Read each part off a tool's output, not off this check (it grades the finding as a whole). module: the census "
+    "of each block's parameter gradients, lesson.grad_census(model, prefix): on the way back from the loss, where "
+    "does finite turn non-finite? where: the locator checked every op's boundary, so read the layer's own PyTorch "
+    "code, the method that uses the parameter with the non-finite gradient (inspect.getsource). mechanism: what "
+    "that method's line does in the forward, and what autograd does with it in the backward. tensor: the first "
+    "value the census finds non-finite. condition: what the input of that line must be for its backward to be "
+    "non-finite.",
+    "The forward is finite and no op made the NaN: the block between the finite gradients and block 0 computes its "
+    "gate with torch.where. Autograd differentiates both branches of torch.where and multiplies the discarded "
+    "branch's gradient by 0; where that branch's derivative is infinite, 0 * inf = NaN. log(sigmoid(x)) is -inf, "
+    "and its derivative 1/sigmoid(x) is inf, once sigmoid(x) rounds to 0: below x = -88.7 in fp32 (bf16 has the "
+    "same range: the 16 bits are not the cause), a gate that forgets everything in one step. The op's own gradients "
+    "are finite, so the first non-finite value is a parameter's gradient, as grad_census names it.",
+)
 
 
 def check_nan_hunt(model: TinyLM, finding: dict, steps: int = 1) -> exercises.Verdict:
-    """Exercise 1: `finding` names the module and the code (kernel or layer method) that make the NaN, and its
-    cause from `cause_choices()`; the module's option is back to its default; a bf16 training step is finite."""
-    found = _read(model, finding, "nan", "the NaN")
-    on = _is_on(model, "nan")
-    facts = found.facts + [(not on, f"the NaN's switch is off: {not on}")]
+    """Exercise 1: `finding` names the module and the code (kernel or layer method) that make the NaN, its cause
+    from `cause_choices()`, and a `why` that cites a number; graded as a whole. Once it is right: the module's
+    option is back to its default, and a bf16 training step is finite."""
+    found = _read(model, finding, "nan")
+    facts = list(found.facts)
+    on = found.whole and _is_on(model, "nan")
+    if found.whole:  # the option's state is said only of a right finding (else the check would name the module)
+        facts.append((not on, f"its option is back to the default: {not on}"))
     if all(ok for ok, _ in facts):
         trained = train(model, steps=steps)
         finite = all(step.grads_finite for step in trained)
@@ -413,54 +463,61 @@ def check_nan_hunt(model: TinyLM, finding: dict, steps: int = 1) -> exercises.Ve
 
 
 def _nan_hints(model: nn.Module, found: _Finding, on: bool) -> tuple[str, ...]:
-    lines, module = _material()["nan"]["lines"], found.shown["module"]
-    if not found.right["module"]:
-        if not module or _right("nan", "victim", module):
-            return exercises.hints(
-                where="the report's `call` and `cause` lines: did the NaN appear in the op the report names, or did "
-                      "it reach that op already non-finite?",
-                what="the gradient reached block 0 already non-finite, so it was made later in the forward; the "
-                     "census of the parameter gradients of blocks.1 and blocks.2 shows where finite turns non-finite",
-                line=lines["module"])
-        return _module_hint(model, module) or exercises.hints(
-            where=f"{module}'s parameter gradients: are they all finite? (grad_census)",
-            what="the block whose gradients turn non-finite on the way back is the one between the finite ones and "
-                 "block 0", line=lines["module"])
-    if not found.right["where"]:
-        return exercises.hints(
-            where="no op of this module reports a non-finite gradient (the locator watched them): the NaN is made in "
-                  "the layer's own PyTorch code",
-            what="which parameter of the module has a non-finite gradient? Follow it to the method that uses it",
-            line=lines["where"])
-    for field, tiers in NAN_CAUSE_HINTS.items():
-        if not found.right[field]:
-            return _cause_hints(found, field, tiers, lines[field])
-    if on:
-        return exercises.hints(what="the finding is right: now switch it off, lesson.switch_off(model, module)")
-    return ()
+    module, where = found.shown["module"], found.shown["where"]
+    if found.whole:
+        return _switched_on_hints(on) or _why_hints(found)
+    if module and _right("nan", "victim", module):  # the report's own module: its `fault` line says input
+        tiers = exercises.hints(
+            where="the report's `call` and `cause` lines: did the NaN appear in the op the report names, or did it "
+                  "reach that op already non-finite?",
+            what="the gradient reached block 0 already non-finite, so it was made later in the forward; the census "
+                 "of the parameter gradients of blocks.1 and blocks.2 shows where finite turns non-finite",
+            line=_answer("nan"))
+    elif module and _module_hint(model, module):
+        tiers = _module_hint(model, module) + (_answer("nan"),)
+    elif where and _op_or_kernel(where):  # the locator found every op's gradients finite where the op made them
+        tiers = exercises.hints(
+            where=f"{where!r} is an op or a kernel, and the locator checked every op's boundary: the report's cause "
+                  "says the gradient reached the op already non-finite, and its fix line points at PyTorch code "
+                  "between ops",
+            what="the NaN is made in a layer's own PyTorch code: which parameter's gradient is non-finite while the "
+                 "op's are finite? Follow it to the method that uses it (`Class.method`)",
+            line=_answer("nan"))
+    else:
+        tiers = NAN_HINTS + (_answer("nan"),)
+    return _with_format_notes(found, tiers)
 
 
-SILENT_CAUSE_HINTS = {
-    "mechanism": ("nothing overflows and nothing is NaN: the kernel computes a finite number from the wrong data. "
-                  "Read the branch that loads the decay at the chunk's last row",
-                  "the module docstring defines two cumulative decays of a chunk: G_t (inclusive: up to row t) and "
-                  "Ge_t = G_{t-1} (exclusive). Which one carries the state, and which one should?"),
-    "tensor": ("the atlas at T = 16 (one chunk): which tensors are already wrong there?",
-               "the first chunk's output never reads the carried state, so it is right: the value the kernel gets "
-               "wrong first is the one it carries out of the chunk, as the audit's table names it"),
-    "condition": ("the atlas: the output is right at T = 16 and wrong from T = 32; what has to happen for the error "
-                  "to show?",
-                  "one chunk's output reads no carried state: the error needs a state that leaves a chunk"),
-}
+def _why_hints(found: _Finding) -> tuple[str, ...]:
+    """The parts are right and `why` is not yet a sentence that cites a number."""
+    return exercises.hints(what="the parts are right; write `why` as a sentence of your own that cites what you "
+                                "measured or read (a threshold, a length, an error)")
+
+
+SILENT_HINTS = (  # a finding not yet right, when nothing it says contradicts a tool's output on its face
+    "Read each part off a tool's output, not off this check (it grades the finding as a whole). module: the audit "
+    "table's WRONG call. where: the atlas lines of that call's op (which tensors are wrong at T = 16, one chunk, "
+    "and which only from T = 32?), then the op's module docstring, which says what each kernel computes, and the "
+    "kernel's source. mechanism: what that kernel's line computes, and from which data. tensor: the first value it "
+    "makes wrong, as the audit and the atlas name it. condition: what the input must have for the error to show "
+    "(compare the two lengths).",
+    "Nothing overflows and nothing is NaN: a kernel computes a finite number from the wrong data. The first chunk's "
+    "output never reads the carried state, so it is right at T = 16; the value the kernel gets wrong first is the "
+    "one it carries out of a chunk, wrong at T = 16 already. Only one forward kernel carries the state from one "
+    "chunk to the next (the op's module docstring names it): read the branch that loads the decay at the chunk's "
+    "last row, against the docstring's G_t (inclusive: up to row t) and Ge_t = G_{t-1} (exclusive).",
+)
 
 
 def check_silent_hunt(model: TinyLM, finding: dict) -> exercises.Verdict:
-    """Exercise 2: `finding` names the module and the kernel of the wrong-but-finite result, and its cause from
-    `cause_choices()`; the module's option is back to its default; the module's op, as the model calls it now,
-    matches float64 over two chunks."""
-    found = _read(model, finding, "silent", "the wrong result")
-    on = _is_on(model, "silent")
-    facts = found.facts + [(not on, f"the wrong result's switch is off: {not on}")]
+    """Exercise 2: `finding` names the module and the kernel of the wrong-but-finite result, its cause from
+    `cause_choices()`, and a `why` that cites a number; graded as a whole. Once it is right: the module's option is
+    back to its default, and the module's op, as the model calls it now, matches float64 over two chunks."""
+    found = _read(model, finding, "silent")
+    facts = list(found.facts)
+    on = found.whole and _is_on(model, "silent")
+    if found.whole:  # the option's state is said only of a right finding (else the check would name the module)
+        facts.append((not on, f"its option is back to the default: {not on}"))
     if all(ok for ok, _ in facts):
         cmp = _layer_op_check(model.get_submodule(found.shown["module"]))
         worst = max(cmp.errors.values())
@@ -497,36 +554,24 @@ def _kernels(op: str) -> tuple[frozenset[str], frozenset[str]]:
 
 
 def _silent_hints(model: nn.Module, found: _Finding, on: bool) -> tuple[str, ...]:
-    lines, module, where = _material()["silent"]["lines"], found.shown["module"], found.shown["where"]
-    if not found.right["module"]:
-        return (module and _module_hint(model, module)) or exercises.hints(
-            where="the audit table: which call is WRONG while finite?",
-            what="the module is the one whose op call is beyond its tolerance; its op's kernels are in that op's "
-                 "module (fla_lab.ops.<family>.chunk)", line=lines["module"])
-    if not found.right["where"]:
+    module, where = found.shown["module"], found.shown["where"]
+    if found.whole:
+        return _switched_on_hints(on) or _why_hints(found)
+    tiers = SILENT_HINTS + (_answer("silent"),)
+    if module and _module_hint(model, module):
+        tiers = _module_hint(model, module) + (_answer("silent"),)
+    elif module and where and hasattr(model.get_submodule(module), "default_op"):  # an attention layer, whose op
+        # does not launch `where`, or launches it only in its backward: the atlas contradicts that on its face
         _, op = _layer_op(model.get_submodule(module))
         forward, launched = _kernels(op)
         family = registry.get(op).family
-        if not where:
-            first = "the atlas lines: which tensors are wrong at T = 16 (one chunk), and which only from T = 32?"
-        elif where in forward:
-            first = "the atlas: at T = 16 (one chunk) the output is right; from T = 32 it is not"
-        elif where in launched:
-            first = "the output o is already wrong, so a forward kernel is at fault, and only with more than one chunk"
-        else:
-            first = (f"{where!r} is not a kernel {op} launches: the module docstring of "
-                     f"fla_lab.ops.{family}.chunk names its kernels")
-        return exercises.hints(
-            where=first,
-            what=f"only one forward kernel carries the state from one chunk to the next (the module docstring of "
-                 f"fla_lab.ops.{family}.chunk names it); the final state is wrong even at T = 16",
-            line=lines["where"])
-    for field, tiers in SILENT_CAUSE_HINTS.items():
-        if not found.right[field]:
-            return _cause_hints(found, field, tiers, lines[field])
-    if on:
-        return exercises.hints(what="the finding is right: now switch it off, lesson.switch_off(model, module)")
-    return ()
+        if where not in launched:
+            tiers = (f"{where!r} is not a kernel that {module}'s op, {op}, launches: the module docstring of "
+                     f"fla_lab.ops.{family}.chunk names its kernels. {SILENT_HINTS[0]}",) + tiers[1:]
+        elif where not in forward:
+            tiers = (f"{where!r} runs in {op}'s backward only, and the atlas lines show the flagged call's output o "
+                     f"wrong from T = 32, which no backward kernel computes. {SILENT_HINTS[0]}",) + tiers[1:]
+    return _with_format_notes(found, tiers)
 
 
 # --- one scenario per catalogue entry -----------------------------------------------------------------------------

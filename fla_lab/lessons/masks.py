@@ -1,9 +1,9 @@
 """Notebook 04: a transposed initial-state mask that square tiles hid (upstream #18, fixed in 1547448b).
 
-The RWKV6 `dq` backward kernel keeps its state value-major, a `[BV, BK]` tile, and builds the initial-state
-pointers in that orientation. Before 1547448b its mask was built key-major, `[BK, BV]`. With upstream's dq tiles
-(BK, BV) = (16, 64) the two shapes cannot broadcast and Triton refuses the load; with square tiles the shapes
-agree, so the load runs and the mask is applied to the wrong cells. This module models that mask cell by cell,
+The RWKV6 `dq` backward kernel builds the pointers of its initial-state load in one orientation; before 1547448b
+its mask was built in the other. With upstream's dq tiles (BK, BV) = (16, 64) the two shapes cannot broadcast and
+Triton refuses the load; with square tiles the shapes agree, so the load runs and the mask is applied to the wrong
+cells. This module models that mask cell by cell,
 runs the real kernel over tile and problem shapes, and draws what it finds. For the exercise, the learner's
 `@triton.jit` mask helper goes into the shipped dq kernel's `H0_MASK` slot: `check_h0_mask` runs
 fused_recurrent_rwkv6's real backward with it on several tile and problem shapes, and a probe kernel
@@ -50,7 +50,7 @@ CELL_COLORS = ("#eeeeee", "#2ca02c", "#d62728", "#9ecae1", "#6a3d9a")
 # The mask, modelled cell by cell (the same index vectors as fused_recurrent_bwd_dq_kernel)
 
 def tile_shapes(BK: int, BV: int) -> dict[str, tuple[int, int]]:
-    """Shapes of the dq kernel's initial-state load: pointers `[BV, BK]`, buggy mask `[BK, BV]`, fixed `[BV, BK]`."""
+    """Shapes of the dq kernel's initial-state load: its pointer tile, the historical (buggy) mask, the fixed mask."""
     return {"pointers": (BV, BK), "buggy mask": (BK, BV), "fixed mask": (BV, BK)}
 
 
@@ -61,10 +61,9 @@ def broadcastable(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
 def h0_cells(K: int, V: int, BK: int, BV: int) -> torch.Tensor:
     """Categories (indices into CELL_NAMES) of every cell of the buggy load, over all programs, `[Vpad, Kpad]`.
 
-    Cell (i, j) of program (i_v, i_k) points at h0[k = o_k[j], v = o_v[i]] (address o_k[j] * V + o_v[i]).
-    The fixed mask lets it through iff o_v[i] < V and o_k[j] < K; the transposed mask iff o_k[i] < K and
-    o_v[j] < V: the same index vectors, used along the other axes. Needs BK == BV (else the load cannot even
-    be built, see `tile_shapes`).
+    Each cell is compared with the fixed mask's verdict on it (the cell's pointer is an element of h0), so a cell
+    is right, missing, or an extra read inside or outside h0. Needs BK == BV (else the load cannot even be built,
+    see `tile_shapes`).
     """
     if BK != BV:
         raise ValueError(f"the transposed mask only builds for square tiles, got (BK, BV) = ({BK}, {BV})")
@@ -191,7 +190,7 @@ def mask_probe_kernel(out, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, B
                       H0_MASK: tl.constexpr):
     """1 in each cell of the padded value-major state `out[VP, KP]` that `H0_MASK` lets the dq kernel's
     initial-state load read, 0 elsewhere. The same `state_tile` index vectors as the dq kernel; the mask is
-    broadcast onto the `[BV, BK]` tile, as `tl.load` broadcasts it onto the pointers."""
+    broadcast onto the kernel's state tile, as `tl.load` broadcasts it onto the pointers."""
     i_v, i_k = tl.program_id(0), tl.program_id(1)
     o_k, o_v, m_k, m_v, m_kv, p_kv = state_tile(i_k, i_v, K, V, BK, BV)
     tile = (o_v[:, None] >= 0) & (o_k[None, :] >= 0)  # all true, [BV, BK]
@@ -276,7 +275,9 @@ def try_mask(h0_mask, BK: int, BV: int, K: int, V: int) -> MaskTrial:
                      int((extra & (rows >= V)).sum()), int((extra & past_end).sum()), transposed)
 
 
-FIX_LINE = "return m_v[:, None] & m_k[None, :]"
+# the solution line: sealed (base64 in this source; Tab, `??` and help() do not show it), opened by the last hint
+# tier only
+_LINE = exercises.Sealed("cmV0dXJuIG1fdls6LCBOb25lXSAmIG1fa1tOb25lLCA6XQ==")
 
 
 def mask_hints(trials: list[MaskTrial]) -> tuple[str, ...]:
@@ -300,12 +301,12 @@ def mask_hints(trials: list[MaskTrial]) -> tuple[str, ...]:
         else:
             what = ("p_h0 is [BV, BK] (row i: the value o_v[i], column j: the key o_k[j]); your mask's shape "
                     "neither matches it nor broadcasts onto it")
-        return exercises.hints(where, what, FIX_LINE)
+        return exercises.hints(where, what, _LINE)
     if any(t.missing for t in ran):
         return exercises.hints(
             "look at the lines that say 'drops': those elements of h0 never reach the state",
             "pointer cell (i, j) is h0[k=o_k[j], v=o_v[i]]: the mask must be true there exactly when o_v[i] < V "
-            "and o_k[j] < K, with m_v down the rows and m_k across", FIX_LINE)
+            "and o_k[j] < K, with m_v down the rows and m_k across", _LINE)
     k_leak, v_leak = any(t.through_k for t in ran), any(t.through_v for t in ran)
     if k_leak or v_leak:
         axis = " and ".join(name for name, leak in (("key columns k >= K", k_leak), ("value rows v >= V", v_leak))
@@ -317,7 +318,7 @@ def mask_hints(trials: list[MaskTrial]) -> tuple[str, ...]:
                "the next key rows of h0 or memory past its end, which the load does not own (on a GPU: another "
                "tensor's memory, or a fault)")
         return exercises.hints(f"look at the shapes that K or V do not fill: your mask lets padding cells through "
-                               f"in {axis}", f"{why}. Each cell must also check {needs}", FIX_LINE)
+                               f"in {axis}", f"{why}. Each cell must also check {needs}", _LINE)
     return ()
 
 
@@ -422,16 +423,20 @@ def plot_sweep(results: dict[tuple, Outcome]):
                 outcome = results[buggy, t, p]
                 if outcome.status == "wrong":
                     outside = (t, p) in reads_outside
-                    ax.text(c, r, " ".join(outcome.failing) + ("\n(oob)" if outside else ""), ha="center",
-                            va="center", fontsize=9, color="w")
+                    ax.text(c, r, ",".join(outcome.failing) + ("\noob" if outside else ""), ha="center",
+                            va="center", fontsize=7, color="w", linespacing=1.0)
         ax.set_xticks(range(len(problems)), [f"{K},{V}" for K, V in problems], rotation=60, fontsize=9)
         ax.set_yticks(range(len(tiles)), [f"{BK},{BV}" for BK, BV in tiles], fontsize=9)
+        ax.set_xticks([c - 0.5 for c in range(1, len(problems))], minor=True)  # white lines between the cells,
+        ax.set_yticks([r - 0.5 for r in range(1, len(tiles))], minor=True)     # so adjacent labels stay apart
+        ax.grid(which="minor", color="w", lw=1.5)
+        ax.tick_params(which="minor", length=0)
         ax.set(xlabel="problem (K, V)", ylabel="dq tiles (BK, BV)",
                title=f"{'buggy' if buggy else 'fixed'} kernel")
     fig.legend(handles=[Patch(color=STATUS_COLORS[s], label=s) for s in STATUSES], loc="outside lower center",
                ncols=3, fontsize=9)
     fig.suptitle(f"RWKV6 backward with an initial state (T={T}); text: the gradients that fail,\n"
-                 "(oob): the buggy load also reads past the end of h0 (into a NaN-filled pad)", fontsize=10)
+                 "oob: the buggy load also reads past the end of h0 (into a NaN-filled pad)", fontsize=10)
     return fig
 
 

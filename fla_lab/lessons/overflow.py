@@ -3,9 +3,9 @@
 The chunked kernel factorises the decay between a query row t and an earlier key row s around a reference row
 gn: `exp(ge[t] - gi[s]) = exp(ge[t] - gn) * exp(gn - gi[s])`. RWKV6's queries read the *exclusive* cumulative
 decay `ge[t] = gi[t-1]`; with the inclusive `gn = gi[start]` (de4235fd) the first query row of a sub-chunk gets
-`exp(ge[start] - gi[start]) = exp(|g[start]|)`, which overflows fp32 once |g| > 88.72. The fix 0c1c0b65 takes
-`gn = gi[start - 1]`. Everything here runs the real kernel `chunk_rwkv6` with and without
-`bug="exclusive_reference"`, against the float64 spec `reference.recurrent_rwkv6`.
+`exp(ge[start] - gi[start]) = exp(|g[start]|)`, which overflows fp32 once |g| > 88.72. The fix 0c1c0b65 moves the
+reference row (the row is notebook 03a's exercise). Everything here runs the real kernel `chunk_rwkv6` with and
+without `bug="exclusive_reference"`, against the float64 spec `reference.recurrent_rwkv6`.
 """
 from __future__ import annotations
 
@@ -31,9 +31,10 @@ GPU_THRESHOLDS = {"fp32": {16: math.inf, 32: 89.64, 64: 89.64}, "fp16": {16: mat
 SWEEP_DECAYS = (1e-3, 1e-1, 1.0, 10.0, 90.0, 100.0, 1e3, 1e4)  # 90 and 100 bracket T = 64's threshold, 92.7
 
 
-def inputs(decay: float, T: int = 64, K: int = 16, V: int = 16, seed: int = 0) -> dict[str, torch.Tensor]:
-    """RWKV6 inputs (B = H = 1) with per-step log-decay `w = -decay * U(0.05, 1)` (`harness.gated_inputs`)."""
-    return harness.gated_inputs(1, T, 1, K, V, decay=decay, bonus=True, names=NAMES, seed=seed)
+def inputs(decay: float, T: int = 64, K: int = 16, V: int = 16, seed: int = 0,
+           H: int = 1) -> dict[str, torch.Tensor]:
+    """RWKV6 inputs (B = 1, H heads) with per-step log-decay `w = -decay * U(0.05, 1)` (`harness.gated_inputs`)."""
+    return harness.gated_inputs(1, T, H, K, V, decay=decay, bonus=True, names=NAMES, seed=seed)
 
 
 def chunk_op(bug: str | None, chunk_size: int = 64, row=None):
@@ -147,7 +148,7 @@ def exponents(log_decay: float = -100.0, reference_row: str = "buggy", chunk_siz
     """The exponents the kernel exponentiates for query sub-chunk 1 against key sub-chunk 0 (one channel,
     constant per-step log-decay, float64): query side `ge[t] - gn`, key side `gn - gi[s]`.
 
-    `reference_row="buggy"`: gn = gi[start] (inclusive, de4235fd); "fixed": gn = gi[start - 1] (0c1c0b65).
+    `reference_row="buggy"`: gn = gi[start] (inclusive, de4235fd); "fixed": the reference row of 0c1c0b65.
     """
     gi = log_decay * torch.arange(1, chunk_size + 1, dtype=torch.float64)  # inclusive cumulative decay
     ge = torch.cat([gi.new_zeros(1), gi[:-1]])  # exclusive: ge[t] = gi[t - 1]
@@ -277,7 +278,7 @@ def plot_clamp_cost(levels=(1, 2, 4, 6, 8, 10, 12, 16, 20, 24, 30), decays=(30.0
     import numpy as np
 
     errors = clamp_model_errors(levels, decays)
-    fig, (ax,) = viz.figure(width=6.2, height=3.6)
+    fig, (ax,) = viz.figure(width=6.2, height=4.6)
     for i, decay in enumerate(decays):
         ys = np.array(errors[decay])
         ax.plot(levels, np.where(ys > 0, ys, np.nan), "o-", ms=3, lw=2.5 - 0.7 * i,
@@ -293,7 +294,7 @@ def plot_clamp_cost(levels=(1, 2, 4, 6, 8, 10, 12, 16, 20, 24, 30), decays=(30.0
     ax.text(12.4, 1e-1, "|w| < 12 (#77)", fontsize=9, color="grey")
     ax.set(yscale="log", ylim=(1e-16, 3), xlabel="clamp level: w >= -level",
            ylabel="rel. error of o vs the exact model", title="the clamp changes the model by about e^-level")
-    ax.legend(fontsize=9, loc="lower left")
+    viz.legend_below(ax)
     return fig
 
 
@@ -324,8 +325,17 @@ def gla_check(decay: float = 1e4, chunk_size: int = 64, T: int = 64, K: int = 16
 
 EXERCISE = "the reference row gn of chunk_rwkv6"
 EXERCISE_DECAYS = {"strong": 100.0, "weak": 0.1}  # the decay knob m of `inputs`: per-step log-decay -m * U(0.05, 1)
+# The check's cases: name -> (decay knob, heads, gradients too). One head of K = 16 channels puts gi's rows 16
+# elements apart, so a helper with the stride written as 16 (or K) passes there: the last case has 2 heads, rows
+# HK = 32 apart. It runs forward only, to keep the check quick under the interpreter: the forward's score kernel
+# already reads gn through the helper. It keeps the check's T, so a fixed row of the first case stays in bounds.
+EXERCISE_CASES = {"strong decay": (EXERCISE_DECAYS["strong"], 1, True),
+                  "weak decay": (EXERCISE_DECAYS["weak"], 1, False),
+                  "strong decay, 2 heads": (EXERCISE_DECAYS["strong"], 2, False)}
 PROBE_START = 2 * BC  # the probe's query sub-chunk: rows 32..47 of a 64-row chunk, keys 0..31
-THE_LINE = "return gi + (i_start - 1) * HK + o_k"
+_LINE = exercises.Sealed("cmV0dXJuIGdpICsgKGlfc3RhcnQgLSAxKSAqIEhLICsgb19r")
+_LINE_NOTE = exercises.Sealed("Z24gPSBnaVtzdGFydCAtIDFdID0gZ2Vbc3RhcnRdOiB0aGUgZmlyc3QgcXVlcnkncyBnZSwgYW5kIHRo"
+                              "ZSBsYXN0IGVhcmxpZXIga2V5J3MgZ2k=")
 SPLIT_LINES = ("b_gq = load_query_decay(", "b_gn = load_reference_decay(", "b_qg = b_q * tl.exp(",
                "b_A += mma(b_qg")
 
@@ -340,21 +350,33 @@ def kernel_lines(fn, needles=SPLIT_LINES) -> str:
     return "\n".join(line.strip() for line in source[:end + 1] if any(n in line for n in needles))
 
 
-def probe_inputs(decay: float = 100.0, T: int = 64, K: int = 16) -> dict[str, torch.Tensor]:
-    """One chunk with a constant per-step log-decay -decay; q = k = 1, u = 0.
+def stage_source(*names: str) -> str:
+    """The source of the shared chunk stages `names` (fla_lab/ops/common/chunk.py), as the kernels run them: the
+    notebook shows the loads without putting the stages module, whose `reference_row` is the exercise's answer, in
+    the learner's namespace."""
+    import importlib
+    import inspect
+
+    stages = importlib.import_module("fla_lab.ops.common.chunk")
+    return "\n".join(inspect.getsource(getattr(stages, name).fn) for name in names)
+
+
+def probe_inputs(decay: float = 100.0, T: int = 64, K: int = 16, H: int = 1) -> dict[str, torch.Tensor]:
+    """One chunk with a constant per-step log-decay -decay; q = k = 1, u = 0; H heads (rows of gi H * K apart).
 
     One step already passes 88.72, so a reference row n overflows the query factor on every query row t <= n
     and the key factor on every key row s > n."""
-    w = torch.full((1, T, 1, K), -decay)
-    ones = torch.ones(1, T, 1, K)
-    return {"r": ones, "k": ones, "w": w, "u": torch.zeros(1, K)}
+    w = torch.full((1, T, H, K), -decay)
+    ones = torch.ones(1, T, H, K)
+    return {"r": ones, "k": ones, "w": w, "u": torch.zeros(H, K)}
 
 
-def reference_row_offset(row) -> float | None:
-    """The row the helper `row` reads for query sub-chunk 32..47, relative to its first row (-1 for 0c1c0b65's,
-    0 for the bug's, 15 for "15 or later"), measured in the shipped score kernel on `probe_inputs`; None when the
-    non-finite scores fit no single row (a row outside the chunk, or no row at all)."""
-    bad = ~torch.isfinite(scores(probe_inputs(), None, 64, row)[PROBE_START:PROBE_START + BC, :PROBE_START])
+def reference_row_offset(row, H: int = 1) -> float | None:
+    """The row the helper `row` reads for query sub-chunk 32..47 (head 0 of `probe_inputs(H=H)`), relative to its
+    first row (0 for the bug's, 15 for "15 or later", negative for a row above the sub-chunk, -1.0 when no score is
+    non-finite), measured in the shipped score kernel; None when the non-finite scores fit no single row (a row
+    outside the chunk, or no row at all)."""
+    bad = ~torch.isfinite(scores(probe_inputs(H=H), None, 64, row)[PROBE_START:PROBE_START + BC, :PROBE_START])
     full_rows = [t for t in range(BC) if bool(bad[t].all())]  # query rows t <= n
     full_cols = [s for s in range(PROBE_START) if bool(bad[:, s].all())]  # key rows s > n
     if not bad.any():
@@ -366,17 +388,43 @@ def reference_row_offset(row) -> float | None:
     return None
 
 
-def reference_row_hints(offset: float | None) -> tuple[str, ...]:
-    """Hint tiers for the row a helper reads: where to look, what is wrong, the line."""
-    line = f"{THE_LINE}  # gn = gi[start - 1] = ge[start]: the first query's ge, and the last earlier key's gi"
+def _row_name(offset: float) -> str:
+    row = "i_start" if offset == 0 else f"i_start {'+' if offset > 0 else '-'} {abs(offset):g}"
+    return row + (" or later" if offset >= BC - 1 else "")
+
+
+def reference_row_hints(offset: float | None, offset_two_heads: float | None = -1.0) -> tuple[str, ...]:
+    """Hint tiers for the row a helper reads: where to look, what is wrong, the line. `offset`: what
+    `reference_row_offset` measured with one head (rows of gi 16 apart), `offset_two_heads` with 2 heads (rows 32
+    apart): a helper right with one head and wrong with two has its row stride wrong."""
+    line = f"{_LINE}  # {_LINE_NOTE}"
+    if offset == -1 and offset_two_heads != -1:
+        lands = ("on no single row" if offset_two_heads is None else
+                 f"on row {_row_name(offset_two_heads)} of head 0's rows")
+        return exercises.hints(
+            "With one head your helper reads a safe row (no score overflows on the probe), with 2 heads it does not. "
+            "Rows of gi lie 16 elements apart with one head of 16 channels, 32 apart with 2 heads: look at how your "
+            "pointer steps from one row to the next.",
+            "The row stride: row t of gi starts at gi + t * HK, where HK = H * K (heads times channels) is the "
+            "helper's constexpr argument. A stride written as K or 16 is right only for a single head of 16 "
+            f"channels; with 2 heads (HK = 32) your helper lands {lands}. Multiply the row by HK.", line)
     if offset is None:
         return exercises.hints(
             "The non-finite scores follow no single row or column: your helper reads a row outside the chunk of "
             "the query sub-chunk (gi is chunk-local: it restarts at 0 on every chunk's first row).",
             "gn must come from the rows of the same chunk that lie between the earlier keys (rows before i_start) "
-            "and the queries (rows from i_start on).", line)
-    row = "i_start" if offset == 0 else f"i_start {'+' if offset > 0 else '-'} {abs(offset):g}"
-    row += " or later" if offset >= BC - 1 else ""
+            "and the queries (rows from i_start on); rows lie HK elements apart (gi + row * HK + o_k).", line)
+    row = _row_name(offset)
+    if offset >= BC - 1:
+        return exercises.hints(
+            "o breaks on most rows of the later sub-chunks, not only near their first rows, and the probe finds why: "
+            "every query row's own factor exp(ge[t] - gn) overflows, against every key. Look at the query side, "
+            "down to the last row of the sub-chunk.",
+            f"Your helper reads row {row}: at or past the last row of the query sub-chunk (a fixed row, such as "
+            "the chunk's last, lies there for every sub-chunk before it; so does a row stride larger than HK). The "
+            "cumulative decay only falls, so that row's gi lies below every query's ge[t]: ge[t] - gn > 0 on every "
+            "query row, and exp overflows once the steps in between pass 88.72. gn must not lie below any query's "
+            "ge[t] (and not above any earlier key's gi[s]), so it moves with i_start.", line)
     if offset >= 0:
         return exercises.hints(
             "o breaks only on the first row of a sub-chunk (and a few after it): one query at a time, so look at "
@@ -393,33 +441,35 @@ def reference_row_hints(offset: float | None) -> tuple[str, ...]:
             "key's gi[s] (and not below any query's ge[t]). A row far from the one you meant points at the pointer "
             "itself: rows lie HK elements apart (gi + row * HK + o_k).", line)
     return exercises.hints(
-        "Your helper reads the safe row, yet the results differ from float64: check the rest of the pointer "
-        "(the channel offsets o_k, the row stride HK).", "", line)
+        "Your helper reads the safe row with one head and with two, yet the results differ from float64: check the "
+        "rest of the pointer (the channel offsets o_k).", "", line)
 
 
 def check_reference_row(row, T: int = 64, chunk_size: int = 64) -> exercises.Verdict:
     """PASS when `chunk_rwkv6` with the learner's `row` helper in its REFERENCE_ROW slot matches the float64
-    recurrence: output, final state and every gradient at strong decay (m = 100), the output and final state at
-    weak decay (m = 0.1). The facts say which tensors fail and at which time steps; the hints follow the row the
-    helper reads (`reference_row_offset`)."""
+    recurrence in every case of `EXERCISE_CASES`: output, final state and every gradient at strong decay (m = 100),
+    the output and final state at weak decay (m = 0.1) and at strong decay with 2 heads (rows of gi HK = 32
+    elements apart, not 16). The facts say which tensors fail and at which time steps; the hints follow the row the
+    helper reads (`reference_row_offset`, with one head and with two)."""
     refused = exercises.not_a_jit_helper(EXERCISE, row)
     if refused is not None:
         return refused
     facts = []
-    for name, decay in EXERCISE_DECAYS.items():
-        grads = name == "strong"
-        comparison = harness.compare(chunk_op(None, chunk_size, row), reference.recurrent_rwkv6, inputs(decay, T),
-                                     grads=grads)
+    for name, (decay, H, grads) in EXERCISE_CASES.items():
+        comparison = harness.compare(chunk_op(None, chunk_size, row), reference.recurrent_rwkv6,
+                                     inputs(decay, T, H=H), grads=grads)
         failing = [n if n in ("o", "ht") else f"d{n}" for n in comparison.errors if n in comparison.failures()]
         checked = "o, ht and every gradient" if grads else "o and ht"
         said = "within tolerance" if not failing else f"failing: {', '.join(failing)}"
         rows = bad_rows(comparison.outputs["o"])
         where = f"; o non-finite at t = {spans(rows)}" if rows else ""
-        facts.append((not failing, f"{name} decay (m = {decay:g}): {checked} vs float64, worst error "
+        setting = f"m = {decay:g}" + (f"; rows of gi {H * 16} apart" if H > 1 else "")
+        facts.append((not failing, f"{name} ({setting}): {checked} vs float64, worst error "
                                    f"{exercises.fmt(max(comparison.errors.values()))}, {said}{where}"))
     verdict = exercises.verdict(EXERCISE, facts)
     if not verdict.passed:
-        verdict.hints = reference_row_hints(reference_row_offset(row))
+        offset = reference_row_offset(row)
+        verdict.hints = reference_row_hints(offset, reference_row_offset(row, H=2) if offset == -1 else -1.0)
     return verdict
 
 

@@ -11,13 +11,17 @@ installed package changes.
 
 The exercise: pick a safeguard, predict the atlas's status at ordinary inputs and in its range, run it.
 `check_removal(prediction)` runs the removal only once both statuses are written (a prediction comes before its
-run) and compares them with what the run found.
+run) and compares them with what the run found. This process holds to that rule: the first prediction of a
+removal (a safeguard with one naive line) is recorded before its run and is the one graded; a different prediction
+of the same removal, made once its statuses were shown (by that check, or by `remove()` called before any
+prediction), does not count. Another safeguard is a new prediction.
 """
 from __future__ import annotations
 
 import ast
 import dataclasses
 import functools
+import hashlib
 import json
 import math
 import os
@@ -163,7 +167,15 @@ class Removal:
 def remove(safeguard: str, naive: str | None = None) -> Removal:
     """Remove `safeguard` from a copy of fla_lab (its shipped code replaced by `naive`, default the registry's naive
     form) and run the small atlas sweep on that copy. A line that changes nothing, is not valid Python, or breaks
-    the copy gives a Removal whose `problem` says so; nothing here raises on the learner's input."""
+    the copy gives a Removal whose `problem` says so; nothing here raises on the learner's input. A removal run here
+    before any prediction of it has been checked can no longer be predicted (`check_removal`)."""
+    removal = _removal(safeguard, naive)
+    if removal.sides and _key(removal) not in _PREDICTED:
+        _SHOWN_UNPREDICTED.add(_key(removal))
+    return removal
+
+
+def _removal(safeguard, naive) -> Removal:
     entry = _entry(safeguard)
     if isinstance(entry, str):
         return Removal(str(safeguard), str(naive or ""), problem=entry)
@@ -284,11 +296,32 @@ def _shipped(op: str, atlas_range: dict) -> Side:
 
 
 # --- the check -----------------------------------------------------------------------------------------------------
+# A prediction comes before its run. Per removal (a safeguard and its naive line, up to spacing and comments), this
+# process keeps the first prediction checked before its statuses were shown; a later, different one does not count.
+
+_PREDICTED: dict[tuple, tuple[str, str]] = {}  # removal -> (ordinary, in_range) of its first prediction
+_SHOWN_UNPREDICTED: set[tuple] = set()          # removals whose statuses `remove()` printed before any prediction
+
+
+def _key(removal: Removal) -> tuple[str, str]:
+    """The removal as the record knows it: the safeguard, and the digest of its file with the naive line in (so a
+    line respaced, or with a comment added, is the same removal)."""
+    g = _entry(removal.safeguard).guard
+    tree = ast.dump(ast.parse(safeguards.source(g.path).replace(g.code, removal.naive)))
+    return removal.safeguard, hashlib.sha256(tree.encode()).hexdigest()[:16]
+
+
+def _forget_predictions() -> None:
+    """Clear this process's record of predictions (a fresh kernel starts with none)."""
+    _PREDICTED.clear()
+    _SHOWN_UNPREDICTED.clear()
+
 
 def check_removal(prediction: dict) -> exercises.Verdict:
     """PASS when the predicted statuses, `prediction["ordinary"]` (decay 1, q scale 1) and `prediction["in_range"]`
     (the safeguard's range), are what the atlas finds with `prediction["safeguard"]` removed (its code replaced by
-    `prediction["naive"]`, default the registry's naive form). The removal runs only once both are written."""
+    `prediction["naive"]`, default the registry's naive form). The removal runs only once both are written; the first
+    prediction of a removal is the one graded (a different one, once its statuses were shown, gets NOT YET)."""
     if not isinstance(prediction, dict):
         return exercises.Verdict(EXERCISE, False, [f"the prediction is a {type(prediction).__name__}, not a dict"],
                                  ('prediction = {"safeguard": ..., "naive": None, "ordinary": ..., '
@@ -296,15 +329,43 @@ def check_removal(prediction: dict) -> exercises.Verdict:
     unwritten = _unwritten(prediction)
     if unwritten is not None:  # a Verdict that did not pass is falsy
         return unwritten
-    removal = remove(prediction["safeguard"], prediction.get("naive"))
-    if removal.problem:
+    removal = _removal(prediction["safeguard"], prediction.get("naive"))
+    if removal.problem:  # nothing was measured, so nothing is recorded
         return exercises.Verdict(EXERCISE, False, removal.lines(), _problem_hints(removal))
+    key, mine = _key(removal), tuple(prediction[side] for side in SIDES)
+    if key not in _PREDICTED and key not in _SHOWN_UNPREDICTED:
+        _PREDICTED[key] = mine  # the first prediction of this removal, before anything of its run was shown
+    first = _PREDICTED.get(key)
+    if first != mine:
+        return _late(removal, mine, first)
     facts = removal.lines() + [f"you predicted {side}: {prediction[side]} (the run: {removal.status(side)})"
                                for side in SIDES]
     wrong = [side for side in SIDES if prediction[side] != removal.status(side)]
     if wrong:
+        facts.append("your prediction is recorded as this removal's, made before its run: the run's statuses are "
+                     "shown only now, and a different prediction of this removal no longer counts")
         return exercises.Verdict(EXERCISE, False, facts, _prediction_hints(removal, wrong[0]))
     return exercises.Verdict(EXERCISE, True, facts)
+
+
+def _late(removal: Removal, mine: tuple, first: tuple | None) -> exercises.Verdict:
+    """NOT YET for a prediction of a removal whose statuses were already shown: it is not a prediction."""
+    said = ", ".join(f"{side} {value}" for side, value in zip(SIDES, mine))
+    if first is None:
+        before = "its statuses were shown by safeguard_removal.remove() before any prediction of it"
+    else:
+        before = (f"your first prediction of it ({', '.join(f'{s} {v}' for s, v in zip(SIDES, first))}) was checked "
+                  "and its statuses shown")
+    facts = [f"removed {removal.safeguard}" + (f" from {removal.op}" if removal.op else ""),
+             f"this prediction: {said}",
+             f"it does not count: {before}, and a prediction made after the run is not one"]
+    return exercises.Verdict(EXERCISE, False, facts, exercises.hints(
+        "pick another safeguard from safeguard_removal.choices() (or write a naive line of your own) and predict it "
+        "before its run: safeguard_removal.show(id) prints its code and what it protects against",
+        "a removal is predicted once, before its statuses are shown: this one's run is already known to you, so it "
+        "can explain, not test, your prediction",
+        "read this removal's run (print(safeguard_removal.remove(...))) to see why your first prediction differed, "
+        "then predict another"))
 
 
 def _unwritten(prediction: dict) -> exercises.Verdict | None:
@@ -343,7 +404,16 @@ def _prediction_hints(removal: Removal, side: str) -> tuple[str, ...]:
     where = (f"Read the run's line for {LABELS[side]} above: it is measured, your prediction was not."
              if side == "ordinary" else f"Compare the run's line for {LABELS[side]} with the control's (the shipped "
                                         "code in the same range).")
-    if found == "right":
+    guard = _entry(removal.safeguard).guard
+    if found == "right" and guard.gpu_only:
+        why = ("This is a precision safeguard for compiled code: its naive form lets a GPU's dot round its inputs "
+               "(to TF32's 10 mantissa bits, or to 16 bits). The interpreter computes every dot in IEEE fp32, so "
+               "here both forms give the same numbers; only a run on a GPU can tell them apart.")
+    elif found == "right" and guard.protects == "precision":
+        why = ("This is a precision safeguard: its naive form keeps fewer bits, which costs accuracy only where the "
+               "rounding is large against the tolerance (a 16-bit dtype, large values); at these inputs it stays "
+               "within the tolerance.")
+    elif found == "right":
         why = ("The naive form computes the same number in exact arithmetic: it only differs once a value leaves "
                "fp32's range, and these inputs never take it there.")
     elif found == "nonfinite":

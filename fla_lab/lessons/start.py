@@ -140,7 +140,7 @@ def plot_chunk_factors(magnitude: float = 2.0, dtype: torch.dtype = torch.float3
 
     f = chunk_factors(magnitude, chunk_size, dtype)
     census = naive_split_census(magnitude, chunk_size, dtype)
-    fig, (left, right) = viz.figure(ncols=2, width=4.8, height=3.7)
+    fig, (left, right) = viz.figure(ncols=2, width=4.8, height=4.6)
     pos = np.arange(chunk_size)
     top = viz.EXP_OVERFLOW[dtype] / np.log(10)
     bottom = np.log10(smallest_subnormal(dtype))
@@ -166,7 +166,7 @@ def plot_chunk_factors(magnitude: float = 2.0, dtype: torch.dtype = torch.float3
     left.set(xlabel="row in chunk (t for queries, s for keys)", ylabel="log10(factor)",
              ylim=(bottom - 0.12 * (top - bottom), top + 0.12 * (top - bottom)),
              title=f"factors per row (lines: largest and smallest {viz.DTYPE_NAMES[dtype]})")
-    left.legend(fontsize=9, loc="lower left")
+    viz.legend_below(left)
     naive, _ = naive_scores(magnitude, chunk_size, dtype)
     causal = torch.tril(torch.ones(chunk_size, chunk_size, dtype=torch.bool))
     state = torch.ones(naive.shape, dtype=torch.int64)

@@ -111,6 +111,12 @@ def _gradients(reproduction, op, dtype) -> dict:
     return grads
 
 
+def _supplied_cotangents(op, x, do, dht) -> None:
+    """The backward the exercise asks for: the supplied `do` on the output, the supplied `dht` on the final state."""
+    o, ht = op(**x, output_final_state=True)
+    ((o * do).sum() + (ht * dht).sum()).backward()
+
+
 def _worst(got: dict, exact: dict) -> tuple[str, float]:
     errors = {n: check.rel_error(got[n].double().cpu(), exact[n].double().cpu()) for n in exact}
     name = max(errors, key=errors.get)
@@ -130,6 +136,16 @@ def check_fla_reproduction(reproduction) -> exercises.Verdict:
         return exercises.Verdict(name, False, [f"it raised {type(exc).__name__}: {str(exc)[:160]}"],
                                  hints=("Call `op(**x, output_final_state=True)`: it returns the output and the "
                                         "final state; then one `.backward()` of a scalar built from both.",))
+    asked_name, asked_err = _worst(exact, _gradients(_supplied_cotangents, reference.recurrent_rwkv6, torch.float64))
+    if asked_err > 1e-12:  # float64 both ways: only another loss differs
+        return exercises.Verdict(name, False, [
+            f"your backward on the float64 reference against one that weights o by do and ht by dht: worst "
+            f"{asked_name} {asked_err:.1e}"], hints=(
+            "The check hands you the cotangents `do` and `dht`, drawn at random: the next segment's gradient is "
+            "not a constant.",
+            "Your loss does not weight the output by `do` and the final state by `dht` (`ht.sum()` weights every "
+            "entry by 1, a `dht` of ones), so the final state's share is not the one the model sends back.",
+            "loss = (o * do).sum() + (ht * dht).sum()"))
     ours_name, ours_err = _worst(ours, exact)
     flawed_name, flawed_err = _worst(flawed, exact)
     facts = [f"fla_lab's op against float64: worst {ours_name} {ours_err:.1e} (tolerance {tol:g})",

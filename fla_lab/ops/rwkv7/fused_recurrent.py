@@ -272,7 +272,7 @@ def fused_recurrent_rwkv7(r, w, k, v, a, b, scale=1.0, initial_state=None, outpu
     """Fused recurrent RWKV-7, forward and backward in Triton.
 
     `w` is the `[B, T, H, K]` natural-log decay (<= 0; RWKV-7 keeps it in (-e^-0.5, 0)); `a, b` the removal
-    vectors (RWKV-7: `a = -kk`, `b = kk * a_gate`, see `fla_lab.harness.rwkv7_inputs`). The state is
+    vectors (RWKV-7's own, as its layer builds them: `fla_lab.harness.rwkv7_inputs`). The state is
     `[B, H, K, V]` fp32. `w` may be float32 while the rest is bf16 (the layer keeps the decay in fp32, upstream
     #181). Returns `(o, final_state or None)`; K <= MAX_K = 128. `cu_seqlens` (and its host copy
     `cu_seqlens_cpu`): FLA's packed batches, one launch per kernel for the whole batch
