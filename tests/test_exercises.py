@@ -113,10 +113,8 @@ def test_a_sealed_line_is_the_line_but_shows_nothing_in_the_source_or_repr():
 
 
 def test_the_fix_in_words_displays_once_the_gate_opens(monkeypatch):
-    import IPython.display
-
     shown = []
-    monkeypatch.setattr(IPython.display, "display", lambda obj: shown.append(obj.data))
+    monkeypatch.setattr("IPython.display.display", lambda obj: shown.append(obj.data))
     with pytest.raises(NotRevealed):
         Verdict("x", False, ["f"], ("a",)).reveal(explain=seal("the **line**"))
     assert shown == []

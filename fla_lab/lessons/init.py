@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from fla_lab import check, harness, reference, runtime, viz, widgets
-from fla_lab.exercises import Verdict, error_fact, verdict
+from fla_lab.exercises import Sealed, Verdict, error_fact, verdict
 from fla_lab.layers import RWKV7Attention
 from fla_lab.layers import init as official
 
@@ -391,8 +391,11 @@ def vector_fact(name: str, errors: dict[int, float]) -> tuple[bool, str]:
     return all(ok for ok, _ in parts), f"{name} vs the fixed path, " + "; ".join(line for _, line in parts)
 
 
-THE_LINE = ("vec = rwkv7_vectors(layer.hidden_size, layer.head_dim, layer.layer_idx, layer.num_hidden_layers); "
-            "for name, p in layer.named_parameters(recurse=False): p.copy_(vec[name].view_as(p))")
+_LINE = Sealed(
+    "dmVjID0gcndrdjdfdmVjdG9ycyhsYXllci5oaWRkZW5fc2l6ZSwgbGF5ZXIuaGVhZF9kaW0sIGxheWVyLmxheWVyX2lkeCwgbGF5"
+    "ZXIubnVtX2hpZGRlbl9sYXllcnMpOyBmb3IgbmFtZSwgcCBpbiBsYXllci5uYW1lZF9wYXJhbWV0ZXJzKHJlY3Vyc2U9RmFsc2Up"
+    "OiBwLmNvcHlfKHZlY1tuYW1lXS52aWV3X2FzKHApKQ=="
+)  # the solution, sealed: a hint's last tier prints it
 
 
 def _names(names) -> str:
@@ -415,7 +418,7 @@ def raised_hints(error: Exception) -> tuple[str, ...]:
                 "value.view_as(parameter); N is layer.head_dim, not the number of heads")
     else:
         what = "read the message: it names the line of init_skipped that raised"
-    return (f"init_skipped raised {message}", what, THE_LINE)
+    return (f"init_skipped raised {message}", what, _LINE)
 
 
 def initialisation_hints(errors: dict[str, dict[int, float]], unset: set[str], touched: list[str],
@@ -431,43 +434,43 @@ def initialisation_hints(errors: dict[str, dict[int, float]], unset: set[str], t
                 "Module.apply(fn) calls fn on every module, the submodules and then the layer itself, never on a "
                 "parameter: isinstance(module, nn.Parameter) is never true, so that branch never runs; the nine "
                 "hang directly on RWKV7Attention, so no other branch reaches them either",
-                THE_LINE)
+                _LINE)
     if unset:
         return (f"{_names(unset)} still hold the garbage",
                 "every parameter registered directly on the layer was missed by the routine, not only the ones you "
                 "set: layer.named_parameters(recurse=False) lists them all",
-                THE_LINE)
+                _LINE)
     if touched:
         shown = ", ".join(touched[:3]) + (", ..." if len(touched) > 3 else "")
         return (f"{len(touched)} parameters besides the nine changed: {shown}",
                 "the routine's other branches did reach the submodules' parameters (projections, LoRAs, GroupNorm); "
                 "only the parameters on the layer itself were missed. Iterating layer.named_parameters() (which "
                 "recurses) or re-initialising the whole layer replaces weights that were fine",
-                THE_LINE)
+                _LINE)
     if zeros:
         return ("the nine are zeros at both layers",
                 "zeros make the layer finite (upstream's first fix did just that) but are not the official RWKV-7 "
                 "init: a zero mix never looks at the previous token, a zero k_k removes nothing from the state; "
                 "take the values from rwkv7_vectors",
-                THE_LINE)
+                _LINE)
     mixes = [name for name in MIX_POWERS if name in wrong]
     if mixes and all(_within(errors[name][first]) for name in mixes):
         return (f"{_names(mixes)} are right at layer {first} and wrong at layer {deeper}",
                 f"the mixes depend on the layer's depth through rho1 = 1 - layer_idx / num_hidden_layers, which is 1 "
                 f"at layer {first} whatever the depth: pass the layer's own layer_idx and num_hidden_layers",
-                THE_LINE)
+                _LINE)
     if wrong == {"k_k"}:
         return ("k_k is off at both layers, and only k_k",
                 "k_k's ramp is c/(C-1), from 0 at the first channel to 1 at the last (the mixes divide by C); "
                 "rwkv7_vectors has it right",
-                THE_LINE)
+                _LINE)
     if wrong:
         return (f"{_names(wrong)} are off at layer {first} already",
                 "compare your values with rwkv7_vectors(C, N, layer_idx, num_hidden_layers)[name], channel by channel",
-                THE_LINE)
+                _LINE)
     return ("the nine are right, yet the layer's output or gradients are not",
             "set the nine in place (copy_ under torch.no_grad()), do not replace the Parameter objects",
-            THE_LINE)
+            _LINE)
 
 
 def check_initialisation(candidate, hidden_size: int = 128, T: int = 16) -> Verdict:

@@ -414,7 +414,7 @@ def plot_sweep(results: dict[tuple, Outcome]):
     problems = sorted({p for _, _, p in results})
     cmap = mcolors.ListedColormap([STATUS_COLORS[s] for s in STATUSES])
     reads_outside = reads_outside_h0(results)
-    fig, axes = viz.figure(ncols=2, width=4.6, height=4.4)
+    fig, axes = viz.figure(ncols=2, width=5.4, height=5.0)  # cells wide enough for two lines of 9 pt labels
     for ax, buggy in zip(axes, (True, False)):
         grid = torch.tensor([[STATUSES.index(results[buggy, t, p].status) for p in problems] for t in tiles])
         ax.imshow(grid.numpy(), cmap=cmap, vmin=-0.5, vmax=len(STATUSES) - 0.5, interpolation="nearest")
@@ -424,7 +424,7 @@ def plot_sweep(results: dict[tuple, Outcome]):
                 if outcome.status == "wrong":
                     outside = (t, p) in reads_outside
                     ax.text(c, r, ",".join(outcome.failing) + ("\noob" if outside else ""), ha="center",
-                            va="center", fontsize=7, color="w", linespacing=1.0)
+                            va="center", fontsize=9, color="w", linespacing=0.9)
         ax.set_xticks(range(len(problems)), [f"{K},{V}" for K, V in problems], rotation=60, fontsize=9)
         ax.set_yticks(range(len(tiles)), [f"{BK},{BV}" for BK, BV in tiles], fontsize=9)
         ax.set_xticks([c - 0.5 for c in range(1, len(problems))], minor=True)  # white lines between the cells,

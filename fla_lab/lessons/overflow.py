@@ -351,9 +351,8 @@ def kernel_lines(fn, needles=SPLIT_LINES) -> str:
 
 
 def stage_source(*names: str) -> str:
-    """The source of the shared chunk stages `names` (fla_lab/ops/common/chunk.py), as the kernels run them: the
-    notebook shows the loads without putting the stages module, whose `reference_row` is the exercise's answer, in
-    the learner's namespace."""
+    """The source of the shared chunk stages `names` (fla_lab/ops/common/chunk.py), as the kernels run them, without
+    binding the stages module in the notebook's namespace (the shipped kernels hold every fix)."""
     import importlib
     import inspect
 

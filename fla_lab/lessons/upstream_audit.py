@@ -111,10 +111,12 @@ def _gradients(reproduction, op, dtype) -> dict:
     return grads
 
 
+_LINE = exercises.Sealed("bG9zcyA9IChvICogZG8pLnN1bSgpICsgKGh0ICogZGh0KS5zdW0oKQ==")  # the solution, sealed
+
+
 def _supplied_cotangents(op, x, do, dht) -> None:
-    """The backward the exercise asks for: the supplied `do` on the output, the supplied `dht` on the final state."""
-    o, ht = op(**x, output_final_state=True)
-    ((o * do).sum() + (ht * dht).sum()).backward()
+    """The check's own backward: the supplied cotangents sent into the output and the final state."""
+    torch.autograd.backward(op(**x, output_final_state=True), (do, dht))
 
 
 def _worst(got: dict, exact: dict) -> tuple[str, float]:
@@ -145,7 +147,7 @@ def check_fla_reproduction(reproduction) -> exercises.Verdict:
             "not a constant.",
             "Your loss does not weight the output by `do` and the final state by `dht` (`ht.sum()` weights every "
             "entry by 1, a `dht` of ones), so the final state's share is not the one the model sends back.",
-            "loss = (o * do).sum() + (ht * dht).sum()"))
+            _LINE))
     ours_name, ours_err = _worst(ours, exact)
     flawed_name, flawed_err = _worst(flawed, exact)
     facts = [f"fla_lab's op against float64: worst {ours_name} {ours_err:.1e} (tolerance {tol:g})",
@@ -158,5 +160,5 @@ def check_fla_reproduction(reproduction) -> exercises.Verdict:
         return exercises.Verdict(name, False, facts, hints=(
             "Which calls were wrong in the report: the ones whose final state fed the next segment.",
             "Your backward sends nothing into the final state, so an op that ignores its cotangent looks right.",
-            "Add the next segment's share to the loss: `loss = (o * do).sum() + (ht * dht).sum()`.",))
+            f"Add the next segment's share to the loss: `{_LINE}`.",))
     return exercises.Verdict(name, True, facts + ["it tells a correct op from one that drops dht: report-ready"])
