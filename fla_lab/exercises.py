@@ -112,9 +112,9 @@ class Verdict:
                 display(Markdown(Sealed(explain)))
             return
         left = len(self.hints) - self.shown
-        raise NotRevealed(f"{self.exercise}: not solved yet, so the fix stays hidden. Make the check above say PASS, "
-                          f"or call verdict.hint() {left} more time(s) (its last tier is the line), then run this "
-                          "cell again.")
+        hints = f", or call verdict.hint() {left} more time(s) (its last tier is the line)" if self.hints else ""
+        raise NotRevealed(f"{self.exercise}: not solved yet, so the fix stays hidden. Make the check above say "
+                          f"PASS{hints}, then run this cell again.")
 
 
 def fmt(x: float) -> str:
