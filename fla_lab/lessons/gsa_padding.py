@@ -225,7 +225,7 @@ def exponent_ranges(g: torch.Tensor, chunk_size: int = CHUNK) -> dict[str, float
       of i]`): query factor `gi_t - gn` and key factor `gn - gi_s`;
     - transposed, `cols_from_later_subchunks` (rows s of sub-chunk i from later sub-chunks j, `gn = gi[last valid
       row of i]`): `gi_t - gn` over valid later rows, and over rows past T, where the decay loads as 0 (the bug)
-      or as the fix 737550ff forms it (the fix).
+      or as the fix 737550ff forms it.
     """
     gi = reference.chunk_local_cumsum(g, chunk_size)  # float64
     T = g.shape[1]

@@ -455,14 +455,14 @@ def check_reference_row(row, T: int = 64, chunk_size: int = 64) -> exercises.Ver
         return refused
     facts = []
     for name, (decay, H, grads) in EXERCISE_CASES.items():
-        comparison = harness.compare(chunk_op(None, chunk_size, row), reference.recurrent_rwkv6,
-                                     inputs(decay, T, H=H), grads=grads)
+        x = inputs(decay, T, H=H)
+        comparison = harness.compare(chunk_op(None, chunk_size, row), reference.recurrent_rwkv6, x, grads=grads)
         failing = [n if n in ("o", "ht") else f"d{n}" for n in comparison.errors if n in comparison.failures()]
         checked = "o, ht and every gradient" if grads else "o and ht"
         said = "within tolerance" if not failing else f"failing: {', '.join(failing)}"
         rows = bad_rows(comparison.outputs["o"])
         where = f"; o non-finite at t = {spans(rows)}" if rows else ""
-        setting = f"m = {decay:g}" + (f"; rows of gi {H * 16} apart" if H > 1 else "")
+        setting = f"m = {decay:g}" + (f"; rows of gi {H * x['k'].shape[-1]} apart" if H > 1 else "")
         facts.append((not failing, f"{name} ({setting}): {checked} vs float64, worst error "
                                    f"{exercises.fmt(max(comparison.errors.values()))}, {said}{where}"))
     verdict = exercises.verdict(EXERCISE, facts)
