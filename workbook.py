@@ -626,9 +626,11 @@ def lab_arguments(root: Path = LEARNER) -> list[str]:
 
 def lab_env(base: dict | None = None, root: Path = LEARNER) -> dict:
     """JupyterLab's environment: the learner's figures go to the edition's figures/ (`root`: learner/), never over
-    the tracked figures/."""
+    the tracked figures/; its kernels are a learner's session (fla_lab.edition.learner_session: the bug catalogue
+    seals an exercise's fixed line until the exercise is solved or revealed)."""
     env = same_numbers_on_every_cpu(dict(os.environ if base is None else base))
     env["FLA_LAB_FIGURES_DIR"] = str(root / "figures")
+    env["FLA_LAB_EDITION"] = "learner"
     return env
 
 

@@ -2,15 +2,62 @@
 
 Each entry says where the switch is (`locate(name)` gives file:line of the historical line), how to trigger
 it, what it does, and which notebook teaches it. Tests reproduce every entry; notebooks read their headers
-from here.
+from here. `python -m fla_lab bugs` (or `show()`) prints every entry with its buggy and fixed lines.
+
+Each entry belongs to the exercise whose answer its fixed line is (`Bug.exercise`, the name its check's verdict
+carries). In a learner's session (`fla_lab.edition.learner_session()`: the lab that `workbook.py lab` starts, or a
+kernel running in the learner's edition) an entry's cause (`fix`, `trigger`, `symptom`) and its switch lines stay
+sealed until that exercise's check has said PASS or its last hint tier has been printed in this kernel
+(`exercises.is_open`); everywhere else (the reference notebooks, tests, a facilitator's shell) everything shows.
+Where a value would state the answer it is written sealed here too (base64, `exercises.Sealed`), so the module's
+source gives nothing away either.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import pathlib
 from dataclasses import dataclass
 
+from fla_lab import edition, exercises
+
 UPSTREAM = "fla-org/flash-linear-attention"
+
+
+class Held(exercises.Sealed):
+    """A catalogue text that explains its bug (fix, trigger, symptom): shown as itself unless this is a learner's
+    session whose kernel has not opened the entry's exercise (`Bug.answer_shown()`), then as a placeholder that
+    says how to open it. Compares, hashes and splits as the text itself."""
+
+    exercise: str
+    notebook: str
+
+    @classmethod
+    def of(cls, text: str, exercise: str = "", notebook: str = "") -> "Held":
+        held = str.__new__(cls, text)
+        held.exercise, held.notebook = exercise, notebook
+        return held
+
+    def shown(self) -> bool:
+        return answer_shown(self.exercise)
+
+    def placeholder(self) -> str:
+        return f"<sealed: notebook {self.notebook.split('_')[0]}'s exercise opens it>"
+
+    def _rewrap(self, text: str) -> "Held":
+        return Held.of(text, self.exercise, self.notebook)
+
+
+def answer_shown(exercise: str) -> bool:
+    """Whether the catalogue shows the fix of `exercise`'s bug here: outside a learner's session always; in one,
+    once this kernel has recorded that exercise's PASS or its last hint tier."""
+    return not exercise or exercises.is_open(exercise) or not edition.learner_session()
+
+
+def sealed_note(notebook: str) -> str:
+    """How a sealed entry opens, in words."""
+    return (f"sealed until notebook {notebook.split('_')[0]}'s exercise says PASS or verdict.hint() has shown its last "
+            "tier (then run this again)")
 
 
 @dataclass(frozen=True)
@@ -26,45 +73,71 @@ class Bug:
     notebook: str
     anchor: tuple[str, str]  # (file relative to the package, text on the switch line)
     located: tuple[str, str | None, str]  # what `fla_lab.hunt` must name: (op, first bad kernel or None, cause)
+    exercise: str      # the exercise whose answer the fixed line is (its verdict's name): gates fix, trigger, symptom
+
+    def __post_init__(self) -> None:
+        for name in ("fix", "trigger", "symptom"):  # written sealed or plain above; held either way
+            object.__setattr__(self, name, Held.of(exercises.opened(getattr(self, name)), self.exercise,
+                                                   self.notebook))
 
     @property
     def issue_url(self) -> str:
         return f"https://github.com/{UPSTREAM}/issues/{self.issue}"
+
+    def answer_shown(self) -> bool:
+        """Whether this entry's cause and switch lines show here (`answer_shown(self.exercise)`)."""
+        return answer_shown(self.exercise)
+
+    def __repr__(self) -> str:
+        """Every field; where the entry is sealed (`answer_shown`), its headline and how it opens (the other fields
+        name the kernel, the cause and the fix commit)."""
+        if self.answer_shown():
+            fields = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self))
+            return f"Bug({fields})"
+        return (f"Bug(name={self.name!r}, title={self.title!r}, op={self.op!r}, issue={self.issue}, "
+                f"notebook={self.notebook!r}, <the rest {sealed_note(self.notebook)}>)")
 
 
 CATALOGUE: tuple[Bug, ...] = (
     Bug(name="uninitialized_params", title="the RWKV-7 layer returns all-NaN",
         op="RWKV7Attention", component="RWKV7Attention.__init__ / _initialize_weights",
         issue=150, fix="d49c52f6 (zeros), then 7497c8f7, fe157539, c90b3716 (official init)",
-        trigger="any forward pass: x_x, k_k, k_a, r_k come from torch.empty and Module.apply never visits them",
+        trigger=exercises.Sealed(  # states 01's why
+            "YW55IGZvcndhcmQgcGFzczogeF94LCBrX2ssIGtfYSwgcl9rIGNvbWUgZnJvbSB0b3JjaC5lbXB0eSBhbmQgTW9kdWxlLmFwcGx5IG5l"
+            "dmVyIHZpc2l0cyB0aGVt"),
         symptom="all-NaN (or garbage) layer output, depending on what the uninitialised memory holds",
         notebook="01_all_nan_output", anchor=("layers/rwkv7.py", 'bug == "uninitialized_params"'),
-        located=("chunk_rwkv7", "dplr_scores_kernel", "nonfinite_input")),
+        located=("chunk_rwkv7", "dplr_scores_kernel", "nonfinite_input"),
+        exercise="the initialisation #150 skipped"),
     Bug(name="sigmoid_decay", title="gradients grow uncontrollably (RWKV6 layer)",
         op="RWKV6Attention", component="RWKV6Attention.forward (decay parametrisation)",
         issue=11, fix="none needed in the kernel: pass log-space decays (logsigmoid / -exp)",
         trigger="sigmoid(w) passed where the kernel expects a log-decay",
         symptom="the state grows like exp(0.5 t); output and every gradient except du turn non-finite",
         notebook="02_gradients_blow_up", anchor=("layers/rwkv6.py", 'bug == "sigmoid_decay"'),
-        located=("fused_recurrent_rwkv6", "fused_recurrent_fwd_kernel", "positive_decay")),
+        located=("fused_recurrent_rwkv6", "fused_recurrent_fwd_kernel", "positive_decay"),
+        exercise="#11: the log of a sigmoid gate, as a @triton.jit helper"),
     Bug(name="exclusive_reference", title="NaN gradients of RWKV6 under strong decay",
         op="chunk_rwkv6", component="chunk intra-chunk scores and dq (RWKV6 path)",
-        issue=77, fix="0c1c0b65 (reference row gi[start-1]); earlier cf63ac28, lost in de4235fd",
+        issue=77, fix=exercises.Sealed(  # states 03a's answer
+            "MGMxYzBiNjUgKHJlZmVyZW5jZSByb3cgZ2lbc3RhcnQtMV0pOyBlYXJsaWVyIGNmNjNhYzI4LCBsb3N0IGluIGRlNDIzNWZk"),
         trigger="per-step log-decay <= about -90 (w = -exp(w_raw), w_raw >= 4.5)",
         symptom="inf * 0 = NaN in the output and dq, starting at the first query row of a sub-chunk",
         notebook="03a_nan_under_strong_decay",
-        anchor=("ops/common/chunk.py", "upstream #77 (de4235fd dropped the -1 of cf63ac28)"),
-        located=("chunk_rwkv6", "gated_scores_kernel", "exp_overflow")),
+        anchor=("ops/common/chunk.py", "upstream #77 (de4235fd "),
+        located=("chunk_rwkv6", "gated_scores_kernel", "exp_overflow"),
+        exercise="the reference row gn of chunk_rwkv6"),
     Bug(name="unmasked_padding", title="NaN gradients of a GSA layer that come and go",
         op="chunk_gsa",
         component="GSA slot pass, backward intra-chunk dv kernel (slot_rows_kernel, BACKWARD)",
-        issue=77, fix="737550ff (mask rows past T in the exponent)",
+        issue=77, fix=exercises.Sealed("NzM3NTUwZmYgKG1hc2sgcm93cyBwYXN0IFQgaW4gdGhlIGV4cG9uZW50KQ=="),  # 03b's
         trigger="a partial last chunk (T not a multiple of chunk_size) and a slot log-decay summed from the chunk's "
                 "first row to a sub-chunk's last valid row below about -88.7 (fp32)",
         symptom="forward finite; NaN in the gradients of s and g (exp(0 - gn) = inf times a zero-padded do)",
         notebook="03b_nan_gradients_that_come_and_go",
         anchor=("ops/common/chunk.py", "upstream #77, GSA (before 737550ff)"),
-        located=("chunk_gsa", "slot_rows_kernel", "padded_rows")),
+        located=("chunk_gsa", "slot_rows_kernel", "padded_rows"),
+        exercise="the exponent of the later rows in chunk_gsa's slot-gradient kernel"),
     Bug(name="transposed_h0_mask", title="the backward fails when an initial state is passed",
         op="fused_recurrent_rwkv6", component="fused_recurrent_bwd_dq_kernel",
         issue=18, fix="1547448b",
@@ -72,19 +145,23 @@ CATALOGUE: tuple[Bug, ...] = (
         symptom="Triton refuses the initial-state load: mask [16, 64] against pointers [64, 16]",
         notebook="04_backward_fails_with_initial_state",
         anchor=("ops/common/fused_recurrent.py", "upstream #18 (before 1547448b)"),
-        located=("fused_recurrent_rwkv6", "fused_recurrent_bwd_dq_kernel", "kernel_raised")),
+        located=("fused_recurrent_rwkv6", "fused_recurrent_bwd_dq_kernel", "kernel_raised"),
+        exercise="the mask of the initial-state load, in fused_recurrent_rwkv6's backward"),
     Bug(name="bf16_decay", title="a precision gap against the official RWKV-7 under AMP",
         op="RWKV7Attention", component="RWKV7Attention.forward (decay LoRA sigmoid)",
-        issue=181, fix="965c3553 (fp32 sigmoid), reverted in d9e86d00 (v0.2.0); 0.6.0 computes it in bf16",
+        issue=181, fix=exercises.Sealed(  # states 05's answer
+            "OTY1YzM1NTMgKGZwMzIgc2lnbW9pZCksIHJldmVydGVkIGluIGQ5ZTg2ZDAwICh2MC4yLjApOyAwLjYuMC"
+            "Bjb21wdXRlcyBpdCBpbiBiZjE2"),
         trigger="bf16 autocast (CUDA or CPU): the decay's sigmoid runs in bf16, and its rounding stays in the decay",
         symptom="a per-step rounding bias in the decay that compounds over the sequence",
         notebook="05_precision_gap_under_amp", anchor=("layers/rwkv7.py", 'bug == "bf16_decay"'),
-        located=("chunk_rwkv7", None, "rounded_decay")),
+        located=("chunk_rwkv7", None, "rounded_decay"),
+        exercise="RWKV-7 log-decay in fp32 under autocast"),
 )
 
 # Switches that are not catalogue entries (an exercise's material): `check_bug` accepts them by the digest of
 # "op:value" (`_digest`), so that no file names them and `index()`, `show()` and `suspects()` never list them.
-_UNLISTED = frozenset({"d22760284bc462fb"})
+_UNLISTED = frozenset({"91ed271c07411c4d"})
 
 _PACKAGE = pathlib.Path(__file__).resolve().parent
 
@@ -115,8 +192,20 @@ def check_bug(bug: str | None, op: str) -> None:
                          "(see fla_lab.bugs.show()).")
 
 
+def _sealed(bug: Bug, what: str) -> None:
+    """Raise `exercises.NotRevealed` where `bug`'s answer does not show yet (`Bug.answer_shown`)."""
+    if not bug.answer_shown():
+        raise exercises.NotRevealed(f"{bug.name}: {what} {sealed_note(bug.notebook)}.")
+
+
 def locate(name: str) -> str:
-    """`fla_lab/<file>:<line>` of the switch that turns the bug on."""
+    """`fla_lab/<file>:<line>` of the switch that turns the bug on (in a learner's session, once the entry's exercise
+    is opened: before, it raises `exercises.NotRevealed`)."""
+    _sealed(get(name), "the switch's place is")
+    return _locate(name)
+
+
+def _locate(name: str) -> str:
     bug = get(name)
     path = _PACKAGE / bug.anchor[0]
     for number, line in enumerate(path.read_text().splitlines(), 1):
@@ -126,8 +215,10 @@ def locate(name: str) -> str:
 
 
 def switch_lines(name: str, context: int = 4) -> list[str]:
-    """The switch line and the few after it: the buggy line and the fixed one side by side."""
-    where = locate(name)
+    """The switch line and the few after it: the buggy line and the fixed one side by side. In a learner's session
+    before the entry's exercise is opened it raises `exercises.NotRevealed` instead (`answer_shown`)."""
+    _sealed(get(name), "the switch's lines are")
+    where = _locate(name)
     number = int(where.rsplit(":", 1)[1])
     lines = (_PACKAGE / get(name).anchor[0]).read_text().splitlines()
     return [f"{n:5d}  {lines[n - 1]}" for n in range(number, min(number + context, len(lines)) + 1)]
@@ -142,12 +233,19 @@ def index() -> None:
 
 
 def show(names: list[str] | None = None, lines: bool = True) -> None:
-    """Print the catalogue (or some entries): where to look, how to trigger it, what it does."""
+    """Print the catalogue (or some entries): where to look, how to trigger it, what it does, and the switch's lines
+    (buggy, then fixed). In a learner's session an entry whose exercise is not opened yet shows its headline and a
+    note that says how to open the rest (`Bug.answer_shown`)."""
     for bug in CATALOGUE:
         if names and bug.name not in names:
             continue
+        if not bug.answer_shown():
+            print(f"{bug.name}  [{bug.op}]  upstream #{bug.issue}")
+            print(f"  taught : notebook {bug.notebook}")
+            print(f"  fix, switch, trigger, symptom: {sealed_note(bug.notebook)}")
+            continue
         try:
-            where = locate(bug.name)
+            where = _locate(bug.name)
         except (LookupError, OSError):
             where = f"fla_lab/{bug.anchor[0]} (not built yet)"
         print(f"{bug.name}  [{bug.op}]  upstream #{bug.issue}, fix {bug.fix}")

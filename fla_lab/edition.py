@@ -11,11 +11,15 @@ edited copy beside it as `<name>.ipynb.bak`.
 
     python -m fla_lab edition            # build or refresh learner/ (edited copies are kept)
     python -m fla_lab edition --reset 03a  # regenerate one notebook (prefix or file name)
+
+A kernel serving the learner's edition is a learner's session (`learner_session()`): there the bug catalogue keeps an
+exercise's fixed line sealed until its check says PASS or its last hint tier is printed (`fla_lab.bugs`).
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
 from dataclasses import dataclass
@@ -28,6 +32,20 @@ NOTEBOOKS = ROOT / "notebooks"
 LEARNER = ROOT / "learner"
 MANIFEST = ".edition.json"
 BANNER_TAG = "learner-banner"
+SESSION_ENV = "FLA_LAB_EDITION"  # "learner": `workbook.py lab` sets it for the learner's lab; "reference" turns it off
+
+
+def learner_session() -> bool:
+    """Whether this process serves the learner's edition: FLA_LAB_EDITION=learner (the environment `workbook.py lab`
+    starts JupyterLab and its kernels with), or, when FLA_LAB_EDITION is unset, a working directory that holds the
+    edition's manifest (a kernel started on a notebook of `learner/`, whatever started it)."""
+    value = os.environ.get(SESSION_ENV, "").strip().lower()
+    if value:
+        return value == "learner"
+    try:
+        return (Path.cwd() / MANIFEST).is_file()
+    except OSError:  # the working directory is gone
+        return False
 
 
 def sources(folder: Path = NOTEBOOKS) -> list[Path]:

@@ -12,11 +12,14 @@ pass / not-yet message (nbval compares it). A NOT YET verdict carries hints in t
 measured: `verdict.hint()` prints the next one (first where to look, then what is wrong, last the line).
 
 Nothing on the learner's path states an answer before the attempt:
-- a solution line lives in its lesson module as a `Sealed` text (base64 in the source, a repr that says how it
-  opens), so Tab, `??` and `help()` on the lesson show no answer; a hint's last tier opens it;
+- a solution line lives in its lesson module as a `Sealed` text (base64 in the source; `print`, `str`, f-strings,
+  `repr`, IPython's `x?` and `help(x)` show a placeholder), so Tab, `??` and `help()` on the lesson show no answer;
+  only `.opened()` gives the text, and only a hint's last tier and the fix after a PASS call it;
 - the cell that shows the shipped fix after a check starts with `verdict.reveal()`, which raises `NotRevealed`
   (stopping Run All there) until the check said PASS or `verdict.hint()` has printed its last tier; in the
-  learner's edition the fix in words becomes such a gate too (`verdict.reveal(explain=...)`).
+  learner's edition the fix in words becomes such a gate too (`verdict.reveal(explain=...)`);
+- the kernel records each exercise whose check said PASS or whose hints ran out (`is_open(name)`): the bug
+  catalogue (`fla_lab.bugs`) shows an exercise's fixed line in a learner's session only once it is recorded.
 """
 from __future__ import annotations
 
@@ -36,16 +39,78 @@ class NotRevealed(Exception):
     """Raised by `Verdict.reveal()` before the exercise is solved or its hints are used up."""
 
 
+PLACEHOLDER = "<sealed solution line: its exercise's last hint tier, or the fix after a PASS, shows it>"
+
+
 class Sealed(str):
-    """A solution line kept out of sight: the source holds it in base64, `repr` says how it opens; as a `str` it is
-    the line itself, for the hint that prints it and the checks that compare with it. `seal(text)` makes the
-    source form (`python -m fla_lab.exercises seal "TEXT"` prints it)."""
+    """A solution line kept out of sight. The source holds it in base64 (`seal(text)` makes that form; `python -m
+    fla_lab.exercises seal "TEXT"` prints it). As a `str` it is the line itself for the checks that compare with it
+    (`==`, `in`, hashing, str methods), but every way of displaying it (`print`, `str`, `format` and f-strings,
+    `repr`, IPython's display and `x?`, `help(x)`) shows a placeholder. `.opened()` returns the text: the hint's last
+    tier and the fix after a PASS call it, nothing else. `Sealed.of(text)` seals a text built at run time (a hint
+    tier that quotes a sealed line: `Sealed.of(f"... {line.opened()}")`)."""
 
     def __new__(cls, encoded: str):
         return super().__new__(cls, base64.b64decode(encoded.encode()).decode())
 
+    @classmethod
+    def of(cls, text: str) -> "Sealed":
+        """A sealed text from plain text (no base64): for a tier composed at run time from a sealed line."""
+        return str.__new__(cls, text)
+
+    def opened(self) -> str:
+        """The text itself, as a plain `str`: for the code paths allowed to show it, and only those."""
+        return str.__str__(self)
+
+    def shown(self) -> bool:
+        """Whether display paths show the text (never, for a solution line; `fla_lab.bugs` overrides it)."""
+        return False
+
+    def placeholder(self) -> str:
+        return PLACEHOLDER
+
+    def _display(self) -> str:
+        return self.opened() if self.shown() else self.placeholder()
+
+    def __str__(self) -> str:
+        return self._display()
+
+    def __format__(self, spec: str) -> str:
+        return format(self._display(), spec)
+
     def __repr__(self) -> str:
-        return "<sealed solution line: its exercise's last hint tier, or the fix after a PASS, shows it>"
+        return repr(self.opened()) if self.shown() else self.placeholder()
+
+    def _repr_pretty_(self, p, cycle) -> None:  # IPython's display (its pretty printer)
+        p.text(repr(self))
+
+    def strip(self, chars=None):
+        """Stripped, still sealed: `help(x)` strips its argument, then names it in "No documentation found"."""
+        return self._rewrap(str.strip(self, chars))
+
+    def _rewrap(self, text: str) -> "Sealed":
+        return type(self).of(text)
+
+    def __getnewargs__(self) -> tuple[str]:  # copy, deepcopy and pickle rebuild it from the sealed form
+        return (seal(self.opened()),)
+
+
+def opened(text) -> str:
+    """A hint tier or an explanation as text to print: a `Sealed` one opened, any other as it is."""
+    return text.opened() if isinstance(text, Sealed) else text
+
+
+_OPENED: set[str] = set()  # exercises whose check said PASS or whose last hint tier was printed, in this kernel
+
+
+def record_open(exercise: str) -> None:
+    """Record that `exercise`'s answer may be shown (its check said PASS, or its hints ran out)."""
+    _OPENED.add(str.__str__(exercise))
+
+
+def is_open(exercise: str) -> bool:
+    """Whether this kernel has recorded a PASS or the last hint tier of `exercise` (`Verdict.exercise`)."""
+    return exercise in _OPENED
 
 
 def seal(text: str) -> str:
@@ -65,6 +130,8 @@ class Verdict:
 
     def __post_init__(self) -> None:
         self.hints = (self.hints,) if isinstance(self.hints, str) else tuple(h for h in self.hints if h)
+        if self.passed:
+            record_open(self.exercise)
 
     def __str__(self) -> str:
         head = f"PASS  {self.exercise}" if self.passed else f"NOT YET  {self.exercise}"
@@ -91,14 +158,21 @@ class Verdict:
             return
         tier = min(self.shown, len(self.hints) - 1)
         name = self.tier_names()[tier]
-        print(f"hint {tier + 1} of {len(self.hints)} ({name}): {self.hints[tier]}")
+        print(f"hint {tier + 1} of {len(self.hints)} ({name}): {opened(self.hints[tier])}")
         if tier == len(self.hints) - 1 and self.shown >= len(self.hints):
             print("(that was the last hint)")
         self.shown += 1
+        if self.revealed():  # the line was printed: a recorded reveal
+            record_open(self.exercise)
+
+    def gives_the_line(self) -> bool:
+        """Whether the last hint tier is the line (a `Sealed` text): only then do the hints, used up, reveal the fix
+        (a verdict whose hints stop short of the line, such as "decorate the helper", opens nothing)."""
+        return bool(self.hints) and isinstance(self.hints[-1], Sealed)
 
     def revealed(self) -> bool:
         """The fix may be shown: the check passed, or every hint tier, the line included, has been printed."""
-        return self.passed or (bool(self.hints) and self.shown >= len(self.hints))
+        return self.passed or (self.gives_the_line() and self.shown >= len(self.hints))
 
     def reveal(self, explain: str | None = None) -> None:
         """The gate at the top of a cell that shows the shipped fix: returns once `revealed()`, else raises
@@ -106,13 +180,15 @@ class Verdict:
         `explain`: the fix in words, markdown in base64 (`seal`), displayed once the gate opens (the learner's
         edition turns each explanation after a check into such a cell)."""
         if self.revealed():
+            record_open(self.exercise)
             if explain is not None:
                 from IPython.display import Markdown, display
 
-                display(Markdown(Sealed(explain)))
+                display(Markdown(Sealed(explain).opened()))
             return
         left = len(self.hints) - self.shown
-        hints = f", or call verdict.hint() {left} more time(s) (its last tier is the line)" if self.hints else ""
+        hints = (f", or call verdict.hint() {left} more time(s) (its last tier is the line)" if self.gives_the_line()
+                 else "")
         raise NotRevealed(f"{self.exercise}: not solved yet, so the fix stays hidden. Make the check above say "
                           f"PASS{hints}, then run this cell again.")
 

@@ -17,6 +17,13 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 EXP_OVERFLOW = {dtype: float(torch.log(torch.tensor(torch.finfo(dtype).max, dtype=torch.float64)))
                 for dtype in (torch.float32, torch.bfloat16, torch.float16)}
 
+DPI = 110  # what `save` writes figures at
+# A notebook's output column is about 900 px wide (JupyterLab, GitHub): a figure up to this many inches wide is shown
+# at full size when saved at DPI (8 x 110 = 880 px) and inline (8 x 100 px), so a 9 pt label stays 9 pt. A wider
+# one is scaled down to fit, and its text with it (2310 px of figure at 900 px: 9 pt reads as 3.5 pt).
+NOTEBOOK_WIDTH = 8.0
+NOTEBOOK_WIDTH_PX = 900
+
 
 def figures_dir() -> Path | None:
     """FLA_LAB_FIGURES_DIR if set (the browser test points it at a temp dir), else `figures/` of the repository
@@ -46,7 +53,7 @@ def save(fig, name: str) -> Path | None:
     if folder is None:
         return None
     path = folder / f"{name}.png"
-    fig.savefig(path, dpi=110, metadata={"Software": None})
+    fig.savefig(path, dpi=DPI, metadata={"Software": None})
     return path
 
 

@@ -179,3 +179,102 @@ def test_heatmap_has_a_row_per_combination_and_length():
 def test_short_error_keeps_two_significant_digits():
     assert [atlas.short_error(x) for x in (0.0184, 0.0244, 3.46e-3, 9.96e-3, 1.0)] == [
         "1.8e-2", "2.4e-2", "3.5e-3", "1.0e-2", "1.0e0"]
+
+
+# --- the saved GPU atlas, a few lines at a time (issue 44: figures legible at notebook width) ----------------------
+
+def _texts(fig):
+    import matplotlib.text
+
+    return [t for t in fig.findobj(matplotlib.text.Text) if t.get_visible() and t.get_text().strip()]
+
+
+def assert_legible_at_notebook_width(fig):
+    """Shown unscaled in a ~900 px notebook column (saved at viz.DPI, and inline at 100 dpi), every label 9 pt or
+    more: a figure wider than the column is shrunk to fit, and its text with it."""
+    from fla_lab import viz
+
+    width_px = fig.get_size_inches()[0] * viz.DPI
+    scale = min(1.0, viz.NOTEBOOK_WIDTH_PX / width_px)
+    small = {t.get_text() for t in _texts(fig) if t.get_fontsize() * scale < 9}
+    assert not small, f"text below 9 pt at {viz.NOTEBOOK_WIDTH_PX} px ({width_px:.0f} px figure): {sorted(small)[:5]}"
+
+
+def test_the_whole_gpu_atlas_figure_is_not_legible_at_notebook_width():
+    """What the check below measures: figures/atlas_gpu.png's grid of thirteen heatmaps fails it."""
+    import matplotlib
+    import matplotlib.pyplot as plt
+    matplotlib.use("Agg")
+    fig = atlas.plot_atlas(atlas.load())
+    with pytest.raises(AssertionError, match="below 9 pt"):
+        assert_legible_at_notebook_width(fig)
+    plt.close(fig)
+
+
+def test_lines_of_one_op_put_fla_lab_fixed_first_then_its_bugs_then_other_libraries():
+    records = atlas.load()
+    assert [line[:2] for line in atlas.lines(records, "fused_recurrent_rwkv6")] == [
+        ("fused_recurrent_rwkv6", "fixed"), ("fused_recurrent_rwkv6", "transposed_h0_mask"),
+        ("fla:fused_recurrent_rwkv6", "fixed")]
+    assert len(atlas.lines(records)) == 13
+    with pytest.raises(ValueError, match="no op"):
+        atlas.plot_op(records, "chunk_nothing")
+    with pytest.raises(ValueError, match="no line"):
+        atlas.plot_lines(records, [("chunk_gsa", "exclusive_reference")])
+
+
+def test_named_lines_figure_is_legible_and_says_what_the_records_say():
+    """Each panel of the figure notebook 06 shows: one line of the saved GPU atlas, every cell's text the record's
+    worst error (two digits), NaN or err, at 9 pt or more at notebook width."""
+    import matplotlib
+    import matplotlib.pyplot as plt
+    matplotlib.use("Agg")
+    records = atlas.load()
+    fig = atlas.plot_lines(records, atlas.NAMED_LINES)
+    assert_legible_at_notebook_width(fig)
+    panels = [ax for ax in fig.axes if ax.images]
+    assert len(panels) == len(atlas.NAMED_LINES)
+    for ax, (op, variant) in zip(panels, atlas.NAMED_LINES):
+        assert ax.get_title().startswith(f"{op} [{variant}] bf16")
+        chosen = [r for r in records if (r["op"], r["variant"]) == (op, variant)]
+        shown = {"nonfinite": "NaN", "raises": "err"}
+        expected = sorted(shown.get(r["status"], atlas.short_error(atlas.worst_error(r))) for r in chosen)
+        assert sorted(t.get_text() for t in ax.texts) == expected
+    titles = [ax.get_title() for ax in panels]
+    assert "upstream #77's bug" in titles[0] and "upstream #18's bug" in titles[1]
+    plt.close(fig)
+
+
+def test_committed_lines_figure_is_the_named_lines_at_notebook_width():
+    """figures/atlas_gpu_lines.png (notebook 06 shows it) is `plot_lines(load(), NAMED_LINES)` saved by viz.save:
+    no wider than the notebook's column, and as large as a fresh drawing."""
+    import struct
+
+    import matplotlib
+    import matplotlib.pyplot as plt
+    from fla_lab import viz
+    matplotlib.use("Agg")
+    path = viz.figures_dir() / "atlas_gpu_lines.png"
+    width, height = struct.unpack(">II", path.read_bytes()[16:24])  # the PNG header's IHDR
+    fig = atlas.plot_lines(atlas.load(), atlas.NAMED_LINES)
+    assert (width, height) == tuple(round(x * viz.DPI) for x in fig.get_size_inches())
+    assert width <= viz.NOTEBOOK_WIDTH_PX
+    plt.close(fig)
+
+
+def test_op_view_and_explorer_draw_every_op_of_the_gpu_atlas():
+    import matplotlib
+    import matplotlib.pyplot as plt
+    matplotlib.use("Agg")
+    records = atlas.load()
+    ops = sorted({r["op"].rpartition(":")[2] for r in records})
+    for op in ops:
+        fig = atlas.plot_op(records, op)
+        assert_legible_at_notebook_width(fig)
+        assert len([ax for ax in fig.axes if ax.images]) == len(atlas.lines(records, op))
+        plt.close(fig)
+    widget = atlas.explorer(op="chunk_rwkv6")
+    dropdown, = [w for w in widget.children if hasattr(w, "options")]
+    assert list(dropdown.options) == ops and dropdown.value == "chunk_rwkv6"
+    dropdown.value = "chunk_gsa"  # redraws from the saved records: no kernel runs
+    plt.close("all")

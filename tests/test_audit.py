@@ -62,9 +62,13 @@ def test_a_packed_call_is_replayed_one_sequence_at_a_time(op):
 
 
 def test_the_unlisted_rwkv7_switch_is_flagged_while_every_value_stays_finite():
+    from fla_lab.lessons import hunting
+
+    switched = hunting._option("silent")[2]  # notebook 06's op: chunk_rwkv7 with its unlisted switch bound
+    assert switched.op == "chunk_rwkv7" and set(switched.options) == {"bug"}
     x = _leaves("chunk_rwkv7")
     with audit.audit() as recorded:
-        _step(lambda **kw: ops.chunk_rwkv7(**kw, bug="carry_ge"), x)
+        _step(switched, x)
     (result,) = recorded.results()
     assert not result.ok, recorded.report()
     assert max(result.errors["o"], result.errors["ht"]) > result.tolerance.fwd  # the forward is wrong already

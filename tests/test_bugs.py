@@ -369,3 +369,136 @@ def test_a_bug_switch_and_a_slot_helper_together_are_refused():
                                         fused_recurrent.h0_mask, fused_recurrent.h0_mask)):
         with pytest.raises(ValueError, match="the switch or a helper, not both"):
             resolve()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The catalogue in a learner's session: an entry's cause and switch lines stay sealed until its exercise is opened
+
+
+def _fixed_line(bug) -> str:
+    """The lines after the switch line (the fixed one among them), as the catalogue prints them outside a learner's
+    session, without line numbers: one string per line of code."""
+    code = [line.split("  ", 1)[1].strip() for line in bugs.switch_lines(bug.name)[1:]]
+    return "\n".join(line for line in code if len(line) > 8)
+
+
+@pytest.fixture
+def session(monkeypatch, tmp_path):
+    """(learner, reference): put this process in a learner's session or out of it; the kernel's record of opened
+    exercises starts empty, whatever other tests passed."""
+    from fla_lab import edition, exercises
+
+    monkeypatch.setattr(exercises, "_OPENED", set())
+    monkeypatch.chdir(tmp_path)
+
+    def learner():
+        monkeypatch.setenv(edition.SESSION_ENV, "learner")
+
+    def reference():
+        monkeypatch.setenv(edition.SESSION_ENV, "reference")
+
+    return learner, reference
+
+
+def _printed(fn, *args) -> str:
+    out = __import__("io").StringIO()
+    with contextlib.redirect_stdout(out):
+        fn(*args)
+    return out.getvalue()
+
+
+def test_outside_a_learner_session_the_catalogue_shows_every_fixed_line(session):
+    _, reference = session
+    reference()
+    fixed = {bug.name: _fixed_line(bug) for bug in bugs.CATALOGUE}
+    out = _printed(bugs.show)
+    for bug in bugs.CATALOGUE:
+        assert all(line in out for line in fixed[bug.name].splitlines()) and bugs.locate(bug.name) in out
+        assert f"fix {bug.fix.opened()}" in out and bug.trigger.opened() in out and bug.symptom.opened() in out
+        assert str(bug.fix) == bug.fix.opened() and bug.fix.opened() in repr(bug)
+
+
+def test_in_a_learner_session_no_display_path_shows_an_unopened_entry(session):
+    learner, reference = session
+    reference()
+    fixed = {bug.name: _fixed_line(bug) for bug in bugs.CATALOGUE}
+    causes = {bug.name: [bug.fix.opened(), bug.trigger.opened(), bug.symptom.opened()] for bug in bugs.CATALOGUE}
+    learner()
+    shown = _printed(bugs.show) + repr(bugs.CATALOGUE) + str(list(bugs.CATALOGUE)) + "".join(
+        f"{b.fix} {b.trigger} {b.symptom} {b.fix!r} {b.trigger!s}" for b in bugs.CATALOGUE)
+    for bug in bugs.CATALOGUE:
+        assert not [line for line in fixed[bug.name].splitlines() if line in shown], bug.name
+        assert not [text for text in causes[bug.name] if text in shown], bug.name
+        assert bug.anchor[1] not in shown and bug.located[2] not in shown and bug.component not in shown, bug.name
+        assert f"notebook {bug.notebook.split('_')[0]}'s exercise" in shown
+        for reach in (bugs.switch_lines, bugs.locate):
+            with pytest.raises(exercises_NotRevealed(), match="PASS or verdict.hint"):
+                reach(bug.name)
+    assert "sealed until notebook 03a's exercise says PASS" in _printed(bugs.show, ["exclusive_reference"])
+    # what the checks and tests use still holds: names, ops, the fix commit by value
+    assert bugs.get("exclusive_reference").fix.split()[0] == "0c1c0b65" and "0c1c0b65" in bugs.get(
+        "exclusive_reference").fix
+
+
+def exercises_NotRevealed():
+    from fla_lab.exercises import NotRevealed
+
+    return NotRevealed
+
+
+def test_in_a_learner_session_an_entry_opens_with_its_exercise(session, capsys):
+    from fla_lab import exercises
+
+    learner, reference = session
+    reference()
+    mask, row = (_fixed_line(bugs.get(name)).splitlines() for name in ("transposed_h0_mask", "exclusive_reference"))
+    learner()
+
+    def shows(lines, *args):
+        out = _printed(bugs.show, *args)
+        return [line for line in lines if line in out]
+
+    exercises.Verdict("some other exercise", True)  # another exercise's PASS opens nothing here
+    assert not shows(mask) and not shows(row)
+    stub = exercises.Verdict(bugs.get("transposed_h0_mask").exercise, False, ["f"],
+                             ("where", "what", exercises.Sealed(exercises.seal("the line"))))
+    stub.hint(), stub.hint()
+    assert not shows(mask, ["transposed_h0_mask"])
+    stub.hint()  # the last tier: a recorded reveal
+    assert shows(mask, ["transposed_h0_mask"]) == mask
+    assert bugs.get("transposed_h0_mask").fix.opened() in _printed(bugs.show, ["transposed_h0_mask"])
+    assert not shows(row)  # the others stay sealed
+    exercises.verdict(bugs.get("exclusive_reference").exercise, [(True, "o: right")])  # a PASS
+    assert shows(row, ["exclusive_reference"]) == row
+    assert bugs.locate("exclusive_reference").startswith("fla_lab/")
+
+
+def test_a_kernel_in_the_learners_edition_is_a_learners_session(session, monkeypatch, tmp_path):
+    """Whatever started the kernel: one whose working directory is a folder of the edition (its manifest) seals too;
+    FLA_LAB_EDITION=reference opens the catalogue there (a facilitator)."""
+    from fla_lab import edition
+
+    monkeypatch.delenv(edition.SESSION_ENV, raising=False)
+    assert bugs.get("bf16_decay").answer_shown()
+    (tmp_path / edition.MANIFEST).write_text("{}\n")
+    assert not bugs.get("bf16_decay").answer_shown() and "sealed" in str(bugs.get("bf16_decay").fix)
+    monkeypatch.setenv(edition.SESSION_ENV, "reference")
+    assert bugs.get("bf16_decay").answer_shown()
+
+
+def test_each_entry_names_the_exercise_its_fixed_line_answers():
+    """`Bug.exercise` is the name a check of the entry's notebook gives its verdict (the lesson's source has it): a
+    renamed exercise would leave its entry sealed for good."""
+    from fla_lab import lessons
+
+    for bug in bugs.CATALOGUE:
+        lesson = lessons.notebook(bug.notebook.split("_")[0])
+        assert f'"{bug.exercise}"' in inspect.getsource(lesson), (bug.name, bug.exercise, lesson.__name__)
+
+
+def test_the_catalogues_source_states_no_exercise_answer():
+    """`bugs??` in a notebook shows the module's source: the causes that state an exercise's answer are sealed there."""
+    source = pathlib.Path(bugs.__file__).read_text()
+    for answer in ("gi[start-1]", "dropped the -1", "mask rows past T", "fp32 sigmoid", "never visits"):
+        assert answer not in source, answer
+    assert "(reference row gi[start-1])" in bugs.get("exclusive_reference").fix

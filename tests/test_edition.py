@@ -278,3 +278,29 @@ def test_readme_learner_part_links_no_answer():
     assert not re.search(r"<!-- [\w:-]+:begin -->", learner_part), "a generated passage in the learner part"
     for path in NOTEBOOKS:
         assert path.stem in learner_part, f"README's learner part does not list {path.stem}"
+
+
+def test_the_learners_lab_is_a_learners_session(monkeypatch, tmp_path):
+    """`workbook.py lab` starts JupyterLab (and so its kernels) with FLA_LAB_EDITION=learner; without it, a kernel
+    whose working directory holds the edition's manifest (a notebook of learner/, whatever started it) is one too;
+    FLA_LAB_EDITION=reference (a facilitator) or any other folder is not."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("fla_lab_workbook_for_edition", edition.ROOT / "workbook.py")
+    wb = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, wb)  # dataclasses look their module up there
+    spec.loader.exec_module(wb)
+    env = wb.lab_env({"PATH": "/usr/bin"}, root=tmp_path)
+    assert env[edition.SESSION_ENV] == "learner"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(edition.SESSION_ENV, env[edition.SESSION_ENV])
+    assert edition.learner_session()
+    monkeypatch.setenv(edition.SESSION_ENV, "reference")
+    assert not edition.learner_session()
+    monkeypatch.delenv(edition.SESSION_ENV)
+    assert not edition.learner_session()
+    edition.build(tmp_path, notebooks=NOTEBOOKS[:1])  # the edition's folder: its manifest marks it
+    assert (tmp_path / edition.MANIFEST).is_file() and edition.learner_session()
+    monkeypatch.setenv(edition.SESSION_ENV, "reference")
+    assert not edition.learner_session()

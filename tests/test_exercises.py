@@ -89,27 +89,123 @@ def test_check_passes_the_shipped_fix_and_not_the_historical_bug(exercise):
     assert not buggy.passed and str(buggy).startswith("NOT YET"), str(buggy)
 
 
-def test_reveal_waits_for_a_pass_or_the_last_hint(capsys):
-    stub = Verdict("x", False, ["f"], ("where", "what", "the line"))
+LINE = "return gi + (i_start - 1) * HK + o_k"
+
+
+@pytest.fixture
+def record(monkeypatch):
+    """This kernel's record of opened exercises, empty for the test (other tests' PASSes are in the real one)."""
+    opened = set()
+    monkeypatch.setattr(exercises, "_OPENED", opened)
+    return opened
+
+
+def test_reveal_waits_for_a_pass_or_the_last_hint(capsys, record):
+    stub = Verdict("x", False, ["f"], ("where", "what", Sealed(seal("the line"))))
     with pytest.raises(NotRevealed, match="verdict.hint\\(\\) 3 more"):
         stub.reveal()
     stub.hint(), stub.hint()
     with pytest.raises(NotRevealed, match="1 more"):
         stub.reveal()
+    assert not exercises.is_open("x")
     stub.hint()
-    stub.reveal()  # the line was printed: the fix may follow
-    Verdict("x", True, ["f"]).reveal()
+    assert exercises.is_open("x")  # the line was printed: a recorded reveal
+    stub.reveal()  # the fix may follow
+    Verdict("y", True, ["f"]).reveal()
     with pytest.raises(NotRevealed):  # no hints to use up: only a PASS opens it
-        Verdict("x", False, ["f"]).reveal()
+        Verdict("z", False, ["f"]).reveal()
+
+
+def test_hints_that_stop_short_of_the_line_reveal_nothing(capsys, record):
+    """A tier that is not the sealed line (e.g. "decorate the helper with @triton.jit"), printed, opens nothing: else
+    a plain function submitted on purpose would be a way to the fix without an attempt."""
+    for tiers in (("decorate the helper with @triton.jit",), ("where", "what")):
+        stub = Verdict("x", False, ["f"], tiers)
+        for _ in tiers:
+            stub.hint()
+        assert not stub.revealed() and not exercises.is_open("x")
+        with pytest.raises(NotRevealed) as raised:
+            stub.reveal()
+        assert "verdict.hint()" not in str(raised.value)
+
+
+def test_a_pass_is_recorded_for_the_kernel(record):
+    assert not exercises.is_open("x")
+    Verdict("x", False, ["f"], ("a",))
+    assert not exercises.is_open("x")
+    exercises.verdict("x", [(True, "o: right")])
+    assert exercises.is_open("x") and not exercises.is_open("y")
 
 
 def test_a_sealed_line_is_the_line_but_shows_nothing_in_the_source_or_repr():
-    line = "return gi + (i_start - 1) * HK + o_k"
-    sealed = Sealed(seal(line))
-    assert sealed == line and str(sealed) == line and line not in repr(sealed)
-    assert line not in seal(line) and "HK" not in seal(line)
-    assert "hints" not in repr(Verdict("x", False, ["f"], ("a", "b", line))) and line not in repr(
-        Verdict("x", False, ["f"], ("a", "b", line)))
+    sealed = Sealed(seal(LINE))
+    assert sealed == LINE and sealed.opened() == LINE and type(sealed.opened()) is str and LINE not in repr(sealed)
+    assert LINE not in seal(LINE) and "HK" not in seal(LINE)
+    assert "hints" not in repr(Verdict("x", False, ["f"], ("a", "b", LINE))) and LINE not in repr(
+        Verdict("x", False, ["f"], ("a", "b", LINE)))
+
+
+def _displays(x) -> dict[str, str]:
+    """Every way a notebook shows a value: print, str, format and f-strings, %-formatting, repr, IPython's display
+    (pretty printer), `x?` and `x??` (the inspector's "String form"), help(x)."""
+    import contextlib
+    import io
+    import pydoc
+
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.lib.pretty import pretty
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        print(x)
+    helped = io.StringIO()
+    pydoc.Helper(output=helped).help(x)
+    shell = InteractiveShell.instance()
+    shell.user_ns["x"] = x
+    return {"print": printed.getvalue(), "str": str(x), "f-string": f"{x}", "format spec": f"{x:>80}",
+            "str.format": "{} {!s}".format(x, x), "%s": "%s" % x, "%r": "%r" % x, "repr": repr(x),
+            "in a list": str([x]), "IPython display": pretty(x), "IPython pretty in a list": pretty([x]),
+            "x?": shell.object_inspect_text("x", detail_level=0),
+            "x??": shell.object_inspect_text("x", detail_level=1),
+            "x? (JupyterLab's inspector)": str(shell.object_inspect_mime("x")),
+            "help(x)": helped.getvalue(), "x.__str__()": x.__str__(), "x.strip()": str(x.strip())}
+
+
+def test_no_display_path_shows_a_sealed_line():
+    sealed = Sealed(seal(LINE))
+    shown = _displays(sealed)
+    assert not {how: text for how, text in shown.items() if "HK" in text or "i_start" in text}
+    assert exercises.PLACEHOLDER in shown["print"] and exercises.PLACEHOLDER in shown["x?"]
+
+
+def test_a_sealed_line_still_compares_hashes_and_searches_as_the_line():
+    sealed = Sealed(seal(LINE))
+    assert sealed == LINE and LINE == sealed and hash(sealed) == hash(LINE) and {LINE: 1}[sealed] == 1
+    assert "HK" in sealed and sealed in {LINE} and sealed.split()[0] == "return" and len(sealed) == len(LINE)
+    assert sealed.strip() == LINE and isinstance(sealed.strip(), Sealed)
+
+
+def test_a_sealed_line_survives_copy_and_pickle():
+    import copy
+    import pickle
+
+    sealed = Sealed(seal(LINE))
+    for again in (copy.copy(sealed), copy.deepcopy(sealed), pickle.loads(pickle.dumps(sealed))):
+        assert isinstance(again, Sealed) and again == LINE and LINE not in repr(again)
+
+
+def test_the_last_hint_tier_and_a_composed_tier_print_the_line(capsys, record):
+    composed = Sealed.of(f"move the reference row up one:  {Sealed(seal(LINE)).opened()}")
+    assert LINE not in str(composed) and LINE not in f"{composed}" and LINE in composed
+    stub = Verdict("x", False, ["f"], ("where", Sealed(seal("what is sealed too")), composed))
+    assert LINE not in repr(stub.hints) and "what is sealed" not in repr(stub.hints)
+    stub.hint()
+    assert LINE not in capsys.readouterr().out
+    stub.hint()
+    assert capsys.readouterr().out == "hint 2 of 3 (what is wrong): what is sealed too\n"
+    stub.hint()
+    assert capsys.readouterr().out == f"hint 3 of 3 (the line): move the reference row up one:  {LINE}\n"
+    assert stub.revealed() and exercises.is_open("x")
 
 
 def test_the_fix_in_words_displays_once_the_gate_opens(monkeypatch):
@@ -119,4 +215,4 @@ def test_the_fix_in_words_displays_once_the_gate_opens(monkeypatch):
         Verdict("x", False, ["f"], ("a",)).reveal(explain=seal("the **line**"))
     assert shown == []
     Verdict("x", True, []).reveal(explain=seal("the **line**"))
-    assert shown == ["the **line**"]
+    assert shown == ["the **line**"] and type(shown[0]) is str  # opened: the text itself, not a sealed str

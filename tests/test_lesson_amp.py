@@ -27,7 +27,7 @@ def test_log_decays_follow_the_layer_switch(monkeypatch):
 
     calls = []
     real = rwkv7.log_decay_from_lora
-    monkeypatch.setattr(amp, "log_decay_from_lora", lambda x, bug: calls.append(bug) or real(x, bug))
+    monkeypatch.setattr(rwkv7, "log_decay_from_lora", lambda x, bug: calls.append(bug) or real(x, bug))
     amp.log_decays(torch.zeros(3))
     assert calls == ["bf16_decay", None]
 
@@ -303,3 +303,41 @@ def test_the_solution_line_is_sealed_out_of_tab_and_source():
     assert amp._LINE not in inspect.getsource(amp) and amp._LINE not in repr(amp._LINE)
     assert not any(getattr(amp, name) == amp._LINE for name in dir(amp) if not name.startswith("_"))
     assert "upcast" not in (amp.__doc__ or "") and "fp32 first" not in (amp.__doc__ or "")
+
+
+def test_the_layers_decay_line_is_not_one_name_away():
+    """`amp.log_decay_from_lora??` showed the shipped fix (issue 44): amp no longer holds that name, no public
+    callable of amp has the fix in its source, and neither the layer function's docstring nor the layer's (help
+    on `RWKV7Attention`, which notebook 05 imports) says in words that the fix computes in fp32."""
+    import inspect
+
+    from fla_lab.layers import rwkv7
+
+    assert not hasattr(amp, "log_decay_from_lora")
+    fix = "float().sigmoid()"
+    for name in dir(amp):
+        value = getattr(amp, name)
+        if not name.startswith("_") and callable(value) and getattr(value, "__module__", "").startswith("fla_lab"):
+            assert fix not in inspect.getsource(value), name
+    assert fix not in inspect.getsource(amp)
+    assert "fp32" not in inspect.getdoc(rwkv7.log_decay_from_lora)
+    for doc in (inspect.getdoc(rwkv7.log_decay_from_lora), inspect.getdoc(amp.RWKV7Attention.attend)):
+        assert "fix of #181" not in doc and "w as computed (fp32" not in doc
+    x = amp.lora_grid(-8, 4, 101).to(torch.bfloat16)
+    buggy, fixed = amp.log_decays(x)  # still the layer's own two lines
+    assert torch.equal(fixed, rwkv7.log_decay_from_lora(x).double()) and not torch.equal(buggy, fixed)
+
+
+def test_tiers_that_say_where_the_cast_goes_are_sealed():
+    """The tier after a late cast says where the cast has to go: Sealed, so `amp??` shows base64 there (issue 44);
+    `verdict.hint()` prints it as before."""
+    import inspect
+
+    from fla_lab import exercises
+
+    late = amp.check_log_decay(_late_cast_decay, T=16)
+    in_float64 = amp.check_log_decay(lambda w_raw: _fp32_decay(w_raw).double(), T=16)  # right values, float64
+    assert "the dtype of w" in in_float64.hints[0]
+    assert isinstance(late.hints[1], exercises.Sealed) and late.hints[1] not in inspect.getsource(amp)
+    # right values in another dtype: two tiers, no line; plain, since a Sealed last tier counts as the line
+    assert len(in_float64.hints) == 2 and not isinstance(in_float64.hints[-1], exercises.Sealed)

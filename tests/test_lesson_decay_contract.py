@@ -367,7 +367,33 @@ def test_brief_verdict_stops_before_the_advice():
     from fla_lab import ops
 
     full, brief = dc.verdict(ops.chunk_rwkv7, **x), dc.verdict(ops.chunk_rwkv7, **x, brief=True)
-    assert full.startswith(brief) and "kk" in full and "kk" not in brief and brief.startswith("TransitionWarning")
+    assert full.startswith(brief) and "RWKV7Attention" in full and "RWKV7Attention" not in brief
+    assert brief.startswith("TransitionWarning")
+
+
+def test_the_full_verdict_says_where_to_look_not_exercise_2s_line():
+    """Without `brief`, #150's TransitionWarning says what is wrong (b . a, RWKV-7's layer builds a and b), but not
+    the line: no kk, no normalize, no sign of a or b (issue 44); `transition_radius`'s docstring neither."""
+    import inspect
+
+    from fla_lab import ops
+    from fla_lab.ops import contract
+
+    full = dc.verdict(ops.chunk_rwkv7, **dc.rwkv7_case(dc.RWKV7_CASES[0], T=16, K=16))
+    assert full.startswith("TransitionWarning") and "b . a in [-1, 0]" in full and "RWKV7Attention" in full
+    for answer in ("kk", "normalize", "a = -", "-k", "a_gate"):
+        assert answer not in full, answer
+        assert answer not in inspect.getdoc(contract.transition_radius), answer
+
+
+@pytest.fixture
+def opened_exercises(monkeypatch):
+    """A kernel in which no exercise has been solved or revealed yet (`exercises.is_open` keeps a set per
+    process: tests that run a passing check open it for every later test)."""
+    from fla_lab import exercises
+
+    monkeypatch.setattr(exercises, "_OPENED", set())
+    return exercises
 
 
 @pytest.mark.parametrize("lines, expected", [
@@ -375,9 +401,10 @@ def test_brief_verdict_stops_before_the_advice():
     ("rwkv7_step_lines", "removed = "),
     ("removal_lines", "o = self.attend(r, w, k, v, -kk, kk * a, cu_seqlens)"),
 ])
-def test_source_lines_point_at_the_shipped_code(lines, expected):
+def test_source_lines_point_at_the_shipped_code(lines, expected, opened_exercises):
     import importlib
 
+    opened_exercises.record_open(dc.EXERCISE_REMOVAL)  # removal_lines: after a PASS or the last hint
     text = getattr(dc, lines)()
     assert expected in text
     for line in text.splitlines():
@@ -387,6 +414,19 @@ def test_source_lines_point_at_the_shipped_code(lines, expected):
         import inspect
 
         assert inspect.getsource(module).splitlines()[int(number) - 1].strip() == code
+
+
+def test_removal_lines_wait_for_a_pass_or_the_last_hint(opened_exercises):
+    """`lesson.removal_lines()` prints the layer's lines that build a and b: exercise 2's answer. Before a PASS or
+    the last hint tier it says when they show instead (issue 44); after either, it prints them."""
+    closed = dc.removal_lines()
+    assert "check_removal" in closed and "kk" not in closed and "attend" not in closed
+    verdict = dc.check_removal(REMOVALS["reported"])
+    for _ in verdict.hints[:-1]:
+        verdict.hint()
+    assert "kk" not in dc.removal_lines()  # two of three tiers: still closed
+    verdict.hint()  # the last tier: the line
+    assert "-kk, kk * a" in dc.removal_lines()
 
 
 def test_on_device_moves_tensors_in_containers_and_leaves_the_rest():
@@ -413,3 +453,27 @@ def test_the_solution_lines_are_sealed_out_of_tab_and_source():
     docs = "".join(inspect.getdoc(f) or "" for f in (dc, *(getattr(dc, n) for n in dir(dc) if not n.startswith("_"))))
     assert "kk * a" not in docs and "-kk" not in docs and "tl.minimum(x, 0.0)" not in docs
     assert "-kk" not in inspect.getdoc(harness.rwkv7_inputs) and "kk * a" not in inspect.getdoc(harness.rwkv7_inputs)
+    assert "-kk, kk * a" not in source and "return -kk" not in source  # the check's reference runs the seal
+
+
+def test_hint_tiers_that_state_a_fix_are_sealed(removal_verdicts):
+    """Tier 2 (what is wrong) where it says what to write, and every tier 3, are Sealed: `??` on the lesson shows
+    base64, not the fix in words (issue 44); the texts are still what `verdict.hint()` prints."""
+    import inspect
+
+    from fla_lab import exercises
+
+    source = inspect.getsource(dc)
+    fixes = {name: removal_verdicts[name].hints for name in ("reported", "same sign", "unnormalised", "gate read",
+                                                             "report negated")}
+    fixes["naive log"] = dc.check_log_decay(naive_log_of_gate).hints
+    fixes["clamp"] = dc.check_log_decay(clamped_log_of_gate).hints
+    for name, (where, what, line) in fixes.items():
+        assert not isinstance(where, exercises.Sealed), name  # where to look: measured, plain
+        assert isinstance(what, exercises.Sealed) and isinstance(line, exercises.Sealed), name
+        assert what not in source and line not in source, name
+    # the stub's last tier is the direct form, not the line: plain, since a Sealed last tier counts as the line
+    # (printing it would open the fix without the learner having seen it)
+    assert not isinstance(dc.check_log_decay(gate_as_reported).hints[2], exercises.Sealed)
+    assert dc._removal_reference(torch.ones(1, 1, 1, 4), torch.full((1, 1, 1, 4), 0.5))[1].tolist() == \
+        [[[[0.25] * 4]]]  # the sealed line, run: kk = 1/2 per channel, times the gate

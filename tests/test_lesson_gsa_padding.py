@@ -222,7 +222,18 @@ def test_gradient_errors_two_measures():
     assert not lesson.meaningful(fake) and lesson.meaningful({"norm": {"dq": 1.0, "dg": 1e-3}})
 
 
-def test_switch_and_catalogue(capsys):
+@pytest.fixture
+def no_exercise_open(monkeypatch):
+    """A kernel in which no exercise has been solved or revealed (`exercises.is_open` keeps one set per process:
+    a passing check in an earlier test opens its exercise for every later one)."""
+    from fla_lab import exercises
+
+    monkeypatch.setattr(exercises, "_OPENED", set())
+    return exercises
+
+
+def test_switch_and_catalogue(capsys, no_exercise_open):
+    no_exercise_open.record_open(lesson.EXERCISE)  # after a PASS or the last hint tier
     lesson.show_switch()
     lesson.show_catalogue()
     lesson.show_slot()
@@ -232,6 +243,29 @@ def test_switch_and_catalogue(capsys):
     assert "+ return tl.where((o_j < T)[:, None] & m_d[None, :], b_gq - b_gn, 0)" in out
     assert bugs.get(BUG).component in out and "737550ff" in out
     assert bugs.locate(BUG).split(":")[0] in out
+
+
+def test_the_shipped_helper_waits_for_a_pass_or_the_last_hint(capsys, no_exercise_open, monkeypatch):
+    """show_switch prints the historical helper only, show_slot (whose loop holds the load mask) nothing of the
+    kernel, until the check says PASS or the last hint tier is printed (issue 44); then both show the fix. In a
+    learner's session, where the catalogue refuses a sealed entry, as outside one."""
+    from fla_lab import edition
+
+    monkeypatch.setenv(edition.SESSION_ENV, "learner")
+    fixed = "tl.where((o_j < T)[:, None] & m_d[None, :]"
+    lesson.show_switch()
+    lesson.show_slot()
+    closed = capsys.readouterr().out
+    assert "return b_gq - b_gn" in closed and "check_padded_exponent says PASS" in closed
+    assert fixed not in closed and "m_jd" not in closed and "EXPONENT(" not in closed
+    verdict = lesson.check_padded_exponent(stages.later_rows_exponent_unmasked)
+    for _ in verdict.hints:
+        verdict.hint()
+    capsys.readouterr()
+    lesson.show_switch()
+    lesson.show_slot()
+    opened = capsys.readouterr().out
+    assert f"+ return {fixed}" in opened and "m_jd = (o_j < T)[:, None] & m_d[None, :]" in opened
 
 
 # ---------------------------------------------------------------------------------------------------- figures, explorer
@@ -474,3 +508,18 @@ def test_the_solution_line_is_sealed():
     docs = [lesson.__doc__] + [inspect.getdoc(v) or "" for v in public.values()
                                if inspect.isfunction(v) and v.__module__ == lesson.__name__]
     assert len(docs) > 1 and not [d for d in docs if answer in d or "masked to 0" in d]
+    assert "masks rows past T" not in lesson.__doc__
+
+
+@pytest.mark.parametrize("helper", [wrong_axis, slots_only, positive_fill, capped, later_rows_dropped],
+                         ids=["wrong_axis", "slots_only", "positive_fill", "capped", "later_rows_dropped"])
+def test_tiers_that_say_what_to_write_are_sealed(helper):
+    """Tier 2 where it says what the fix must do (the rows' condition, the value past T), and tier 3, are Sealed:
+    `lesson??` shows base64 there, not the fix in words (issue 44); `verdict.hint()` prints them as before."""
+    import inspect
+
+    from fla_lab import exercises
+
+    where, what, line = lesson.exponent_hints(lesson.diagnose(helper))
+    assert not isinstance(where, exercises.Sealed) and isinstance(what, exercises.Sealed) and line == lesson._LINE
+    assert what not in inspect.getsource(lesson)

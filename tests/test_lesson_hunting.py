@@ -1,9 +1,12 @@
 """Notebook 06's capstone: the model's two faults enter through documented options of its layers, stay out of the
 catalogue, and do what the answer key says (one NaN made in a layer's backward, one wrong-but-finite kernel); the
-checks follow the learner's mistakes; and no answer can be read from the installed package (item 2 of issue 34)."""
+checks follow the learner's mistakes; no answer can be read from the installed package (item 2 of issue 34), and the
+kernel switch enters under a name that says nothing, in the package, the model's vars() or the call record (item 2 of
+issue 44)."""
 import ast
 import contextlib
 import importlib.util
+import inspect
 import io
 import json
 import re
@@ -13,12 +16,15 @@ import pytest
 import torch
 
 import fla_lab
-from fla_lab import audit, bugs, check, harness, registry
+from fla_lab import audit, bugs, check, exercises, harness, reference, registry
 from fla_lab.layers import GatedSlotAttention
 from fla_lab.lessons import hunting
+from fla_lab.ops.rwkv7 import chunk as rwkv7_chunk
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "06_nan_hunting.ipynb"
-CARRY = "carry_ge"  # chunk_rwkv7's unlisted switch (the model's RWKV-7 block binds it to its op)
+CARRY = hunting._option("silent")[2].options["bug"]  # chunk_rwkv7's unlisted switch, as the model's RWKV-7 block
+# binds it to its op (an id that says nothing; it is written only in hunting's encoded material)
+OLD_NAME = "carry_ge"  # the switch's name before issue 44: it led `grep -rn` straight to the kernel's branch
 
 
 def _printed(fn, *args) -> str:
@@ -46,7 +52,7 @@ def _rwkv7(T: int, bug, dtype=torch.float32):
     return x, o.float(), ht
 
 
-def test_the_carry_switch_is_wrong_but_finite_and_only_past_the_first_chunk():
+def test_the_unlisted_switch_is_wrong_but_finite_and_only_past_the_first_chunk():
     """The state leaving a 16-row chunk is wrong: the output of one chunk is bit-identical, the final state and every
     later chunk's output are finite but off by far more than rounding."""
     x, o_fixed, ht_fixed = _rwkv7(16, None)
@@ -58,6 +64,57 @@ def test_the_carry_switch_is_wrong_but_finite_and_only_past_the_first_chunk():
     assert torch.equal(o_fixed[:, :16], o_bug[:, :16]) and torch.isfinite(o_bug).all()
     exact, _ = registry.get("chunk_rwkv7").reference(**{n: t.double() for n, t in x.items()})
     assert check.rel_error(o_fixed, exact) < 2e-5 < 1e-2 < check.rel_error(o_bug, exact)
+
+
+def _switched_reference(x: dict, chunk: int = 16):
+    """float64: chunk_rwkv7 under its switch, as the answer key states it. Inside a 16-row chunk every step is exact;
+    the state leaving a chunk is decayed by the exclusive row G[last - 1] instead of G[last], i.e. the exact state
+    at the chunk's end with its last step's decay undone (exp(-w_last), per key channel)."""
+    T, state, outputs = x["r"].shape[1], None, []
+    for start in range(0, T, chunk):
+        part = {n: t[:, start:start + chunk] for n, t in x.items()}
+        o, ht = reference.recurrent_rwkv7(**part, initial_state=state, output_final_state=True)
+        outputs.append(o)
+        state = ht * (-part["w"][:, -1].double()).exp()[..., None]
+    return torch.cat(outputs, 1), state
+
+
+@pytest.mark.parametrize("T", [16, 33, 40])
+def test_the_switch_computes_exactly_what_the_answer_key_says(T):
+    """The shipped path matches float64; the switched path matches the answer key's mechanism to the same precision
+    (a chunk of one row, T = 33, and a partial last chunk, T = 40, included): the slot changed the plumbing only."""
+    spec = registry.get("chunk_rwkv7")
+    x = harness.leaves(spec.inputs(registry.Shape(1, T, 2, 16, 16), decay=1.0, initial_state=False), torch.float32,
+                       fla_lab.device())
+    exact = registry.get("chunk_rwkv7").reference(**{n: t.double() for n, t in x.items()}, output_final_state=True)
+    switched = _switched_reference({n: t.double() for n, t in x.items()})
+    for bug, (o_ref, ht_ref) in ((None, exact), (CARRY, switched)):
+        o, ht = fla_lab.ops.chunk_rwkv7(**x, output_final_state=True, bug=bug)
+        assert check.rel_error(o, o_ref) < 2e-5 and check.rel_error(ht, ht_ref) < 2e-5, (bug, T)
+    assert check.rel_error(switched[1], exact[1]) > 1e-2  # the two references do differ
+
+
+def test_the_switch_enters_through_a_slot_helper_and_no_name_says_what_it_does():
+    """Item 2 of issue 44: `bug="carry_ge"` showed in vars(), the call record, and `grep -rn carry_ge fla_lab/` led to
+    the kernel's `if CARRY_GE:` branch. Now the switch is an id that no source file holds in plain text, and the
+    kernel takes a helper for its END_DECAY slot (the shipped one, or the other under the switch), as the
+    catalogue's kernel bugs do."""
+    sources = _installed_sources()
+    assert not [path for path, text in sources.items() if OLD_NAME in text.lower()]
+    assert not [path for path, text in sources.items() if re.search(rf"(?<![\w]){re.escape(CARRY)}(?![\w])", text)]
+    assert "END_DECAY" in rwkv7_chunk.dplr_fwd_h_kernel.arg_names
+    assert not any("carry" in name.lower() for name in rwkv7_chunk.dplr_fwd_h_kernel.arg_names)
+    assert rwkv7_chunk.end_decay_helper(None) is rwkv7_chunk.end_decay
+    assert rwkv7_chunk.end_decay_helper(CARRY) is rwkv7_chunk.end_decay_alt
+
+    model = hunting.mystery_model()
+    held = repr({name: vars(module) for name, module in model.named_modules()}) + repr(model)
+    assert "carry" not in held.lower() and f"bug={CARRY!r}" in held  # the opaque id is all vars() shows
+    with audit.audit(model) as recorded:
+        hunting.loss_of(model, hunting.tokens()).backward()
+    calls = {call.op: call for call in recorded.calls}
+    assert "carry" not in repr([(c.op, c.module, c.kwargs) for c in recorded.calls]).lower()
+    assert calls["chunk_rwkv7"].kwargs.get("bug") == CARRY
 
 
 def _gate_grads(gate_fn):
@@ -177,6 +234,36 @@ def test_why_must_cite_a_number():
         verdict = hunting.check_nan_hunt(model, {**solution, "why": why})
         assert not verdict.passed and "cites a number" in str(verdict) and verdict.hints, str(verdict)
     assert hunting.check_nan_hunt(model, solution).passed
+
+
+def _printed_tiers(verdict) -> list[str]:
+    """Every hint tier as `verdict.hint()` prints it (a sealed tier opened)."""
+    return [_printed(verdict.hint).split("): ", 1)[1].split("\n")[0] for _ in verdict.hints]
+
+
+@pytest.mark.parametrize("exercise, name, check", [("nan", "finding", "check_nan_hunt"),
+                                                   ("silent", "finding2", "check_silent_hunt")])
+def test_the_tiers_that_state_the_answer_are_sealed_and_open_as_hints(exercise, name, check):
+    """Item 2 of issue 44: NAN_HINTS and SILENT_HINTS were public tuples, their second tier the reasoning to the
+    answer in plain text (Tab, `??`). Now they are private, that tier is sealed (base64 in the source) and so is the
+    last one (the whole finding, from the encoded material): `verdict.hints` shows placeholders, `hint()` opens
+    them in turn."""
+    assert not hasattr(hunting, "NAN_HINTS") and not hasattr(hunting, "SILENT_HINTS")
+    table = {"nan": hunting._NAN_HINTS, "silent": hunting._SILENT_HINTS}[exercise]
+    assert not isinstance(table[0], exercises.Sealed) and isinstance(table[1], exercises.Sealed)
+    source = inspect.getsource(hunting)
+    for public in (n for n in dir(hunting) if not n.startswith("_")):  # no public name holds a tier
+        value = getattr(hunting, public)
+        assert not (isinstance(value, tuple) and set(value) & set(table)), public
+    reasoning = str.__str__(table[1])  # the text itself, whatever display paths show
+    assert reasoning[:60] not in source and len(reasoning) > 200
+
+    verdict = getattr(hunting, check)(_off_model(), {})  # the stub: every field empty
+    assert not verdict.passed and len(verdict.hints) == 3
+    assert all(isinstance(tier, exercises.Sealed) and "sealed" in repr(tier) for tier in verdict.hints[1:])
+    first, second, last = _printed_tiers(verdict)
+    assert first == table[0] and second == reasoning
+    assert f"where = {_solutions()[name]['where']!r}" in last and "sealed" not in last
 
 
 def test_the_model_as_called_joins_the_registry_beside_the_shipped_op():

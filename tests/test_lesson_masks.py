@@ -228,3 +228,49 @@ def test_the_solution_line_is_sealed_out_of_tab_and_source():
                                       if not n.startswith("_") and getattr(getattr(masks, n), "__module__", "")
                                       == masks.__name__]
     assert not any("m_v[:, None] & m_k[None, :]" in doc or "fixed `[BV, BK]`" in doc for doc in docs)
+
+
+def test_the_cell_model_and_the_probe_do_not_write_the_right_mask():
+    """`lesson.h0_cells??` and `lesson.mask_probe_kernel??` are on the learner's path: neither builds a mask with the
+    values down the rows and the keys across (the exercise's line, in any names), issue 44. The right cells come
+    from the grid (`needed[:V, :K]`), the same cells the pointer-shaped mask lets through."""
+    import inspect
+    import re
+
+    column_then_row = re.compile(r"[om]_v\[:, None\][^\n]*&[^\n]*[om]_k\[None, :\]")
+    for code in (masks.h0_cells, masks.mask_probe_kernel.fn):
+        assert not column_then_row.search(inspect.getsource(code)), code
+    assert not column_then_row.search(inspect.getsource(masks))
+    assert torch.equal(masks.h0_cells(16, 32, 32, 32) == 2, masks.mask_cells(pointer_shaped_mask, 16, 32, 32, 32)
+                       & ~masks.mask_cells(transposed_mask, 16, 32, 32, 32))  # missing: needed, masked off
+
+
+def _trial(status="right", message="", **counts) -> "masks.MaskTrial":
+    return masks.MaskTrial(32, 32, 16, 32, masks.Outcome(status, {}, message=message), **counts)
+
+
+@pytest.mark.parametrize("trials", [
+    [_trial("raises", "incompatible dimensions"), _trial(transposed=True)],         # the transposed mask
+    [_trial("raises", "incompatible dimensions")],                                  # another wrong shape
+    [_trial(missing=4)],                                                            # elements dropped
+    [_trial(through_k=4)], [_trial(through_v=4)], [_trial(through_k=4, through_v=4)],  # padding let through
+], ids=["transposed", "shape", "drops", "keys", "values", "both"])
+def test_tiers_that_say_how_to_build_the_mask_are_sealed(trials):
+    """Tier 2 says how the mask must be built (its orientation, the checks each cell needs): Sealed, so `lesson??`
+    shows base64 there (issue 44); the last tier is the sealed line."""
+    import inspect
+
+    from fla_lab import exercises
+
+    hints = masks.mask_hints(trials)
+    assert isinstance(hints[1], exercises.Sealed) and hints[1] not in inspect.getsource(masks)
+    assert not isinstance(hints[0], exercises.Sealed) and hints[-1] == masks._LINE
+
+
+def test_a_helper_that_does_not_run_gets_no_line():
+    """Its two tiers stop short of the line and stay plain: a Sealed last tier counts as the line, and a helper
+    broken on purpose must not open the fix."""
+    from fla_lab import exercises
+
+    hints = masks.mask_hints([_trial("raises", "NameError: name 'x' is not defined")])
+    assert len(hints) == 2 and not any(isinstance(tier, exercises.Sealed) for tier in hints)

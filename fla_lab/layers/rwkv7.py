@@ -2,11 +2,13 @@
 
 Forward (official `RWKV_Tmix_x070`, flash-linear-attention's `RWKV7Attention`):
 - token shift `xx = shift(x) - x`, static mixes `x_* = x + xx * x_*` for r, w, k, v, a, g;
-- `r, k, v = W x_*`; log-decay `w = -exp(-0.5) * sigmoid(w0 + tanh(x_w A) B)` in fp32, in (-0.6065, 0);
+- `r, k, v = W x_*`; log-decay `w = -exp(-0.5) * sigmoid(w0 + tanh(x_w A) B)`, in (-0.6065, 0) (its precision
+  under autocast: notebook 05);
 - value residual: layer 0 returns `v_first = v`, later layers `v = lerp(v, v_first, sigmoid(v_lora))`;
 - in-context learning rate `a = sigmoid(a_lora)`, removal key `kk = normalize(k * k_k)` per head,
   `k = k * (1 + (a - 1) * k_a)`;
-- the DPLR kernel with `a = -kk`, `b = kk * a`, scale 1: `S_t = (diag(exp w_t) + b_t a_t^T) S_{t-1} + k_t v_t^T`;
+- the DPLR kernel with a and b built from kk and the gate a (notebook 02 derives them), scale 1:
+  `S_t = (diag(exp w_t) + b_t a_t^T) S_{t-1} + k_t v_t^T`;
 - GroupNorm per head (eps head_dim * norm_eps), the bonus `(sum_head r * k * r_k) v`, times the gate
   `g = sigmoid(x_g G1) G2`, output projection.
 
@@ -56,8 +58,8 @@ def real_torch_empty(shape=(6, 768)) -> torch.Tensor:
 
 
 def log_decay_from_lora(w_raw: torch.Tensor, bug: str | None = None) -> torch.Tensor:
-    """RWKV-7's log-decay from its decay-LoRA output: `-exp(-0.5) * sigmoid(w_raw)`, in fp32 (the fix of #181),
-    or in the LoRA output's dtype (bf16 under autocast) with `bug="bf16_decay"`."""
+    """RWKV-7's log-decay from its decay-LoRA output, `-exp(-0.5) * sigmoid(w_raw)`; `bug="bf16_decay"` computes it
+    as upstream #181 did (notebook 05: what that changes under autocast, and writing the fix)."""
     if bug == "bf16_decay":  # upstream #181 (and 0.6.0 again): sigmoid rounded to bf16
         return -DECAY_SCALE * w_raw.sigmoid()
     return -DECAY_SCALE * w_raw.float().sigmoid()
@@ -210,7 +212,7 @@ class RWKV7Attention(nn.Module):
     def attend(self, r, w, k, v, a, b, cu_seqlens=None):
         """Run the op. Under autocast the projections come out in the autocast dtype while the vector parameters
         (k_a, k_k) promote k, a, b to fp32: the kernel gets r, k, v, a, b in the projections' dtype (the autocast
-        dtype, else the module's) and w as computed (fp32: the fix of #181)."""
+        dtype, else the module's) and w as `log_decay` computed it (its dtype: notebook 05)."""
         from fla_lab.ops import contract
 
         k, v, a, b = (t.to(r.dtype) for t in (k, v, a, b))

@@ -19,7 +19,6 @@ from torch import nn
 
 from fla_lab import exercises, reference, runtime, viz, widgets
 from fla_lab.layers import RWKV7Attention
-from fla_lab.layers.rwkv7 import log_decay_from_lora
 
 BUG = "bf16_decay"  # the catalogue entry this notebook turns on (`bugs.show([amp.BUG])`)
 DEPTH = 12
@@ -39,9 +38,16 @@ def log_decays(lora_output: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -
     switch (965c3553).
     """
     x = lora_output.to(dtype)
-    low = log_decay_from_lora(x, BUG)
-    fixed = log_decay_from_lora(x, None)
-    return low.double(), fixed.double()
+    return _layer_decay(x, BUG).double(), _layer_decay(x, None).double()
+
+
+def _layer_decay(lora_output: torch.Tensor, bug: str | None) -> torch.Tensor:
+    """The layer's own decay line on LoRA outputs, with the switch `bug` on or off (`RWKV7Attention.log_decay`
+    without the LoRA). Called through the layer's module, not imported by name: a name of this module would put
+    the shipped line one `??` away from the exercise."""
+    from fla_lab.layers import rwkv7
+
+    return rwkv7.log_decay_from_lora(lora_output, bug)
 
 
 def lora_grid(lo: float = -8.0, hi: float = 4.0, n: int = 100001) -> torch.Tensor:
@@ -449,7 +455,7 @@ def debug_in_fp32() -> dict[str, str]:
     from fla_lab.lessons import decay_contract
 
     x = lora_grid(-8, 4, 1001)
-    w_fp32 = log_decay_from_lora(x, "bf16_decay")  # the buggy line, on fp32 LoRA output
+    w_fp32 = _layer_decay(x, "bf16_decay")  # the buggy line, on fp32 LoRA output
     bias = float(((w_fp32 - official_log_decay(x)) / official_log_decay(x)).abs().max())
     g = harness.gated_inputs(1, 80, 2, 32, 16, decay=100.0, bonus=True, seed=7, names=("r", "k", "v", "w"))
     with torch.no_grad():
@@ -526,6 +532,10 @@ def check_log_decay(candidate: Callable[[torch.Tensor], torch.Tensor], T: int = 
 # the solution line: sealed (base64 in this source; Tab, `??` and help() do not show it), opened by the last hint
 # tier only
 _LINE = exercises.Sealed("cmV0dXJuIC1tYXRoLmV4cCgtMC41KSAqIHdfcmF3LmZsb2F0KCkuc2lnbW9pZCgp")
+# what is wrong after a cast that comes too late: it says where the cast goes, so it is sealed like the line
+_WHAT_LATE_CAST = exercises.Sealed(
+    "dyBpcyBmcDMyIGJ1dCBob2xkcyBiZjE2IHZhbHVlczogdGhlIHNpZ21vaWQgaGFkIGFscmVhZHkgcm91bmRlZCB0aGVtIHdoZW4geW91IGNhc3Q7IG"
+    "EgY2FzdCBjYW5ub3QgYnJpbmcgYmFjayB0aGUgYml0cywgaXQgaGFzIHRvIGNvbWUgYmVmb3JlIHRoZSBmaXJzdCBvcCB0aGF0IHJvdW5kcw==")
 ROUNDING_BOUND = 2 * 2.0 ** -8  # the most two bf16 roundings (the sigmoid, the product) move w, relative
 
 
@@ -588,9 +598,7 @@ def decay_hints(candidate, w: torch.Tensor, x: torch.Tensor, grid: dict, tol: fl
             trace, f"w was rounded on the way, but not by the historical line's sigmoid: {_other_ops_note(dev)}; a "
             "line that relies on autocast's op lists is fp32 only on a device whose lists include its ops", _LINE)
     if w.dtype == torch.float32:
-        return exercises.hints(
-            trace, "w is fp32 but holds bf16 values: the sigmoid had already rounded them when you cast; a cast "
-            "cannot bring back the bits, it has to come before the first op that rounds", _LINE)
+        return exercises.hints(trace, _WHAT_LATE_CAST, _LINE)
     return exercises.hints(
         trace, "w_raw arrives as bf16 (a Linear's output under autocast), and sigmoid is on neither autocast's fp32 "
         "list: it computes and returns bf16, and so does the product after it. Switching autocast off does not help: "

@@ -13,6 +13,7 @@ Kernels run in fla_lab's Triton ops; state trajectories come from the float64 re
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -68,7 +69,7 @@ def verdict(op, *args, brief: bool = False, **kwargs) -> str:
 
     The call runs forward only, value checks on (as on the CPU), numpy overflow warnings hidden; tensor arguments
     are moved to the kernels' device first. `brief`: each message up to its first sentence's end (what is wrong,
-    not the advice after it: before an exercise, that advice is the answer).
+    without the advice after it; the advice says where to look, never an exercise's line).
     """
     args, kwargs = on_device(list(args)), on_device(kwargs)
     said = []
@@ -450,18 +451,19 @@ SIGNS = {"log-space (w <= 0)": -1.0, "raw positive (w > 0)": 1.0}
 
 
 def explorer_inputs(decay: float, sign: float, ab: float, T: int = 128, K: int = 16, seed: int = 0) -> dict:
-    """RWKV-7 inputs with `w = sign * decay * U(0.05, 1)`, and `a`, `b` along one unit vector kk, scaled so that
+    """RWKV-7 inputs with `w = sign * decay * U(0.05, 1)`, `a` a unit vector u and `b = ab * u`, so that
     `b . a = ab` at every step.
 
-    kk has positive entries (normalised U(0, 1)), so successive steps point the same way, as #150's a, b ~ U(0, 1)
-    do. RWKV-7's own a, b keep ab in [-1, 0]; #150 had ab near K / 4.
+    u has positive entries (U(0, 1), scaled to length 1), so successive steps point the same way, as #150's
+    a, b ~ U(0, 1) do. RWKV-7's own a, b keep ab in [-1, 0]; #150 had ab near K / 4.
     """
     gen = torch.Generator().manual_seed(seed)
     shape = (1, T, 1, K)
-    kk = F.normalize(torch.rand(shape, generator=gen), dim=-1)
+    u = torch.rand(shape, generator=gen)
+    u = u / u.norm(dim=-1, keepdim=True)
     w = sign * -harness.log_decay(shape, decay, gen)
     r, k, v = (torch.randn(shape, generator=gen) for _ in range(3))
-    return {"r": r, "w": w, "k": k, "v": v, "a": -kk, "b": -ab * kk}
+    return {"r": r, "w": w, "k": k, "v": v, "a": u, "b": ab * u}
 
 
 def growth_by_dtype(decay: float = 0.1, sign: float = -1.0, ab: float = 1.0, T: int = 128, K: int = 16,
@@ -568,9 +570,13 @@ def rwkv7_step_lines() -> str:
 
 
 def removal_lines() -> str:
-    """The lines of `fla_lab/layers/rwkv7.py` that build kk, a and b, with their file:line."""
+    """The lines of `fla_lab/layers/rwkv7.py` that build kk, a and b, with their file:line, once exercise 2 is
+    solved or revealed (`exercises.is_open`): before that they would be its answer."""
     from fla_lab.layers import rwkv7
 
+    if not exercises.is_open(EXERCISE_REMOVAL):
+        return (f"(the layer's lines that build a and b show once check_removal says PASS, or after verdict.hint()'s "
+                f"last tier: {EXERCISE_REMOVAL})")
     return source_lines(rwkv7, ("a = self.a_lora", "kk = ", "o = self.attend("))
 
 
@@ -591,6 +597,56 @@ GATE_BT = 64  # rows per program
 # hint tier only
 _LOG_DECAY_LINE = exercises.Sealed("cmV0dXJuIHRsLm1pbmltdW0oeCwgMC4wKSAtIHRsLmxvZygxLjAgKyB0bC5leHAoLXRsLmFicyh4KSkp")
 _REMOVAL_LINE = exercises.Sealed("a2sgPSBGLm5vcm1hbGl6ZShrLCBkaW09LTEpOyByZXR1cm4gLWtrLCBrayAqIGE=")
+# hint tiers that state a fix in words, sealed like the lines (`verdict.hint()` opens them; a Sealed last tier counts
+# as the line, and printing it opens the fix, so a last tier that is not the line stays plain). Exercise 1: why a
+# log of a rounded gate is not finite, why a clamp is off, and the line
+_WHY_NOT_FINITE = exercises.Sealed(
+    "aW4gZnAzMiwgc2lnbW9pZCh4KSA9IDEgLyAoMSArIGV4cCgteCkpIHJvdW5kcyB0byBleGFjdGx5IDAgb25jZSBleHAoLXgpIG92ZXJmbG93cyAoeC"
+    "BiZWxvdyBhYm91dCAtODguNzsgYSBHUFUncyBzaWdtb2lkIG1heSBob2xkIG9uIHRvIGFib3V0IC0xMDMgd2l0aCBzdWJub3JtYWxzKSwgYW5kIGxv"
+    "ZygwKSA9IC1pbmYgKGxvZyhpbmYpID0gaW5mIGlmIHlvdSB3cm90ZSBsb2coMSArIGV4cCgteCkpKTogbmV2ZXIgdGFrZSB0aGUgbG9nIG9mIGEgZ2"
+    "F0ZSB0aGF0IGhhcyBhbHJlYWR5IHJvdW5kZWQsIG5vciB0aGUgZXhwIG9mIGEgbGFyZ2UgcG9zaXRpdmUgbnVtYmVyLiBXaGljaCBleHAgYXJndW1l"
+    "bnQgc3RheXMgPD0gMCBmb3IgZXZlcnkgeD8=")
+_WHY_OFF = exercises.Sealed(
+    "bG9nKHNpZ21vaWQoeCkpIGlzIGFib3V0IHggZm9yIHZlcnkgbmVnYXRpdmUgeCBhbmQgYWJvdXQgLWV4cCgteCkgZm9yIGxhcmdlIHg6IGEgY2xhbX"
+    "Agb24gdGhlIGdhdGUgb3Igb24geCBrZWVwcyB3IGZpbml0ZSBidXQgY2FwcyBpdDsgd3JpdGUgbG9nKHNpZ21vaWQoeCkpID0gLWxvZygxICsgZXhw"
+    "KC14KSkgc28gdGhhdCBubyBleHAgb3ZlcmZsb3dz")
+_LOG_DECAY_TIER = exercises.Sealed(
+    "c3BsaXQgbG9nKHNpZ21vaWQoeCkpID0gLWxvZygxICsgZXhwKC14KSkgb24gdGhlIHNpZ24gb2YgeDogIHJldHVybiB0bC5taW5pbXVtKHgsIDAuMC"
+    "kgLSB0bC5sb2coMS4wICsgdGwuZXhwKC10bC5hYnMoeCkpKQ==")
+# exercise 2: one per mistake of removal_hints (a sign, an adding step, no key, the key's length, the transposed
+# step, anything else), and the line with what each half does
+_WHAT_SIGN = exercises.Sealed(
+    "YSBhbmQgYiBwb2ludCB0aGUgc2FtZSB3YXksIHNvIHRoZSBzdGVwIGFkZHMgYWxvbmcgdGhlIGtleSBpbnN0ZWFkIG9mIHJlbW92aW5nOiBvbmUgb2"
+    "YgdGhlIHR3byB0YWtlcyBhIG1pbnVzIHNpZ24=")
+_WHAT_ADDS = exercises.Sealed(
+    "YSBpcyB3aGF0IHRoZSBzdGVwIHJlYWRzIChyaG8gPSBhXlQgUyksIGIgaXMgd2hlcmUgaXQgd3JpdGVzIHJobyBiYWNrOiB0byByZW1vdmUsIGIgbX"
+    "VzdCBwb2ludCBhZ2FpbnN0IGEgKGIgLiBhIDwgMCksIGJvdGggYWxvbmcgdGhlIGtleSdzIGRpcmVjdGlvbiwgYW5kIHRoZSByZXBvcnQncyBiLCBk"
+    "cmF3biBhdCByYW5kb20sIGhhcyBubyBwbGFjZQ==")
+_WHAT_NO_KEY = exercises.Sealed(
+    "dGhlIHN0ZXAgcmVhZHMgdGhlIHN0YXRlIGFsb25nIGEgKHJobyA9IGFeVCBTKSBhbmQgd3JpdGVzIHJobyBiYWNrIGFsb25nIGIsIGFuZCBSV0tWLT"
+    "cgcmVhZHMgYW5kIHdyaXRlcyBhbG9uZyB0aGUga2V5J3MgZGlyZWN0aW9uLCBvbmUgdW5pdCB2ZWN0b3IgcGVyIGhlYWQgYW5kIHRva2VuOiBhIGFu"
+    "ZCBiIGFyZSBidWlsdCBmcm9tIGsuIFRoZSByZXBvcnQncyBhIGVudGVycyBvbmx5IGFzIHRoZSBnYXRlIGFfZ2F0ZSwgc2NhbGluZyB3aGF0IGlzIH"
+    "dyaXR0ZW4gYmFjayBwZXIgY2hhbm5lbDsgdGhlIHJlcG9ydCdzIGIgaGFzIG5vIHBsYWNl")
+_WHAT_NO_KEY_BELOW = exercises.Sealed(
+    "dGhlIHN0ZXAgcmVhZHMgdGhlIHN0YXRlIGFsb25nIGEgKHJobyA9IGFeVCBTKSBhbmQgd3JpdGVzIHJobyBiYWNrIGFsb25nIGIsIGFuZCBSV0tWLT"
+    "cgcmVhZHMgYW5kIHdyaXRlcyBhbG9uZyB0aGUga2V5J3MgZGlyZWN0aW9uLCBvbmUgdW5pdCB2ZWN0b3IgcGVyIGhlYWQgYW5kIHRva2VuOiBhIGFu"
+    "ZCBiIGFyZSBidWlsdCBmcm9tIGsuIFRoZSByZXBvcnQncyBhIGVudGVycyBvbmx5IGFzIHRoZSBnYXRlIGFfZ2F0ZSwgc2NhbGluZyB3aGF0IGlzIH"
+    "dyaXR0ZW4gYmFjayBwZXIgY2hhbm5lbDsgdGhlIHJlcG9ydCdzIGIgaGFzIG5vIHBsYWNlLiBUd28gVSgwLCAxKSB2ZWN0b3JzLCBzaWducyBjaGFu"
+    "Z2VkIG9yIG5vdCwgaGF2ZSB8YiAuIGF8IGFib3V0IEsvNCwgc28gYSBzdGVwIGFsb25nIHRoZW0gcmVtb3ZlcyBzZXZlcmFsIHRpbWVzIHdoYXQgdG"
+    "hlIHN0YXRlIGhvbGRz")
+_WHAT_KEY_LENGTH = exercises.Sealed(
+    "YiAuIGEgY2FycmllcyB0aGUga2V5J3Mgc3F1YXJlZCBsZW5ndGggKHxrfF4yIGlzIGFib3V0IEsvMyBmb3IgcmFuZCBrZXlzKSwgc28gdGhlIHN0ZX"
+    "AgcmVtb3ZlcyBtb3JlIHRoYW4gdGhlIHN0YXRlIGhvbGRzOiByZWFkIGFsb25nIGEgdW5pdCB2ZWN0b3IsIHRoZSBrZXkgbm9ybWFsaXNlZCBwZXIg"
+    "aGVhZCAob3ZlciB0aGUgbGFzdCBkaW1lbnNpb24sIEsp")
+_WHAT_TRANSPOSED = exercises.Sealed(
+    "YSBpcyByZWFkIChyaG8gPSBhXlQgUyksIGIgaXMgd3JpdHRlbiAoY2hhbm5lbCBpIGdldHMgYl9pIHJobyk6IHRoZSBnYXRlIGFfZ2F0ZVtpXSBzYX"
+    "lzIGhvdyBtdWNoIGtleSBjaGFubmVsIGkgbG9zZXMsIHNvIGl0IHNjYWxlcyBiOyBhIGlzIHRoZSB1bml0IGtleSBhbG9uZQ==")
+_WHAT_REMOVAL = exercises.Sealed(
+    "cmVhZCBhbG9uZyB0aGUgdW5pdCBrZXkgKGEpLCB3cml0ZSBiYWNrIGFnYWluc3QgaXQgKGIpLCBzY2FsZWQgcGVyIGNoYW5uZWwgYnkgdGhlIGdhdG"
+    "UgYV9nYXRl")
+_REMOVAL_TIER = exercises.Sealed(
+    "a2sgPSBGLm5vcm1hbGl6ZShrLCBkaW09LTEpOyByZXR1cm4gLWtrLCBrayAqIGEgICAoYSB1bml0IGtleSByZWFkLCB0aGUgZ2F0ZSBvbiB3aGF0IG"
+    "lzIHdyaXR0ZW4gYmFjazsgdGhlIHJlcG9ydCdzIGIgaXMgbm90IHVzZWQp")
 
 
 @triton.jit
@@ -630,7 +686,6 @@ def log_decay_hints(x: torch.Tensor, w: torch.Tensor) -> tuple[str, ...]:
     x, w = x.flatten().double(), w.flatten().double()
     ref = F.logsigmoid(x)
     bad = ~torch.isfinite(w)
-    line = f"split log(sigmoid(x)) = -log(1 + exp(-x)) on the sign of x:  {_LOG_DECAY_LINE}"
     if (w[~bad] > 0).any():
         return exercises.hints(
             where=f"w is positive (up to {float(w[~bad].max()):.2f}): the contract refuses it, and the exact state "
@@ -645,19 +700,13 @@ def log_decay_hints(x: torch.Tensor, w: torch.Tensor) -> tuple[str, ...]:
         return exercises.hints(
             where=f"w is non-finite ({int(bad.sum())} values) at every x from {lo:.1f} to {hi:.1f} that the check "
                   f"tried; {fine}",
-            what="in fp32, sigmoid(x) = 1 / (1 + exp(-x)) rounds to exactly 0 once exp(-x) overflows (x below about "
-                 "-88.7; a GPU's sigmoid may hold on to about -103 with subnormals), and log(0) = -inf (log(inf) = inf "
-                 "if you wrote log(1 + exp(-x))): never take the log of a gate that has already rounded, nor the exp "
-                 "of a large positive number. Which exp argument stays <= 0 for every x?",
-            line=line)
+            what=_WHY_NOT_FINITE, line=_LOG_DECAY_TIER)
     err = (w - ref).abs() / ref.abs().clamp(min=1)
     worst = int(err.argmax())
     return exercises.hints(
         where=f"w is finite but off: worst at x = {float(x[worst]):.2f}, {float(w[worst]):.4g} against float64's "
               f"{float(ref[worst]):.4g}",
-        what="log(sigmoid(x)) is about x for very negative x and about -exp(-x) for large x: a clamp on the gate or on "
-             "x keeps w finite but caps it; write log(sigmoid(x)) = -log(1 + exp(-x)) so that no exp overflows",
-        line=line)
+        what=_WHY_OFF, line=_LOG_DECAY_TIER)
 
 
 def check_log_decay(helper, T: int = 256, K: int = 16, seed: int = 0) -> exercises.Verdict:
@@ -706,8 +755,16 @@ PROBE_WIDTHS = (8, 64)
 
 def _removal_reference(k: torch.Tensor, a_gate: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """RWKV-7's removal vectors from a key and a gate, as `fla_lab.layers.RWKV7Attention` builds them (k_k = 1)."""
-    kk = F.normalize(k, dim=-1)
-    return -kk, kk * a_gate
+    return _sealed_removal()(k, a_gate, None)
+
+
+@functools.cache
+def _sealed_removal():
+    """The exercise's sealed line as a function `(k, a, b) -> (a, b)`: compiled from the seal, so that this source
+    (`lesson??`) never spells the answer out, and the check grades against the very line the last hint prints."""
+    scope = {"F": F}
+    exec(f"def removal(k, a, b):\n    {_REMOVAL_LINE.opened()}\n", scope)  # noqa: S102  (our own sealed text)
+    return scope["removal"]
 
 
 def _rank_one(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -768,26 +825,20 @@ def removal_hints(k, a_gate, a, b, probes: list[Probe], key_used: bool = True) -
     close = lambda X, Y: float((X - Y).abs().max()) <= 1e-5 * float(Y.abs().max())  # noqa: E731
     seen = "; ".join(f"K = {p.K}: b . a up to {p.ba[1]:+.2f}, down to {p.ba[0]:+.2f}, |eigenvalue| {p.radius:.2f}"
                      for p in probes)
-    line = f"{_REMOVAL_LINE}   (a unit key read, the gate on what is written back; the report's b is not used)"
     if close(R, -R_ref):
         return exercises.hints(
             where=f"the probe: {seen}. Right size, wrong sign",
-            what="a and b point the same way, so the step adds along the key instead of removing: one of the two "
-                 "takes a minus sign",
-            line=line)
+            what=_WHAT_SIGN, line=_REMOVAL_TIER)
     if max(p.ba[1] for p in probes) > 1e-6:
         return exercises.hints(
             where=f"the probe: {seen}. b . a > 0: along a, one step keeps about exp(w) + b . a of the state, more than "
                   "all of it",
-            what="a is what the step reads (rho = a^T S), b is where it writes rho back: to remove, b must point "
-                 "against a (b . a < 0), both along the key's direction, and the report's b, drawn at random, has no "
-                 "place",
-            line=line)
+            what=_WHAT_ADDS, line=_REMOVAL_TIER)
     if max(abs(p.ba[0]) for p in probes) < 1e-6:
         return exercises.hints(
             where=f"the probe: {seen}. b . a = 0: the transition is diag(exp w), it never grows, but it never removes",
             what="RWKV-7 removes, at each step, a fraction a_gate of what the state holds along the key's direction",
-            line=line)
+            line=_REMOVAL_TIER)
     below = min(p.ba[0] for p in probes) < -1 - 1e-6
     if not key_used:
         return exercises.hints(
@@ -795,30 +846,19 @@ def removal_hints(k, a_gate, a, b, probes: list[Probe], key_used: bool = True) -
                                            "the state flips sign and grows." if below else "") +
                   " And your a, b do not depend on k: called again with another key, removal returned the same "
                   "vectors",
-            what="the step reads the state along a (rho = a^T S) and writes rho back along b, and RWKV-7 reads and "
-                 "writes along the key's direction, one unit vector per head and token: a and b are built from k. The "
-                 "report's a enters only as the gate a_gate, scaling what is written back per channel; the report's b "
-                 "has no place" + (". Two U(0, 1) vectors, signs changed or not, have |b . a| about K/4, so a step "
-                                   "along them removes several times what the state holds" if below else ""),
-            line=line)
+            what=_WHAT_NO_KEY_BELOW if below else _WHAT_NO_KEY, line=_REMOVAL_TIER)
     if below:
         return exercises.hints(
             where=f"the probe: {seen}. b . a below -1, lower at the larger K: a negative eigenvalue beyond -1, the "
                   "state flips sign and grows",
-            what="b . a carries the key's squared length (|k|^2 is about K/3 for rand keys), so the step removes more "
-                 "than the state holds: read along a unit vector, the key normalised per head (over the last "
-                 "dimension, K)",
-            line=line)
+            what=_WHAT_KEY_LENGTH, line=_REMOVAL_TIER)
     if close(R, R_ref.transpose(-1, -2)):
         return exercises.hints(
             where="the eigenvalues are right but the step is the transpose of RWKV-7's (same eigenvalues, other output)",
-            what="a is read (rho = a^T S), b is written (channel i gets b_i rho): the gate a_gate[i] says how much "
-                 "key channel i loses, so it scales b; a is the unit key alone",
-            line=line)
+            what=_WHAT_TRANSPOSED, line=_REMOVAL_TIER)
     return exercises.hints(
         where=f"the probe: {seen}; the step differs from RWKV-7's removal",
-        what="read along the unit key (a), write back against it (b), scaled per channel by the gate a_gate",
-        line=line)
+        what=_WHAT_REMOVAL, line=_REMOVAL_TIER)
 
 
 def check_removal(removal, T: int = 64, K: int = 64, seed: int = 0) -> exercises.Verdict:

@@ -6,7 +6,7 @@ each block of later rows around a reference `gn`, the chunk-local cumulative dec
 sub-chunk being differentiated: `exp(gi_t - gn) * exp(gn - gi_r)`. For a valid later row `gi_t <= gn`; a row past the
 end of the sequence (a partial last chunk) loads its decay as 0, so the factor is `exp(0 - gn) = exp(|gn|)`: inf once
 `|gn| > 88.72` in fp32, times the zero-padded `do`: NaN, which the `tl.dot` spreads over the sub-chunk's rows and the
-decay gradient's reverse cumulative sum over every earlier row. The fix 737550ff masks rows past T in the exponent.
+decay gradient's reverse cumulative sum over every earlier row. The fix 737550ff is the notebook's exercise.
 Everything here runs the real kernel `chunk_gsa` (and the layer `GatedSlotAttention`) with and without
 `bug="unmasked_padding"`, against the float64 spec `reference.recurrent_gsa`; the exercise's helper goes into the
 EXPONENT slot of that kernel (`chunk_gsa(later_rows_exponent=...)`). `packed_batch` runs it on a packed batch
@@ -393,11 +393,21 @@ def show_catalogue() -> None:
 
 def show_switch() -> None:
     """The two helpers for the EXPONENT slot as the catalogue prints them (`bugs.switch_lines`): the historical one
-    that `bug="unmasked_padding"` plugs in, then the shipped default; and the one-line difference."""
+    that `bug="unmasked_padding"` plugs in, then the shipped default; and the one-line difference. The shipped one
+    is the exercise's answer: until the check said PASS or the last hint tier was printed, only the historical one
+    shows, from its own source (the catalogue seals both in a learner's session)."""
+    if not exercises.is_open(EXERCISE):
+        import inspect
+
+        from fla_lab.ops.common import chunk
+
+        historical = inspect.getsource(chunk.later_rows_exponent_unmasked.fn).rstrip().splitlines()[-1]
+        print(f"the historical helper (bug={BUG!r}):\n{historical}\nthe shipped one {_SHOWS_ONCE_SOLVED}")
+        return
     lines = [line[7:] for line in bugs.switch_lines(BUG)]  # drop the "{number:5d}  " prefix
+    path = bugs.locate(BUG).rsplit(":", 1)[0]
     assert lines[0].lstrip().startswith("return") and lines[4].lstrip().startswith("return"), \
         "the two helpers changed shape: update show_switch"
-    path = bugs.locate(BUG).rsplit(":", 1)[0]
     print(f"{path}: the historical helper (bug={BUG!r}), then the shipped one")
     print("\n".join(lines))
     code = lambda s: s.split("#")[0].strip()  # noqa: E731
@@ -689,6 +699,7 @@ def explorer():
 # `chunk_gsa(..., later_rows_exponent=helper)` puts it into the EXPONENT slot of the real `slot_rows_kernel`.
 
 EXERCISE = "the exponent of the later rows in chunk_gsa's slot-gradient kernel"
+_SHOWS_ONCE_SOLVED = "shows once check_padded_exponent says PASS, or after verdict.hint()'s last tier"
 EXERCISE_T, EXERCISE_DECAY = 45, 30.0  # a partial chunk (sub-chunks 0..2 meet rows past T) at strong slot decay
 EXERCISE_SLOTS = 24  # M: a slot tile of 32 channels, 8 of them past M (the helper's m_d); not 16, so that a mask
 #                      built along the wrong axis fails to broadcast instead of silently masking slots
@@ -793,6 +804,38 @@ _LINE = exercises.Sealed(
     "YHJldHVybiB0bC53aGVyZSgob19qIDwgVClbOiwgTm9uZV0gJiBtX2RbTm9uZSwgOl0sIGJfZ3EgLSBiX2duLCAwKWA6IGEgWzE2LCAxXSByb3cg"
     "bWFzayAod2l0aCB0aGUgY2hhbm5lbCBtYXNrKSBrZWVwcyBldmVyeSByZWFsIHJvdydzIGV4cG9uZW50IGFuZCBnaXZlcyBlYWNoIHJvdyBwYXN0"
     "IFQgYW4gZXhwb25lbnQgb2YgMCwgd2hvc2UgZXhwKCkgdGltZXMgdGhlIHJvdydzIHplcm8gVyBhZGRzIGV4YWN0bHkgMA==")
+# what is wrong, where the tier also says what the fix must do: sealed like the line (`verdict.hint()` opens them).
+# A helper that does not compile, a mask along the slots, an overflow on rows past T, a cap, a value above 0 on rows
+# past T, real rows changed
+_WHAT_SHAPE = exercises.Sealed(
+    "dGhlIHRpbGUgaXMgWzE2IGxhdGVyIHJvd3MgdCwgMzIgc2xvdCBjaGFubmVsc107IG9faiBpcyBbMTZdLCBvbmUgZW50cnkgcGVyIHJvdy4gQSBtYX"
+    "NrIGJ1aWx0IGZyb20gaXQgbXVzdCB2YXJ5IGRvd24gdGhlIHJvd3M6IChvX2ogPCBUKVtOb25lLCA6XSBpcyBhIFsxLCAxNl0gcm93IHZlY3Rvciwg"
+    "bGFpZCBhbG9uZyB0aGUgY2hhbm5lbHMgKHdpdGggZXhhY3RseSAxNiBjaGFubmVscyBpdCB3b3VsZCBicm9hZGNhc3QgYW5kIG1hc2sgdGhlIHdyb2"
+    "5nIGNlbGxzIHdpdGhvdXQgYW4gZXJyb3Ip")
+_WHAT_SLOTS = exercises.Sealed(
+    "eW91ciBtYXNrIGZvbGxvd3MgdGhlIHNsb3QgY2hhbm5lbHMgKG1fZCk6IGl0IHplcm9lcyB0aGUgc2xvdHMgcGFzdCB0aGUgdGlsZSwgd2hpY2ggd2"
+    "VyZSBoYXJtbGVzcywgYW5kIGxlYXZlcyBldmVyeSByZWFsIHNsb3QgYXMgdGhlIHVubWFza2VkIGxpbmUgaGFzIGl0LiBXaGF0IG92ZXJmbG93cyBp"
+    "cyBhICpyb3cqOiBvbiBhIHJvdyBwYXN0IFQgdGhlIGxvYWQgZ2F2ZSBncSA9IDAsIHNvIGdxIC0gZ24gPSB8Z258ID4gODguNy4gVGhlIG1hc2sgaG"
+    "FzIHRvIHZhcnkgZG93biB0aGUgcm93cw==")
+_WHAT_OVERFLOW = exercises.Sealed(
+    "b24gYSByb3cgcGFzdCBUIHRoZSBsb2FkIGdhdmUgZ3EgPSAwLCBzbyBncSAtIGduID0gfGdufCA+IDg4LjcgYW5kIGV4cCgpIGlzIGluZjsgaW5mIH"
+    "RpbWVzIHRoZSByb3cncyB6ZXJvIFcgaXMgTmFOLiBUaG9zZSByb3dzIG5lZWQgYW4gZXhwb25lbnQgd2hvc2UgZXhwKCkgaXMgZmluaXRlOiB0aGUg"
+    "cm93IGNvbnRyaWJ1dGVzIFcgPSAwIGVpdGhlciB3YXk=")
+_WHAT_CAP = exercises.Sealed(
+    "eW91ciBoZWxwZXIgY2FwcyB0aGUgZXhwb25lbnQgKGEgYm91bmQgc3VjaCBhcyB0bC5taW5pbXVtKC4uLiwgODguMCkpIGluc3RlYWQgb2YgbWFza2"
+    "luZyB0aGUgcm93cyBwYXN0IFQ6IGEgcm93IHBhc3QgVCBrZWVwcyBncSAtIGduID0gfGdufCB1cCB0byB0aGUgY2FwLiBUaGF0IHJvdyBhZGRzIDAg"
+    "b25seSBiZWNhdXNlIGl0cyBkbyBsb2FkcyBhcyBleGFjdGx5IDAgKGEgbGFyZ2VyIGRvIHRoZXJlIG92ZXJmbG93cywgYWJvdmUpLCBhbmQgdGhlIG"
+    "NhcCBob2xkcyBvbmx5IHdoaWxlIGl0IHN0YXlzIGJlbG93IDg4LjcyLiBBIHJvdyB0aGF0IGRvZXMgbm90IGV4aXN0IG5lZWRzIGFuIGV4cG9uZW50"
+    "IGNob3NlbiBieSBhIGNvbmRpdGlvbiBvbiB0aGUgcm93cywgd2hvc2UgZXhwKCkgaXMgYXQgbW9zdCAxLCBhcyBvbiBldmVyeSByZWFsIHJvdyAoZ3"
+    "FfdCA8PSBnbik=")
+_WHAT_ABOVE_0 = exercises.Sealed(
+    "cm93cyBwYXN0IFQgZ2V0IGFuIGV4cG9uZW50IGFib3ZlIDA6IGV4cCgpID4gMSwgd2hlcmUgZXZlcnkgcmVhbCByb3cncyBmYWN0b3IgaXMgYXQgbW"
+    "9zdCAxIChncV90IDw9IGduKS4gVGhlIHJvdyBhZGRzIDAgb25seSBiZWNhdXNlIGl0cyBkbyBsb2FkcyBhcyBleGFjdGx5IDA7IGdpdmUgYSByb3cg"
+    "dGhhdCBkb2VzIG5vdCBleGlzdCBhIHZhbHVlIHdob3NlIGV4cCgpIGlzIGF0IG1vc3QgMTogMCwgd2hvc2UgZXhwKCkgdGltZXMgdGhlIHplcm8gZG"
+    "8gaXMgMCwgb3IgYmVsb3c=")
+_WHAT_REAL_ROWS = exercises.Sealed(
+    "YSByZWFsIGxhdGVyIHJvdyB0IGhhcyBncV90IDw9IGduIGFuZCBpdHMgZXhwb25lbnQgZ3FfdCAtIGduIG11c3Qgc3RheSBleGFjdGx5IHRoYXQ7IG"
+    "9ubHkgdGhlIHJvd3MgcGFzdCBUIChvX2ogPj0gVCkgbWF5IGdldCBhbm90aGVyIHZhbHVl")
 
 
 def exponent_hints(found: dict) -> tuple[str, ...]:
@@ -800,10 +843,7 @@ def exponent_hints(found: dict) -> tuple[str, ...]:
     if found["raised"]:
         return exercises.hints(
             where=f"your helper does not compile against the kernel's tile: {found['raised']}",
-            what="the tile is [16 later rows t, 32 slot channels]; o_j is [16], one entry per row. A mask built "
-                 "from it must vary down the rows: (o_j < T)[None, :] is a [1, 16] row vector, laid along the "
-                 "channels (with exactly 16 channels it would broadcast and mask the wrong cells without an error)",
-            line=_LINE)
+            what=_WHAT_SHAPE, line=_LINE)
     rows = found["overflow_rows"]
     if rows:
         where = (f"rows past T: on the probe tile (later rows 32..47, T = 45, |gn| >= 100) exp() of your exponent "
@@ -812,17 +852,13 @@ def exponent_hints(found: dict) -> tuple[str, ...]:
             what = ("row t = T itself: rows 0..T-1 exist, so row T is the first past the end. A comparison "
                     "o_j <= T keeps it live, with gq = 0 and an exponent |gn|")
         elif found.get("masks_slots"):
-            what = ("your mask follows the slot channels (m_d): it zeroes the slots past the tile, which were "
-                    "harmless, and leaves every real slot as the unmasked line has it. What overflows is a *row*: on "
-                    "a row past T the load gave gq = 0, so gq - gn = |gn| > 88.7. The mask has to vary down the rows")
+            what = _WHAT_SLOTS
         elif found["like_stub"]:
             what = ("your helper returns what the unmasked line returns on every real slot. On a row past T the load "
                     "already gave gq = 0 (masking b_gq again changes nothing): the difference 0 - gn = |gn| is "
                     "what overflows, before the multiplication by the row's zero W can cancel it")
         else:
-            what = ("on a row past T the load gave gq = 0, so gq - gn = |gn| > 88.7 and exp() is inf; inf times "
-                    "the row's zero W is NaN. Those rows need an exponent whose exp() is finite: the row "
-                    "contributes W = 0 either way")
+            what = _WHAT_OVERFLOW
         if found["wrong_real"]:
             where += f"; and {found['wrong_real']} of its {found['real']} real cells changed"
         return exercises.hints(where=where, what=what, line=_LINE)
@@ -832,29 +868,18 @@ def exponent_hints(found: dict) -> tuple[str, ...]:
                  f"{spans(list(range(PROBE_T, PROBE_ROWS + BC)))} reaches {exercises.fmt(top)}, not 0 or below: "
                  f"exp() = {exercises.fmt(math.exp(top))}, finite, so no NaN here, yet a factor above 1 on a row that "
                  "does not exist")
+        if found["caps"]:  # the measured numbers stay here: the tier after it is sealed, so it cannot hold them
+            where += (f"; any do above {exercises.fmt(torch.finfo(torch.float32).max / math.exp(top))} on those rows "
+                      "would overflow")
         if found["wrong_real"]:
             where += f"; and {found['wrong_real']} of its {found['real']} real cells changed"
-        if found["caps"]:
-            what = ("your helper caps the exponent (a bound such as tl.minimum(..., 88.0)) instead of masking the rows "
-                    f"past T: a row past T keeps gq - gn = |gn| up to the cap, exp() = {exercises.fmt(math.exp(top))}. "
-                    "That row adds 0 only because its do loads as exactly 0 (any do above "
-                    f"{exercises.fmt(torch.finfo(torch.float32).max / math.exp(top))} there would overflow), and the "
-                    "cap holds only while it stays below 88.72. A row that does not exist needs an exponent chosen by "
-                    "a condition on the rows, whose exp() is at most 1, as on every real row (gq_t <= gn)")
-        else:
-            what = (f"rows past T get an exponent above 0 ({exercises.fmt(top)}): exp() > 1, where every real row's "
-                    "factor is at most 1 (gq_t <= gn). The row adds 0 only because its do loads as exactly 0; give a "
-                    "row that does not exist a value whose exp() is at most 1: 0, whose exp() times the zero do is 0, "
-                    "or below")
-        return exercises.hints(where=where, what=what, line=_LINE)
+        return exercises.hints(where=where, what=_WHAT_CAP if found["caps"] else _WHAT_ABOVE_0, line=_LINE)
     if found["wrong_real"]:
         r, m, got, want = found["example"]
         return exercises.hints(
             where=f"real rows: {found['wrong_real']} of the probe tile's {found['real']} real cells changed "
                   f"(row {r}, slot {m}: {exercises.fmt(got)} instead of gq - gn = {exercises.fmt(want)})",
-            what="a real later row t has gq_t <= gn and its exponent gq_t - gn must stay exactly that; only the "
-                 "rows past T (o_j >= T) may get another value",
-            line=_LINE)
+            what=_WHAT_REAL_ROWS, line=_LINE)
     return exercises.hints(where="the helper is right on the probe tile (rows 32..47, T = 45) but not in the "
                                  "kernel: does it depend on values the probe does not have?", line=_LINE)
 
@@ -889,10 +914,15 @@ def check_padded_exponent(helper) -> exercises.Verdict:
 
 
 def show_slot() -> None:
-    """The loop of `cols_from_later_subchunks` over later sub-chunks, where the EXPONENT helper is called."""
+    """The loop of `cols_from_later_subchunks` over later sub-chunks, where the EXPONENT helper is called, once the
+    exercise is solved or revealed: before that, the loop would answer part of it."""
     import inspect
 
     from fla_lab.ops.common import chunk
+
+    if not exercises.is_open(EXERCISE):
+        print(f"(the kernel's loop around the EXPONENT slot {_SHOWS_ONCE_SOLVED})")
+        return
 
     source = inspect.getsource(chunk.cols_from_later_subchunks.fn).splitlines()
     print("fla_lab/ops/common/chunk.py, cols_from_later_subchunks (the loop over later sub-chunks):")

@@ -9,8 +9,9 @@ Two kinds of models live here:
   op call of a step against float64); `register_as_called` puts an op as the model called it in the atlas;
   `check_nan_hunt` / `check_silent_hunt` are the two exercises' checks, `cause_choices()` the words they take.
 
-Which options the model is built with, and the last hint tier of each check, are kept in `_MATERIAL`, encoded, and
-the exercises' answers only as digests (`_digest`), so that reading or grepping the package does not answer them:
+Which options the model is built with, and the last hint tier of each check, are kept in `_MATERIAL`, encoded, the
+hint tiers that reason to the answer sealed (`exercises.Sealed`: only `verdict.hint()` opens them), and the
+exercises' answers only as digests (`_digest`), so that reading or grepping the package does not answer them:
 decoding `_MATERIAL` by hand is reading the answer key (the facilitator's is docs/onboarding.md).
 """
 from __future__ import annotations
@@ -111,17 +112,17 @@ class BoundOp:
 # The exercises' material, encoded (see the module docstring): per exercise, the module that holds the option the
 # model is built with, that option, and the last hint tier of each field of the finding.
 _MATERIAL = (
-    "eNqNVM1u2zAMfhXClzSDkyYZsBYpetiptw7YCvRQFIZs0bYWRTIkOW5Q5N1HSk6bYF2xUxyJJr8/+jUzwmTr12xrZa8xW2elttXG"
-    "z5dzEYLJ8sx2QVkqecoaEbCo+axTWOGgPGbPeaaVQX/WIj3ALUzOmk3WEFoEa/QeOuHEFgM6sDWdigCxFIbWeoTGCanQBFAejDWz"
-    "WhkVkP/VRefs7/mAqmnDDTgUEu4Il/ylbfgeAr1EaOcM1RPQoUXHiOIvA/pX7QQuGFttXYMB+CiPYJlcwlfZbddTJdRTarzFqhVG"
-    "+S3TPT7zgK3wG5RF6YSpWmZsXdXO0/wNYufhBUrUdoDZagHKwDh2EE7mUPYhHpSi2vAJ+KC0BqnqmhoQXsYK2jYXXjVbq+TFy3Sa"
-    "j6pJdGongtohLC/f71m25eWCwClTk/oVwsmls72RnmDC4gYW8CUW3cK9uCeWJJG3jiimB+Z3ZsDo6Jtd0UuM8jFIFTw8FjUxDr0z"
-    "npseGb8RpFeiATkII+NVRbN6D1tEel0FqJXz1Nqce0/oKmukSuF8f2aMPjhrmkJiJfYE8RTOKP319fyKZWNXRjFOlWCUdfd1lUJB"
-    "cUY98alPmk5wgxOUDcn1Y2pq4UPOkaxaEKUlK2fL1WKaHQ555pUmgT5atNXfiyaO2Sxsl+WvdMMM295sCjdsdldUXPYNnwnn9kWD"
-    "2eH/9jDNoqyzFCcNoRKUMsoJ0xU9KUl0H3/+uL8j3XF6w+ekiBod2qAzqD9aL9lpV9SDLNoiFZH8cUfPd0lbIdOw6BGIlPqIiCZr"
-    "EpLsGD7bM9+qmla5oLIxhT5En1HslGlApG5MKs4gp8o93D3F3jNYPqf9xpdK955Xhhrl5LsPDHcMsjLH2/Ti85r1oEnYcUkCH6wl"
-    "aiGQ0h19z+LYj3fnbWESVHZPES5OCnXDHbr9iDp9jJQROtVSVjnSLNQDdVp+A6FZ1/308z3gL3blrPfoi6TumpQ5a0zQHsgQ0xB2"
-    "MsdEhstvM9Jj5HI4HP4A+FofcQ=="
+    "eNqNVd1P2zAQ/1dOeSmd2tKyCRCIBzQQb520TUITQpHjXBKvrp3ZTkOF+r/vzk75mEDsLbbPd7+PO+cxM8JkZ/CYrW3ZaaTPrNBWrvxs"
+    "MRMhmGwCmW2Dshx1l9UiYF7F3VahxF55zO5ppZVB/0+i9AUXMHqVcnQGoUGwRm+hFU6sMaADW9GuCBBDoW+sR6idKBWaAMqDsWZaKaMC"
+    "8qrKW2d/z3pUdRPOwaEo4YawlT+0DZch0CWCPGO4nsH2DbqIKX4wpPeiR3DA6CrragzAW5MIlwkmhNKu244ioRpz6jXKRhjl15HyfsEl"
+    "1sKvsMwLJ4xsmLV1spklBCvE1sMDFKhtD9OjOSgDQ+FeuHICRRfiRiHkinfAB6U1lKqqKAEhZrSgbX3gVb22qjx4GI8ng3IlOrURQW0Q"
+    "FofP5yzd4nBO4JSpyAGJ8OLQ2c6UnmDC/Bzm8CkGXcBSLJknqeStY5Lpixm+smHw9cm06ChGCRmmCh5u84o4h84Zz2n3nJ8o0pVowgSE"
+    "KeORpFqdhzUiXVcBKuU8pTavO4DxSWtKNTTq84JR+uCsqfMSpdgSyJeABvlPT2cnLB07MwjyUg3GWbWfj1JrUFujHvmUJ9UnwMEJ6pCS"
+    "44feqYQPE25N2YAoLNk5XRzNx9luR2i90qTR25N39NbkiX2b5ralo0c6i0Sbzqxy1682J3yh6Gre/fNlc5rt/nsuU0HqfJbkRUaQgjqO"
+    "eoZpi44UJdq3378tb8gBHJ/zPimjBq9W6Azqt8etbLXLq77MmzyFkRFxavlidIbd1VaQ5CI1fgRCBTXpSG70PIdkSt0Aw7xeXuVX118v"
+    "f4GnIU7ONKhbekri69LS2+I9TQi5SHvR7K6+AN+rIJsPJtc3qqLnIaeqQ1f7ELsGxUaZGkQCx9JE7OR7sYWbuwh1Cov79Gbgg9Sd5yGM"
+    "8JXxgSkPg6HM/jRdvD9jVakSthySRAnW0tMTAvnF1GLZ96bxaQQTWCmcU4SMO4/y4QbddsCdnjhlhE6x1Ps8Iqz8T8q0OAah2Z3t+KPJ"
+    "4v+BdJaVzpNhZ6TOq9QE7ic5a+pojTCR5eJ4SpoMfHa73V+BsTiy"
 )
 EXERCISES = ("nan", "silent")
 
@@ -405,10 +406,11 @@ def _module_hint(model: nn.Module, module: str) -> tuple[str, ...] | None:
     return None
 
 
-def _answer(exercise: str) -> str:
-    """The last hint tier of a finding not yet right: the whole finding, field by field."""
+def _answer(exercise: str) -> exercises.Sealed:
+    """The last hint tier of a finding not yet right: the whole finding, field by field, sealed (only the hint
+    that prints it as a tier opens it; `verdict.hints` shows a placeholder)."""
     lines = _material()[exercise]["lines"]
-    return " | ".join(lines[field] for field in FIELDS)
+    return exercises.Sealed(exercises.seal(" | ".join(lines[field] for field in FIELDS)))
 
 
 def _with_format_notes(found: _Finding, tiers: tuple[str, ...]) -> tuple[str, ...]:
@@ -429,7 +431,7 @@ def _op_or_kernel(name: str) -> bool:
     return name.endswith("_kernel") or any(name == spec.name for spec in registry.ops().values())
 
 
-NAN_HINTS = (  # a finding not yet right, when nothing it says contradicts a tool's output on its face
+_NAN_HINTS = (  # a finding not yet right, when nothing it says contradicts a tool's output on its face
     "Read each part off a tool's output, not off this check (it grades the finding as a whole). module: the census "
     "of each block's parameter gradients, lesson.grad_census(model, prefix): on the way back from the loss, where "
     "does finite turn non-finite? where: the locator checked every op's boundary, so read the layer's own PyTorch "
@@ -437,12 +439,15 @@ NAN_HINTS = (  # a finding not yet right, when nothing it says contradicts a too
     "that method's line does in the forward, and what autograd does with it in the backward. tensor: the first "
     "value the census finds non-finite. condition: what the input of that line must be for its backward to be "
     "non-finite.",
-    "The forward is finite and no op made the NaN: the block between the finite gradients and block 0 computes its "
-    "gate with torch.where. Autograd differentiates both branches of torch.where and multiplies the discarded "
-    "branch's gradient by 0; where that branch's derivative is infinite, 0 * inf = NaN. log(sigmoid(x)) is -inf, "
-    "and its derivative 1/sigmoid(x) is inf, once sigmoid(x) rounds to 0: below x = -88.7 in fp32 (bf16 has the "
-    "same range: the 16 bits are not the cause), a gate that forgets everything in one step. The op's own gradients "
-    "are finite, so the first non-finite value is a parameter's gradient, as grad_census names it.",
+    exercises.Sealed(  # the reasoning: it states the answer, so it opens only as a hint
+        "VGhlIGZvcndhcmQgaXMgZmluaXRlIGFuZCBubyBvcCBtYWRlIHRoZSBOYU46IHRoZSBibG9jayBiZXR3ZWVuIHRoZSBmaW5pdGUgZ3JhZGll"
+        "bnRzIGFuZCBibG9jayAwIGNvbXB1dGVzIGl0cyBnYXRlIHdpdGggdG9yY2gud2hlcmUuIEF1dG9ncmFkIGRpZmZlcmVudGlhdGVzIGJvdGgg"
+        "YnJhbmNoZXMgb2YgdG9yY2gud2hlcmUgYW5kIG11bHRpcGxpZXMgdGhlIGRpc2NhcmRlZCBicmFuY2gncyBncmFkaWVudCBieSAwOyB3aGVy"
+        "ZSB0aGF0IGJyYW5jaCdzIGRlcml2YXRpdmUgaXMgaW5maW5pdGUsIDAgKiBpbmYgPSBOYU4uIGxvZyhzaWdtb2lkKHgpKSBpcyAtaW5mLCBh"
+        "bmQgaXRzIGRlcml2YXRpdmUgMS9zaWdtb2lkKHgpIGlzIGluZiwgb25jZSBzaWdtb2lkKHgpIHJvdW5kcyB0byAwOiBiZWxvdyB4ID0gLTg4"
+        "LjcgaW4gZnAzMiAoYmYxNiBoYXMgdGhlIHNhbWUgcmFuZ2U6IHRoZSAxNiBiaXRzIGFyZSBub3QgdGhlIGNhdXNlKSwgYSBnYXRlIHRoYXQg"
+        "Zm9yZ2V0cyBldmVyeXRoaW5nIGluIG9uZSBzdGVwLiBUaGUgb3AncyBvd24gZ3JhZGllbnRzIGFyZSBmaW5pdGUsIHNvIHRoZSBmaXJzdCBu"
+        "b24tZmluaXRlIHZhbHVlIGlzIGEgcGFyYW1ldGVyJ3MgZ3JhZGllbnQsIGFzIGdyYWRfY2Vuc3VzIG5hbWVzIGl0Lg=="),
 )
 
 
@@ -484,7 +489,7 @@ def _nan_hints(model: nn.Module, found: _Finding, on: bool) -> tuple[str, ...]:
                  "op's are finite? Follow it to the method that uses it (`Class.method`)",
             line=_answer("nan"))
     else:
-        tiers = NAN_HINTS + (_answer("nan"),)
+        tiers = _NAN_HINTS + (_answer("nan"),)
     return _with_format_notes(found, tiers)
 
 
@@ -494,18 +499,22 @@ def _why_hints(found: _Finding) -> tuple[str, ...]:
                                 "measured or read (a threshold, a length, an error)")
 
 
-SILENT_HINTS = (  # a finding not yet right, when nothing it says contradicts a tool's output on its face
+_SILENT_HINTS = (  # a finding not yet right, when nothing it says contradicts a tool's output on its face
     "Read each part off a tool's output, not off this check (it grades the finding as a whole). module: the audit "
     "table's WRONG call. where: the atlas lines of that call's op (which tensors are wrong at T = 16, one chunk, "
     "and which only from T = 32?), then the op's module docstring, which says what each kernel computes, and the "
     "kernel's source. mechanism: what that kernel's line computes, and from which data. tensor: the first value it "
     "makes wrong, as the audit and the atlas name it. condition: what the input must have for the error to show "
     "(compare the two lengths).",
-    "Nothing overflows and nothing is NaN: a kernel computes a finite number from the wrong data. The first chunk's "
-    "output never reads the carried state, so it is right at T = 16; the value the kernel gets wrong first is the "
-    "one it carries out of a chunk, wrong at T = 16 already. Only one forward kernel carries the state from one "
-    "chunk to the next (the op's module docstring names it): read the branch that loads the decay at the chunk's "
-    "last row, against the docstring's G_t (inclusive: up to row t) and Ge_t = G_{t-1} (exclusive).",
+    exercises.Sealed(  # the reasoning: it states the answer, so it opens only as a hint
+        "Tm90aGluZyBvdmVyZmxvd3MgYW5kIG5vdGhpbmcgaXMgTmFOOiBhIGtlcm5lbCBjb21wdXRlcyBhIGZpbml0ZSBudW1iZXIgZnJvbSB0aGUg"
+        "d3JvbmcgZGF0YS4gVGhlIGZpcnN0IGNodW5rJ3Mgb3V0cHV0IG5ldmVyIHJlYWRzIHRoZSBjYXJyaWVkIHN0YXRlLCBzbyBpdCBpcyByaWdo"
+        "dCBhdCBUID0gMTY7IHRoZSB2YWx1ZSB0aGUga2VybmVsIGdldHMgd3JvbmcgZmlyc3QgaXMgdGhlIG9uZSBpdCBjYXJyaWVzIG91dCBvZiBh"
+        "IGNodW5rLCB3cm9uZyBhdCBUID0gMTYgYWxyZWFkeS4gT25seSBvbmUgZm9yd2FyZCBrZXJuZWwgY2FycmllcyB0aGUgc3RhdGUgZnJvbSBv"
+        "bmUgY2h1bmsgdG8gdGhlIG5leHQgKHRoZSBvcCdzIG1vZHVsZSBkb2NzdHJpbmcgbmFtZXMgaXQpOiByZWFkIHRoZSBkZWNheSBpdCBsb2Fk"
+        "cyBhdCB0aGUgY2h1bmsncyBsYXN0IHJvdywgdGhyb3VnaCBpdHMgRU5EX0RFQ0FZIHNsb3QgKHRoZSBsYXVuY2hlciwgX3N0YXRlcywgc2F5"
+        "cyB3aGljaCBoZWxwZXIgYSBjYWxsIHBhc3NlczsgdGhlIG9wJ3MgYnVnPSBzd2l0Y2ggcGlja3MgdGhlIG90aGVyIG9uZSksIGFnYWluc3Qg"
+        "dGhlIGRvY3N0cmluZydzIEdfdCAoaW5jbHVzaXZlOiB1cCB0byByb3cgdCkgYW5kIEdlX3QgPSBHX3t0LTF9IChleGNsdXNpdmUpLg=="),
 )
 
 
@@ -557,7 +566,7 @@ def _silent_hints(model: nn.Module, found: _Finding, on: bool) -> tuple[str, ...
     module, where = found.shown["module"], found.shown["where"]
     if found.whole:
         return _switched_on_hints(on) or _why_hints(found)
-    tiers = SILENT_HINTS + (_answer("silent"),)
+    tiers = _SILENT_HINTS + (_answer("silent"),)
     if module and _module_hint(model, module):
         tiers = _module_hint(model, module) + (_answer("silent"),)
     elif module and where and hasattr(model.get_submodule(module), "default_op"):  # an attention layer, whose op
@@ -567,10 +576,10 @@ def _silent_hints(model: nn.Module, found: _Finding, on: bool) -> tuple[str, ...
         family = registry.get(op).family
         if where not in launched:
             tiers = (f"{where!r} is not a kernel that {module}'s op, {op}, launches: the module docstring of "
-                     f"fla_lab.ops.{family}.chunk names its kernels. {SILENT_HINTS[0]}",) + tiers[1:]
+                     f"fla_lab.ops.{family}.chunk names its kernels. {_SILENT_HINTS[0]}",) + tiers[1:]
         elif where not in forward:
             tiers = (f"{where!r} runs in {op}'s backward only, and the atlas lines show the flagged call's output o "
-                     f"wrong from T = 32, which no backward kernel computes. {SILENT_HINTS[0]}",) + tiers[1:]
+                     f"wrong from T = 32, which no backward kernel computes. {_SILENT_HINTS[0]}",) + tiers[1:]
     return _with_format_notes(found, tiers)
 
 

@@ -61,25 +61,28 @@ def broadcastable(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
 def h0_cells(K: int, V: int, BK: int, BV: int) -> torch.Tensor:
     """Categories (indices into CELL_NAMES) of every cell of the buggy load, over all programs, `[Vpad, Kpad]`.
 
-    Each cell is compared with the fixed mask's verdict on it (the cell's pointer is an element of h0), so a cell
-    is right, missing, or an extra read inside or outside h0. Needs BK == BV (else the load cannot even be built,
-    see `tile_shapes`).
+    Each cell is compared with what a right load does there (read it exactly when the cell is an element of h0), so
+    a cell is right, missing, or an extra read inside or outside h0. Needs BK == BV (else the load cannot even be
+    built, see `tile_shapes`). The right cells come from the grid itself, not from a mask: this source is on the
+    learner's path (`lesson??`), and the right mask is the exercise's answer.
     """
     if BK != BV:
         raise ValueError(f"the transposed mask only builds for square tiles, got (BK, BV) = ({BK}, {BV})")
     NK, NV = math.ceil(K / BK), math.ceil(V / BV)
-    cells = torch.zeros(NV * BV, NK * BK, dtype=torch.int64)
+    v, k = torch.meshgrid(torch.arange(NV * BV), torch.arange(NK * BK), indexing="ij")  # the grid's cell (v, k)
+    needed = torch.zeros(NV * BV, NK * BK, dtype=torch.bool)
+    needed[:V, :K] = True  # the elements of h0: the rest of the grid is padding
+    outside = k * V + v >= K * V  # the cell's pointer lies past the end of h0
+    buggy = torch.zeros_like(needed)
     for i_v, i_k in itertools.product(range(NV), range(NK)):
         o_k, o_v = i_k * BK + torch.arange(BK), i_v * BV + torch.arange(BV)
-        fixed = (o_v[:, None] < V) & (o_k[None, :] < K)
-        buggy = (o_k[:, None] < K) & (o_v[None, :] < V)
-        outside = (o_k[None, :] * V + o_v[:, None]) >= K * V
-        tile = torch.zeros(BV, BK, dtype=torch.int64)
-        tile[fixed & buggy] = 1
-        tile[fixed & ~buggy] = 2
-        tile[~fixed & buggy & ~outside] = 3
-        tile[~fixed & buggy & outside] = 4
-        cells[i_v * BV:(i_v + 1) * BV, i_k * BK:(i_k + 1) * BK] = tile
+        tile = slice(i_v * BV, (i_v + 1) * BV), slice(i_k * BK, (i_k + 1) * BK)
+        buggy[tile] = (o_k[:, None] < K) & (o_v[None, :] < V)  # the historical [BK, BV] mask, laid on the tile
+    cells = torch.zeros(NV * BV, NK * BK, dtype=torch.int64)
+    cells[needed & buggy] = 1
+    cells[needed & ~buggy] = 2
+    cells[~needed & buggy & ~outside] = 3
+    cells[~needed & buggy & outside] = 4
     return cells
 
 
@@ -193,7 +196,7 @@ def mask_probe_kernel(out, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, B
     broadcast onto the kernel's state tile, as `tl.load` broadcasts it onto the pointers."""
     i_v, i_k = tl.program_id(0), tl.program_id(1)
     o_k, o_v, m_k, m_v, m_kv, p_kv = state_tile(i_k, i_v, K, V, BK, BV)
-    tile = (o_v[:, None] >= 0) & (o_k[None, :] >= 0)  # all true, [BV, BK]
+    tile = tl.full((BV, BK), 1, tl.int1)  # all true: the state tile the mask is broadcast onto
     tl.store(out + o_v[:, None] * KP + o_k[None, :], (H0_MASK(m_k, m_v) & tile).to(tl.int8))
 
 
@@ -278,6 +281,33 @@ def try_mask(h0_mask, BK: int, BV: int, K: int, V: int) -> MaskTrial:
 # the solution line: sealed (base64 in this source; Tab, `??` and help() do not show it), opened by the last hint
 # tier only
 _LINE = exercises.Sealed("cmV0dXJuIG1fdls6LCBOb25lXSAmIG1fa1tOb25lLCA6XQ==")
+# what is wrong, sealed like the line where it says how to build the mask (`verdict.hint()` opens them): the
+# transposed mask, another wrong shape, dropped elements, padding let through (keys, values, both)
+_WHAT_TRANSPOSED = exercises.Sealed(
+    "cF9oMCA9IC4uLiArIG9fa1tOb25lLCA6XSAqIFYgKyBvX3ZbOiwgTm9uZV0gaXMgW0JWLCBCS106IHJvdyBpIGlzIHRoZSB2YWx1ZSBvX3ZbaV0sIG"
+    "NvbHVtbiBqIHRoZSBrZXkgb19rW2pdLiBZb3VyIG1hc2sgcHV0cyBtX2sgZG93biB0aGUgcm93cywgW0JLLCBCVl0uIE9uIHNxdWFyZSB0aWxlcyBp"
+    "dCBidWlsZHMsIGFuZCBpdHMgY2VsbCAoaSwgaikgYXNrcyBhYm91dCBrZXkgb19rW2ldIGFuZCB2YWx1ZSBvX3Zbal0sIHRoZSB0cmFuc3Bvc2VkIG"
+    "VsZW1lbnQ6IHRoYXQgaXMgd2h5IHRoZSBzcXVhcmUtdGlsZSBsaW5lcyBkcm9wIGVsZW1lbnRzIGFuZCBsZXQgcGFkZGluZyB0aHJvdWdo")
+_WHAT_SHAPE = exercises.Sealed(
+    "cF9oMCBpcyBbQlYsIEJLXSAocm93IGk6IHRoZSB2YWx1ZSBvX3ZbaV0sIGNvbHVtbiBqOiB0aGUga2V5IG9fa1tqXSk7IHlvdXIgbWFzaydzIHNoYX"
+    "BlIG5laXRoZXIgbWF0Y2hlcyBpdCBub3IgYnJvYWRjYXN0cyBvbnRvIGl0")
+_WHAT_DROPS = exercises.Sealed(
+    "cG9pbnRlciBjZWxsIChpLCBqKSBpcyBoMFtrPW9fa1tqXSwgdj1vX3ZbaV1dOiB0aGUgbWFzayBtdXN0IGJlIHRydWUgdGhlcmUgZXhhY3RseSB3aG"
+    "VuIG9fdltpXSA8IFYgYW5kIG9fa1tqXSA8IEssIHdpdGggbV92IGRvd24gdGhlIHJvd3MgYW5kIG1fayBhY3Jvc3M=")
+_WHAT_LEAKS_K = exercises.Sealed(
+    "ZHEncyBzdG9yZSBkcm9wcyBrZXkgY29sdW1ucyBrID49IEssIHNvIHRoZSBncmFkaWVudHMgY2Fubm90IHNob3cgaXQsIGJ1dCB0aG9zZSBwb2ludG"
+    "VycyBhZGRyZXNzIHRoZSBuZXh0IGtleSByb3dzIG9mIGgwIG9yIG1lbW9yeSBwYXN0IGl0cyBlbmQsIHdoaWNoIHRoZSBsb2FkIGRvZXMgbm90IG93"
+    "biAob24gYSBHUFU6IGFub3RoZXIgdGVuc29yJ3MgbWVtb3J5LCBvciBhIGZhdWx0KS4gRWFjaCBjZWxsIG11c3QgYWxzbyBjaGVjayBvX2tbal0gPC"
+    "BL")
+_WHAT_LEAKS_V = exercises.Sealed(
+    "cGFkZGluZyB2YWx1ZSByb3dzIG1lZXQgYSB6ZXJvLXBhZGRlZCBkbywgYnV0IGEgcmVhZCBwYXN0IHRoZSBlbmQgb2YgaDAgKE5hTiBoZXJlKSBnaX"
+    "ZlcyAwICogTmFOID0gTmFOIGluIGRxOiB0aGUgJ2JhY2t3YXJkIHdyb25nJyBsaW5lcy4gRWFjaCBjZWxsIG11c3QgYWxzbyBjaGVjayBvX3ZbaV0g"
+    "PCBW")
+_WHAT_LEAKS_KV = exercises.Sealed(
+    "cGFkZGluZyB2YWx1ZSByb3dzIG1lZXQgYSB6ZXJvLXBhZGRlZCBkbywgYnV0IGEgcmVhZCBwYXN0IHRoZSBlbmQgb2YgaDAgKE5hTiBoZXJlKSBnaX"
+    "ZlcyAwICogTmFOID0gTmFOIGluIGRxOiB0aGUgJ2JhY2t3YXJkIHdyb25nJyBsaW5lcy4gRWFjaCBjZWxsIG11c3QgYWxzbyBjaGVjayBvX3ZbaV0g"
+    "PCBWIGFuZCBvX2tbal0gPCBL")
+_WHAT_LEAKS = {(True, False): _WHAT_LEAKS_K, (False, True): _WHAT_LEAKS_V, (True, True): _WHAT_LEAKS_KV}
 
 
 def mask_hints(trials: list[MaskTrial]) -> tuple[str, ...]:
@@ -293,32 +323,17 @@ def mask_hints(trials: list[MaskTrial]) -> tuple[str, ...]:
     if shape_errors:
         where = ("look at the (BK, BV) = (16, 64) lines: Triton cannot combine your mask with the pointer tile p_h0. "
                  "Read p_h0's line in the kernel: which index runs down its rows, o_k or o_v?")
-        if ran and all(t.transposed for t in ran):
-            what = ("p_h0 = ... + o_k[None, :] * V + o_v[:, None] is [BV, BK]: row i is the value o_v[i], column j "
-                    "the key o_k[j]. Your mask puts m_k down the rows, [BK, BV]. On square tiles it builds, and its "
-                    "cell (i, j) asks about key o_k[i] and value o_v[j], the transposed element: that is why the "
-                    "square-tile lines drop elements and let padding through")
-        else:
-            what = ("p_h0 is [BV, BK] (row i: the value o_v[i], column j: the key o_k[j]); your mask's shape "
-                    "neither matches it nor broadcasts onto it")
+        what = _WHAT_TRANSPOSED if ran and all(t.transposed for t in ran) else _WHAT_SHAPE
         return exercises.hints(where, what, _LINE)
     if any(t.missing for t in ran):
         return exercises.hints(
-            "look at the lines that say 'drops': those elements of h0 never reach the state",
-            "pointer cell (i, j) is h0[k=o_k[j], v=o_v[i]]: the mask must be true there exactly when o_v[i] < V "
-            "and o_k[j] < K, with m_v down the rows and m_k across", _LINE)
+            "look at the lines that say 'drops': those elements of h0 never reach the state", _WHAT_DROPS, _LINE)
     k_leak, v_leak = any(t.through_k for t in ran), any(t.through_v for t in ran)
     if k_leak or v_leak:
         axis = " and ".join(name for name, leak in (("key columns k >= K", k_leak), ("value rows v >= V", v_leak))
                             if leak)
-        needs = " and ".join(c for c, leak in (("o_v[i] < V", v_leak), ("o_k[j] < K", k_leak)) if leak)
-        why = ("padding value rows meet a zero-padded do, but a read past the end of h0 (NaN here) gives "
-               "0 * NaN = NaN in dq: the 'backward wrong' lines" if v_leak else
-               "dq's store drops key columns k >= K, so the gradients cannot show it, but those pointers address "
-               "the next key rows of h0 or memory past its end, which the load does not own (on a GPU: another "
-               "tensor's memory, or a fault)")
         return exercises.hints(f"look at the shapes that K or V do not fill: your mask lets padding cells through "
-                               f"in {axis}", f"{why}. Each cell must also check {needs}", _LINE)
+                               f"in {axis}", _WHAT_LEAKS[k_leak, v_leak], _LINE)
     return ()
 
 

@@ -396,7 +396,7 @@ def reference_row_hints(offset: float | None, offset_two_heads: float | None = -
     """Hint tiers for the row a helper reads: where to look, what is wrong, the line. `offset`: what
     `reference_row_offset` measured with one head (rows of gi 16 apart), `offset_two_heads` with 2 heads (rows 32
     apart): a helper right with one head and wrong with two has its row stride wrong."""
-    line = f"{_LINE}  # {_LINE_NOTE}"
+    line = exercises.Sealed.of(f"{_LINE.opened()}  # {exercises.opened(_LINE_NOTE)}")
     if offset == -1 and offset_two_heads != -1:
         lands = ("on no single row" if offset_two_heads is None else
                  f"on row {_row_name(offset_two_heads)} of head 0's rows")

@@ -160,5 +160,5 @@ def check_fla_reproduction(reproduction) -> exercises.Verdict:
         return exercises.Verdict(name, False, facts, hints=(
             "Which calls were wrong in the report: the ones whose final state fed the next segment.",
             "Your backward sends nothing into the final state, so an op that ignores its cotangent looks right.",
-            f"Add the next segment's share to the loss: `{_LINE}`.",))
+            exercises.Sealed.of(f"Add the next segment's share to the loss: `{_LINE.opened()}`."),))
     return exercises.Verdict(name, True, facts + ["it tells a correct op from one that drops dht: report-ready"])

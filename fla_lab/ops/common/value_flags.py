@@ -48,8 +48,8 @@ def growing_rows(w: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Ten
     -LAMBDA0). d is taken at min(w, 0) (a positive decay has its own bit), so LAMBDA0 - d >= TRANSITION_TOL.
     When the a_i b_i share a sign (RWKV-7's, #150's) every eigenvalue is real, f is monotone beyond the d_i,
     and the test is exact: flagged iff the spectral radius passes LAMBDA0. With mixed signs a flag is never
-    wrong, but a complex pair (or two real roots beyond LAMBDA0) can escape. RWKV-7's own a = -kk,
-    b = kk * a_gate has every a_i b_i <= 0 and sum_i |a_i b_i| <= 1: never flagged.
+    wrong, but a complex pair (or two real roots beyond LAMBDA0) can escape. The a, b of RWKV-7's layer have
+    every a_i b_i <= 0 and sum_i |a_i b_i| <= 1: never flagged.
     """
     d = torch.where(w < 0, w.float(), 0.0).exp()
     c = a.float() * b.float()

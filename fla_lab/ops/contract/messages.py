@@ -43,8 +43,8 @@ def transition_radius(w: torch.Tensor, a: torch.Tensor, b: torch.Tensor, samples
                       seed: int = 0) -> float:
     """Largest |eigenvalue| of `diag(exp w_t) + b_t a_t^T` over `samples` random (batch, step, head) triples.
 
-    For RWKV-7's `a = -kk`, `b = kk * a_gate` (unit-norm kk, a_gate in [0, 1]) it is <= 1: the rank-one term
-    removes part of the state. For `a, b ~ U(0, 1)` (upstream #150) it is about 1 + a.b, near 17 for K = 64.
+    For the a and b that RWKV-7's layer builds it is <= 1: the rank-one term removes part of the state (notebook
+    02's second exercise derives them). For `a, b ~ U(0, 1)` (upstream #150) it is about 1 + a.b, near 17 for K = 64.
     The check itself does not sample: `value_flags.growing_rows` tests every row; this estimate only gives the
     warning its number.
     """
@@ -62,8 +62,10 @@ def _growth_modulus(w: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def _transition_message(where: str, w, a, b) -> str:
+    # what is wrong and where to look, not the lines that build a and b: those are notebook 02's second exercise
     radius = _growth_modulus(w, a, b)
     return (f"{where}: the transition diag(exp w) + b a^T has an eigenvalue of modulus {radius:.3g} > 1, so the "
-            f"state can grow like {radius:.3g}^t and overflow (upstream #150 used a, b ~ rand). RWKV-7 passes "
-            "a = -kk, b = kk * a_gate with kk = F.normalize(k * k_k, dim=-1) and a_gate in (0, 1). Silence: "
+            f"state can grow like {radius:.3g}^t and overflow (upstream #150 used a, b ~ rand). RWKV-7's a and b are "
+            "not free inputs: its own only remove state (b . a in [-1, 0] at every step); build them as its layer does "
+            "(fla_lab.layers.RWKV7Attention), from the key and the in-context learning rate. Silence: "
             "warnings.simplefilter('ignore', fla_lab.ops.contract.TransitionWarning).")

@@ -62,7 +62,7 @@ from fla_lab.ops.common.launch import RWKV7ChunkLaunch, check_chunk_size, resolv
 from fla_lab.ops.common.value_flags import nonfinite_probe, or_nonfinite_bit
 from fla_lab.ops.common.utils import (as_contiguous, batch_head, cast_grad, chunk_of_sequence, custom_bwd, custom_fwd,
                                       dot_dtype, grid_size, kernel, mma, mma_split, next_pow2, packed_switch,
-                                      sequence_chunks, state_tile)
+                                      sequence_chunks, slot_helper, state_tile)
 from fla_lab.ops.rwkv7.fused_recurrent import check_key_width
 from fla_lab.ops.common.conventions import packed_batch
 
@@ -258,15 +258,34 @@ def dplr_intra_kernel(a, b, v, gi, do, Arb, Aab, Aak, W, U0, Wb, dX0, flags, sca
         or_nonfinite_bit(flags, tl.sum(b_probe), V_SLOT)
 
 
+# The END_DECAY slot of `dplr_fwd_h_kernel`: a helper (gi, t_last, t_first, o_k, m_k, HK) -> [BK], the cumulative
+# log-decay row by which the state tile leaves the chunk (row t of gi at gi + t * HK). The op passes `end_decay`,
+# or the other helper under its `bug=` switch (`end_decay_helper`).
+@kernel
+def end_decay(gi, t_last, t_first, o_k, m_k, HK):
+    return tl.load(gi + t_last * HK + o_k, mask=m_k, other=0)
+
+
+@kernel
+def end_decay_alt(gi, t_last, t_first, o_k, m_k, HK):
+    return load_query_decay(gi, t_last + 0 * o_k, o_k, m_k, t_first, HK, True)
+
+
+def end_decay_helper(bug: str | None):
+    """The END_DECAY helper for a call with `bug=`: `end_decay`, or the other one under the op's switch (the one
+    `check_bug` accepts for `chunk_rwkv7`, which has no catalogue entry: any `bug` that reaches here is it)."""
+    return slot_helper("chunk_rwkv7", "END_DECAY", bug is not None, end_decay_alt, end_decay)
+
+
 @packed_switch
 @kernel
 def dplr_fwd_h_kernel(k, v, b, gi, W, U0, h, u, h0, ht, cu_seqlens, chunk_offsets, T, H: tl.constexpr,
                       K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                       DOT: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
-                      CARRY_GE: tl.constexpr = False, VARLEN: tl.constexpr = False):
+                      END_DECAY: tl.constexpr = end_decay, VARLEN: tl.constexpr = False):
     """The only loop over chunks of the forward: `h[n]` (the state entering chunk n, fp32) and
     `u = W S_0 + U0` (the rows the transition removes, fp32), one `[K, BV]` state tile of one sequence per
-    program."""
+    program; `END_DECAY` loads the decay row by which the state leaves a chunk."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_bh, i_n, i_h = batch_head(i_bh, H)
     HK: tl.constexpr = H * K
@@ -282,10 +301,7 @@ def dplr_fwd_h_kernel(k, v, b, gi, W, U0, h, u, h0, ht, cu_seqlens, chunk_offset
         m_tk, m_tv, m_kt = m_t[:, None] & m_k[None, :], m_t[:, None] & m_v[None, :], m_k[:, None] & m_t[None, :]
         b_u = mma_split(load_rows(W, o_t, o_k, m_tk, HK), b_h, DOT) + load_rows(U0, o_t, o_v, m_tv, H * V)
         tl.store(u + o_t[:, None] * H * V + o_v[None, :], b_u, mask=m_tv)
-        if CARRY_GE:
-            b_glast = load_query_decay(gi, t_last + 0 * o_k, o_k, m_k, t_first, HK, True)
-        else:
-            b_glast = tl.load(gi + t_last * HK + o_k, mask=m_k, other=0)
+        b_glast = END_DECAY(gi, t_last, t_first, o_k, m_k, HK)
         b_gend = tl.exp(tl.where(m_kt, b_glast[:, None] - load_cols(gi, o_t, o_k, m_kt, HK), 0))  # [BK, BT]
         b_bt = load_cols(b, o_t, o_k, m_kt, HK) * b_gend
         b_kt = load_cols(k, o_t, o_k, m_kt, HK) * b_gend
@@ -610,20 +626,22 @@ def _state_block(x, V: int, launch: RWKV7ChunkLaunch, seqs=None, backward: bool 
     return filling if backward else min(filling, launch.fwd_state_BV)
 
 
-def _states(k, v, b, gi, W, U0, h0, store_ht, dot, launch, bug=None, seqs=None):
-    """`h [B, NT, H, K, V]`, `u [B, T, H, V]` and the final states `[N, H, K, V]` (one per batch row or sequence)."""
+def _states(k, v, b, gi, W, U0, h0, store_ht, dot, launch, end=end_decay, seqs=None):
+    """`h [B, NT, H, K, V]`, `u [B, T, H, V]` and the final states `[N, H, K, V]` (one per batch row or sequence);
+    `end`: the kernel's END_DECAY helper."""
     B, T, H, K, V, NT, BK, _ = _shapes(k, v, launch, seqs)
     BV, N = _state_block(k, V, launch, seqs), sequences(B, seqs)
     h, u = _f32(k, B, NT, H, K, V), _f32(k, B, T, H, V)
     ht = _f32(k, N, H, K, V) if store_ht else None
     dplr_fwd_h_kernel[(grid_size(V, BV), N * H)](k, v, b, gi, W, U0, h, u, h0, ht, *sequence_tables(seqs), T, H=H,
                                                  K=K, V=V, BT=CHUNK, BK=BK, BV=BV, DOT=dot, USE_H0=h0 is not None,
-                                                 STORE_HT=store_ht, CARRY_GE=bug == "carry_ge",
+                                                 STORE_HT=store_ht, END_DECAY=end,
                                                  num_warps=launch.fwd_h_warps)
     return h, u, ht
 
 
-def _forward(r, w, k, v, a, b, scale, h0, output_final_state, launch, keep=False, bug=None, seqs=None, checks=None):
+def _forward(r, w, k, v, a, b, scale, h0, output_final_state, launch, keep=False, end=end_decay, seqs=None,
+             checks=None):
     """o, the final state, and (keep=True) the intermediates by name; otherwise each is dropped after its use.
     `seqs`: a packed batch's tables (`conventions.Packed`, 16-row chunks), else dense; `checks`
     (`contract.KernelChecks`): r, k and v are checked by the kernels that read them."""
@@ -633,7 +651,7 @@ def _forward(r, w, k, v, a, b, scale, h0, output_final_state, launch, keep=False
     Arb, Ark, Aab, Aak = _scores(r, k, a, b, gi, launch, seqs, checks)
     W, U0, _, _ = _intra(a, b, v, gi, None, Arb, Aab, Aak, scale, False, launch, seqs=seqs, checks=checks)
     del Aab, Aak
-    h, u, ht = _states(k, v, b, gi, W, U0, h0, output_final_state, dot, launch, bug, seqs)
+    h, u, ht = _states(k, v, b, gi, W, U0, h0, output_final_state, dot, launch, end, seqs)
     kept = {"G": gi, "A_rb": Arb, "A_rk": Ark, "W": W, "U0": U0, "u": u, "h": h} if keep else {}
     del W, U0
     o = torch.empty(B, T, H, V, dtype=r.dtype, device=r.device)
@@ -643,14 +661,14 @@ def _forward(r, w, k, v, a, b, scale, h0, output_final_state, launch, keep=False
     return o, ht, kept
 
 
-def _backward(r, w, k, v, a, b, scale, h0, ht, do, dht, launch, bug=None, seqs=None):
+def _backward(r, w, k, v, a, b, scale, h0, ht, do, dht, launch, end=end_decay, seqs=None):
     """Recomputes the forward's intermediates, drops each after its last use."""
     B, T, H, K, V, NT, BK, BV = _shapes(r, v, launch, seqs)
     dot, chunk_args = dot_dtype(r.dtype), chunk_tables(seqs)
     gi = chunk_cumsum(w, CHUNK, seqs=seqs)
     Arb, Ark, Aab, Aak = _scores(r, k, a, b, gi, launch, seqs)
     W, U0, Wb, dX0 = _intra(a, b, v, gi, do, Arb, Aab, Aak, scale, True, launch, seqs=seqs)
-    h, u, _ = _states(k, v, b, gi, W, U0, h0, False, dot, launch, bug, seqs)
+    h, u, _ = _states(k, v, b, gi, W, U0, h0, False, dot, launch, end, seqs)
     del W, U0
     N = sequences(B, seqs)
     dh, dX = _f32(r, B, NT, H, K, V), _f32(r, B, T, H, V)
@@ -684,14 +702,15 @@ def _backward(r, w, k, v, a, b, scale, h0, ht, do, dht, launch, bug=None, seqs=N
 class ChunkRWKV7Function(torch.autograd.Function):
     @staticmethod
     @custom_fwd
-    def forward(ctx, r, w, k, v, a, b, scale, h0, output_final_state, launch, bug=None, seqs=None, checks=None):
+    def forward(ctx, r, w, k, v, a, b, scale, h0, output_final_state, launch, end=end_decay, seqs=None,
+                checks=None):
         r, w, k, v, a, b, h0 = as_contiguous(r, w, k, v, a, b, h0)
-        o, ht, _ = _forward(r, w, k, v, a, b, scale, h0, output_final_state, launch, bug=bug, seqs=seqs,
+        o, ht, _ = _forward(r, w, k, v, a, b, scale, h0, output_final_state, launch, end=end, seqs=seqs,
                             checks=checks)
         if checks is not None:
             checks.submit()
         ctx.save_for_backward(r, w, k, v, a, b, h0, ht)
-        ctx.scale, ctx.launch, ctx.bug, ctx.seqs = scale, launch, bug, seqs
+        ctx.scale, ctx.launch, ctx.end, ctx.seqs = scale, launch, end, seqs
         return o, ht
 
     @staticmethod
@@ -699,7 +718,7 @@ class ChunkRWKV7Function(torch.autograd.Function):
     def backward(ctx, do, dht):
         r, w, k, v, a, b, h0, ht = ctx.saved_tensors
         do, dht = as_contiguous(do, dht)
-        dr, dw, dk, dv, da, db, dh0 = _backward(r, w, k, v, a, b, ctx.scale, h0, ht, do, dht, ctx.launch, ctx.bug,
+        dr, dw, dk, dv, da, db, dh0 = _backward(r, w, k, v, a, b, ctx.scale, h0, ht, do, dht, ctx.launch, ctx.end,
                                                 ctx.seqs)
         return (cast_grad(dr, r), cast_grad(dw, w), cast_grad(dk, k), cast_grad(dv, v), cast_grad(da, a),
                 cast_grad(db, b), None, cast_grad(dh0, h0), None, None, None, None, None)
@@ -718,7 +737,7 @@ def chunk_rwkv7_intermediates(r, w, k, v, a, b, scale=1.0, initial_state=None, b
     r, w, k, v, a, b, initial_state = as_contiguous(r, w, k, v, a, b, initial_state)
     check_bug(bug, "chunk_rwkv7")
     o, _, kept = _forward(r, w, k, v, a, b, scale, initial_state, False, resolve(launch, "rwkv7_chunk", r), keep=True,
-                          bug=bug)
+                          end=end_decay_helper(bug))
     return {**kept, "o": o}
 
 
@@ -746,5 +765,5 @@ def chunk_rwkv7(r, w, k, v, a, b, scale=1.0, initial_state=None, output_final_st
     contract.check_kernel_device(op, dict(r=r, w=w, k=k, v=v, a=a, b=b, initial_state=initial_state))
     scale = r.shape[-1] ** -0.5 if scale is None else scale
     o, ht = ChunkRWKV7Function.apply(r, w, k, v, a, b, scale, initial_state, output_final_state,
-                                     resolve(launch, "rwkv7_chunk", r), bug, seqs, checks)
+                                     resolve(launch, "rwkv7_chunk", r), end_decay_helper(bug), seqs, checks)
     return o, (ht if output_final_state else None)
