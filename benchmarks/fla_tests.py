@@ -13,6 +13,8 @@ goes to `benchmarks/results/fla_tests.md`.
     python benchmarks/fla_tests.py --files test_gla.py -k "varlen"   # a subset (-k as pytest's)
     python benchmarks/fla_tests.py --junit a/junit.xml b/junit.xml    # the table from runs kept with --keep
     python benchmarks/fla_tests.py --gpu --fla DIR --workers 4        # on a GPU, at FLA's own sizes (no shrink)
+    python benchmarks/fla_tests.py --gpu --upstream -k "..."          # FLA's own ops on the same tests (a failure's
+                                                                      # comparison; FLA's autotuner compiles first)
 
 `--gpu` runs the same tests where FLA wrote them to run: on the CUDA device, at FLA's own parametrized sizes, with
 FLA's own shared-memory gate; the table goes to `benchmarks/results/fla_tests_gpu.md` (with `--out`, elsewhere).
@@ -188,8 +190,15 @@ def pytest_generate_tests(metafunc):
 '''
 
 
-def conftest(gpu: bool) -> str:
-    """The shim always; the shrinking hook only for the interpreter (on a GPU the tests keep FLA's sizes)."""
+REPLACED = "FLA's ops replaced by fla_lab's"
+UPSTREAM_CONFTEST = '"""Written by benchmarks/fla_tests.py --upstream: FLA\'s own ops, nothing replaced."""\n'
+
+
+def conftest(gpu: bool, upstream: bool = False) -> str:
+    """The shim, unless `upstream` (FLA's own ops, for a failure's comparison); the shrinking hook only for the
+    interpreter (on a GPU the tests keep FLA's sizes)."""
+    if upstream:
+        return UPSTREAM_CONFTEST
     text = CONFTEST.format(bench=str(ROOT / "benchmarks"), shrunk="" if gpu else ", sizes shrunk")
     return text if gpu else text + SHRINK_HOOK
 
@@ -418,6 +427,7 @@ def main() -> int:
     parser.add_argument("--gpu", action="store_true", help="on the CUDA device at FLA's own sizes (no shrink)")
     parser.add_argument("--workers", type=int, default=0, help="pytest-xdist workers (0: one process)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    parser.add_argument("--upstream", action="store_true", help="FLA's own ops: nothing replaced (comparison)")
     parser.add_argument("--log", type=Path, help="pytest's -v output here as it runs (default: the temporary directory)")
     parser.add_argument("--junit", type=Path, nargs="+",
                         help="no run: the table from these junit.xml files (a later file's test files replace)")
@@ -431,7 +441,7 @@ def main() -> int:
     try:
         commit = export(args.fla, args.commit, args.files, work, args.fla_package == "commit")
         gpu = gpu_name() if args.gpu else None
-        (work / "conftest.py").write_text(conftest(args.gpu))
+        (work / "conftest.py").write_text(conftest(args.gpu, args.upstream))
         (work / "pytest.ini").write_text("[pytest]\n")
         rc, log, seconds = run_pytest(work, args.files, args.site, args.keyword, args.gpu, args.workers, args.log)
         junit = work / "junit.xml"
@@ -441,6 +451,9 @@ def main() -> int:
         results = parse_junit(junit.read_text())
         package = f"`fla` of {commit[:8]}" if args.fla_package == "commit" else f"`fla` in {args.site}"
         text = report(results, args.files, commit, package, seconds, args.keyword, gpu)
+        if args.upstream:
+            text = text.replace(REPLACED, "FLA's own ops (`--upstream`: nothing replaced)").replace(
+                "against fla_lab", "with FLA's own ops")
         print(log[-3000:] if rc not in (0, 1) else log.splitlines()[-1])
         print(text)
         args.out.parent.mkdir(parents=True, exist_ok=True)

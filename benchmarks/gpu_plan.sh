@@ -15,6 +15,9 @@
 #
 #     OUT=/some/folder bash benchmarks/gpu_plan.sh unit | notebooks 00 01 02 03a 03b | notebooks 04 05 06 fla_tests
 #
+# `fla_upstream` added to a step runs FLA's own ops on the tests FLA_UPSTREAM_K selects (in FLA_UPSTREAM_FILES,
+# default test_gla.py) beside it, one process, for a failure's comparison on the same card.
+#
 # Each notebook group starts from an empty Triton cache (cold: what a learner meets first), then runs again on the
 # filled cache in fresh kernels (warm: a second session); the exercises' checks must say NOT YET on the stub and
 # PASS on the solution, and every explorer is driven (benchmarks/notebook_times.py --widgets, as the notebooks-gpu
@@ -27,7 +30,7 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || { echo "usage: gpu_plan.sh unit | notebooks NAME... | fla_tests"; exit 2; }
+[ ${#steps[@]} -gt 0 ] || { echo "usage: gpu_plan.sh unit | notebooks NAME... [fla_tests] [fla_upstream]"; exit 2; }
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 start=$SECONDS
 echo "card: $card; steps: ${steps[*]}; commit: ${COMMIT:-unknown}" | tee "$OUT/summary.txt"
@@ -44,6 +47,22 @@ setup() {  # the README's set-up, from the carried wheels (the machine's own tor
   PIP_FIND_LINKS=$PWD/.whl timed setup 150 python3 workbook.py setup
 }
 
+fla_site() {  # FLA's 0.6.0 wheels and einops for benchmarks/fla_tests.py, once per machine
+  [ -d /tmp/site/einops ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl > "$OUT/install.log" 2>&1
+}
+
+upstream_pid=
+if [[ " ${steps[*]} " == *" fla_upstream "* ]]; then
+  # beside the first step, one process (one core): FLA's own ops on the tests named by FLA_UPSTREAM_K, so a failure
+  # of fla_lab's op at FLA's sizes has FLA's result on the same card (its autotuner compiles for minutes first)
+  fla_site
+  (PYTHONPATH=$PWD:/tmp/site timed fla_upstream "${FLA_UPSTREAM_S:-480}" python3 benchmarks/fla_tests.py --gpu \
+    --upstream --fla .flasrc --fla-package commit --site /tmp/site --files ${FLA_UPSTREAM_FILES:-test_gla.py} \
+    -k "${FLA_UPSTREAM_K:?}" --log "$OUT/fla_upstream-v.log" --out "$OUT/fla_upstream.md") &
+  upstream_pid=$!
+fi
+
 case ${steps[0]} in
   unit)
     setup
@@ -56,7 +75,7 @@ case ${steps[0]} in
   notebooks)
     setup
     names=()
-    for s in "${steps[@]:1}"; do [ "$s" = fla_tests ] || names+=("$s"); done
+    for s in "${steps[@]:1}"; do [[ $s == fla_tests || $s == fla_upstream ]] || names+=("$s"); done
     group=nb-${names[0]}
     timed "$group" "${NOTEBOOKS_S:-330}" .venv/bin/python benchmarks/notebook_times.py --device gpu --repeat 2 \
       --triton-cache "/tmp/$group-triton-cache" --widgets --timeout 300 --cells 3 --json "$OUT/$group.json" \
@@ -66,12 +85,15 @@ case ${steps[0]} in
 esac
 
 if [[ " ${steps[*]} " == *" fla_tests "* ]]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    .whl/*.whl > "$OUT/install.log" 2>&1
+  fla_site
   PYTHONPATH=$PWD:/tmp/site timed fla_tests "${FLA_TESTS_S:-300}" python3 benchmarks/fla_tests.py --gpu \
     --fla .flasrc --fla-package commit --site /tmp/site --workers "${FLA_WORKERS:-8}" \
     --log "$OUT/fla_tests-v.log" --out "$OUT/fla_tests_gpu.md"
   grep -E "FAILED|passed|failed" "$OUT/fla_tests-v.log" | tail -8 >> "$OUT/summary.txt"
+fi
+if [ -n "$upstream_pid" ]; then
+  wait "$upstream_pid"
+  grep -E "FAILED|PASSED|passed|failed" "$OUT/fla_upstream-v.log" | tail -4 >> "$OUT/summary.txt"
 fi
 echo "steps ${steps[*]}: $((SECONDS - start)) s on $card" | tee -a "$OUT/summary.txt"
 echo "==== summary ===="

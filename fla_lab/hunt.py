@@ -42,7 +42,8 @@ CAUSES = {
                        "pass log-space decays (F.logsigmoid(x), -exp(x)), not sigmoid(x) (cf. #11, #150)"),
     "growing_transition": ("RWKV-7's transition diag(exp w) + b a^T has an eigenvalue above 1: the state grows "
                            "until it overflows", "input",
-                           "pass a = -kk, b = kk * a_gate with unit-norm kk (cf. #150)"),
+                           "build a and b as RWKV-7's layer does (fla_lab.layers.RWKV7Attention): they only remove "
+                           "state (cf. #150)"),
     "exp_overflow": ("exp of a cumulative decay overflowed inside the kernel although the exact result is finite "
                      "(inf * 0 = NaN)", "kernel",
                      "factor the exponent against a reference row inside the sub-chunk (cf. #77, 0c1c0b65)"),

@@ -65,8 +65,8 @@ def _same(tensors: dict) -> dict:
 
 
 def _mul_rwkv7(tensors: dict) -> dict:
-    """`fused_mul_recurrent_rwkv7`'s (kk, a) are RWKV-7's unit-norm key and in-context learning rate: the
-    transition is diag(exp w) - kk (kk * a)^T, fla_lab's (and FLA's chunk_rwkv7's) a = -kk, b = kk * a."""
+    """`fused_mul_recurrent_rwkv7`'s (kk, a) are RWKV-7's unit-norm key and in-context learning rate: the same
+    transition as fla_lab's (and FLA's chunk_rwkv7's) a, b built from them as RWKV-7's layer builds them."""
     out = {n: t for n, t in tensors.items() if n not in ("kk", "a")}
     kk, a = tensors["kk"], tensors["a"]
     return {**out, "a": -kk, "b": kk * a}
