@@ -27,7 +27,8 @@ UPSTREAM = "fla-org/flash-linear-attention"
 class Held(exercises.Sealed):
     """A catalogue text that explains its bug (fix, trigger, symptom): shown as itself unless this is a learner's
     session whose kernel has not opened the entry's exercise (`Bug.answer_shown()`), then as a placeholder that
-    says how to open it. Compares, hashes and splits as the text itself."""
+    says how to open it. Compares, hashes and splits as the text itself; slicing, `+`, `*`, `%` and iteration give
+    `Held` texts again (`exercises.Sealed`'s docstring says which paths are left open, as deliberate digging)."""
 
     exercise: str
     notebook: str

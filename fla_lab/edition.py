@@ -25,7 +25,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from fla_lab.exercises import REVEAL_TAG, SOLUTION_TAG, seal
+from fla_lab.exercises import REVEAL_TAG, SOLUTION_TAG, lock
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
@@ -35,10 +35,30 @@ BANNER_TAG = "learner-banner"
 SESSION_ENV = "FLA_LAB_EDITION"  # "learner": `workbook.py lab` sets it for the learner's lab; "reference" turns it off
 
 
+_SESSION: bool | None = None  # the first answer of `learner_session()` in this process, held from then on
+
+
 def learner_session() -> bool:
     """Whether this process serves the learner's edition: FLA_LAB_EDITION=learner (the environment `workbook.py lab`
     starts JupyterLab and its kernels with), or, when FLA_LAB_EDITION is unset, a working directory that holds the
-    edition's manifest (a kernel started on a notebook of `learner/`, whatever started it)."""
+    edition's manifest (a kernel started on a notebook of `learner/`, whatever started it).
+
+    The first answer in a process holds (latched): setting `os.environ["FLA_LAB_EDITION"] = "reference"` or changing
+    directory inside a learner's kernel later does not unseal the catalogue. `reset_session()` forgets it (tests
+    switching modes; a facilitator restarts the kernel instead)."""
+    global _SESSION
+    if _SESSION is None:
+        _SESSION = _session_now()
+    return _SESSION
+
+
+def reset_session() -> None:
+    """Forget the latched answer of `learner_session()`: the next call reads the environment and directory again."""
+    global _SESSION
+    _SESSION = None
+
+
+def _session_now() -> bool:
     value = os.environ.get(SESSION_ENV, "").strip().lower()
     if value:
         return value == "learner"
@@ -125,13 +145,14 @@ def learner_copy(path: Path) -> str:
 def behind_the_gate(cell):
     """A cell tagged `reveal` shows the fix after an exercise's check. Its code starts with `verdict.reveal()`,
     which raises until the check passed or the hints ran out, so Run All stops there; its markdown (the fix in
-    words) becomes such a gate too, the text sealed (base64) and displayed once the gate opens. `raises-exception`
+    words) becomes such a gate too, the text locked (`exercises.lock`: not plain base64, which one decode would open)
+    and displayed once the gate opens. `raises-exception`
     lets a headless run (nbclient, the edition's test) go on past it."""
     import nbformat
 
     tags = [*cell.metadata["tags"], "raises-exception"]
     if cell.cell_type == "markdown":
-        source = (f'verdict.reveal(explain="{seal(cell.source)}")  # the fix in words: shown once your check says '
+        source = (f'verdict.reveal(explain="{lock(cell.source)}")  # the fix in words: shown once your check says '
                   "PASS, or after verdict.hint()'s last tier")
         gate = nbformat.v4.new_code_cell(source, metadata={**cell.metadata, "tags": tags})
         gate.id = cell.id

@@ -24,6 +24,7 @@ Nothing on the learner's path states an answer before the attempt:
 from __future__ import annotations
 
 import base64
+import hashlib
 import math
 from dataclasses import dataclass, field
 
@@ -45,10 +46,18 @@ PLACEHOLDER = "<sealed solution line: its exercise's last hint tier, or the fix 
 class Sealed(str):
     """A solution line kept out of sight. The source holds it in base64 (`seal(text)` makes that form; `python -m
     fla_lab.exercises seal "TEXT"` prints it). As a `str` it is the line itself for the checks that compare with it
-    (`==`, `in`, hashing, str methods), but every way of displaying it (`print`, `str`, `format` and f-strings,
-    `repr`, IPython's display and `x?`, `help(x)`) shows a placeholder. `.opened()` returns the text: the hint's last
-    tier and the fix after a PASS call it, nothing else. `Sealed.of(text)` seals a text built at run time (a hint
-    tier that quotes a sealed line: `Sealed.of(f"... {line.opened()}")`)."""
+    (`==`, `in`, hashing, `len`, str methods), but every way of displaying it (`print`, `str`, `format` and
+    f-strings, `%`-formatting, `repr`, IPython's display and `x?`, `help(x)`) shows a placeholder. `.opened()`
+    returns the text: the hint's last tier and the fix after a PASS call it, nothing else. `Sealed.of(text)` seals a
+    text built at run time (a hint tier that quotes a sealed line: `Sealed.of(f"... {line.opened()}")`).
+
+    The cheap ways to turn it back into a plain `str` keep it sealed: slicing (`x[:]`, `x[:400]`, `x[3]`),
+    concatenation (`x + ""`, `"" + x`), repetition (`x * 1`, `1 * x`), `x % args`, and iteration (each character
+    comes out sealed). Not closed, on purpose (a `str` subclass must keep them to compare and search as its text):
+    str's own methods that build a new string (`x.split()`, `x.upper()`, `x.replace(...)`, `x.encode()`; `strip`
+    is the exception, for `help(x)`), `"".join(x)` (str.join copies its items' characters whatever their type),
+    `str.__str__(x)` and the base64 in the lesson's source. Each of those is deliberate digging, not an
+    accident of displaying the value."""
 
     def __new__(cls, encoded: str):
         return super().__new__(cls, base64.b64decode(encoded.encode()).decode())
@@ -91,6 +100,32 @@ class Sealed(str):
     def _rewrap(self, text: str) -> "Sealed":
         return type(self).of(text)
 
+    # the cheap ways back to a plain str: each result stays sealed (see the class's docstring for what is left open)
+    def __getitem__(self, key):
+        return self._rewrap(str.__getitem__(self, key))
+
+    def __iter__(self):
+        return (self._rewrap(ch) for ch in str.__iter__(self))
+
+    def __add__(self, other):
+        if not isinstance(other, str):
+            return NotImplemented
+        return self._rewrap(str.__add__(self, other))
+
+    def __radd__(self, other):  # `"" + x`: Python asks a str subclass's __radd__ first
+        if not isinstance(other, str):
+            return NotImplemented
+        return self._rewrap(str.__add__(other, self))
+
+    def __mul__(self, n):
+        result = str.__mul__(self, n)
+        return result if result is NotImplemented else self._rewrap(result)
+
+    __rmul__ = __mul__
+
+    def __mod__(self, args):  # `x % args`: the template is the text (`"%s" % x` formats through __str__ already)
+        return self._rewrap(str.__mod__(self, args))
+
     def __getnewargs__(self) -> tuple[str]:  # copy, deepcopy and pickle rebuild it from the sealed form
         return (seal(self.opened()),)
 
@@ -116,6 +151,38 @@ def is_open(exercise: str) -> bool:
 def seal(text: str) -> str:
     """The base64 form that `Sealed(...)` takes in a lesson's source."""
     return base64.b64encode(text.encode()).decode()
+
+
+# The learner's edition writes the fix in words into a code cell (`verdict.reveal(explain=...)`), a file the learner
+# reads: there it is locked, not merely encoded, so no single obvious call (base64) gives it. `lock` XORs the text
+# with a SHA-256 keystream keyed by this constant and a per-text nonce; `unlock` (what `reveal` calls) undoes it.
+# Reading it early takes this module's key and algorithm: deliberate digging, not a glance.
+LOCK_PREFIX = "fla-lock1:"
+_LOCK_KEY = b"fla_lab.exercises: the fix in words stays behind verdict.reveal() until the check says PASS"
+
+
+def _keystream(nonce: bytes, n: int) -> bytes:
+    blocks = (hashlib.sha256(_LOCK_KEY + nonce + i.to_bytes(4, "big")).digest() for i in range(-(-n // 32)))
+    return b"".join(blocks)[:n]
+
+
+def lock(text: str) -> str:
+    """`text` locked for a learner's file: `LOCK_PREFIX` + base64 of (nonce, text XOR a SHA-256 keystream). The
+    nonce is derived from the text (keyed), so the same text locks the same way and a rebuilt edition is stable."""
+    data = text.encode()
+    nonce = hashlib.sha256(_LOCK_KEY + b"nonce" + data).digest()[:8]
+    body = bytes(a ^ b for a, b in zip(data, _keystream(nonce, len(data))))
+    return LOCK_PREFIX + base64.b64encode(nonce + body).decode()
+
+
+def unlock(locked: str) -> str:
+    """The text that `lock` locked. A text without `LOCK_PREFIX` is read as plain base64 (`seal`), the form a
+    learner's copy built before locking holds."""
+    if not locked.startswith(LOCK_PREFIX):
+        return base64.b64decode(locked.encode()).decode()
+    raw = base64.b64decode(locked[len(LOCK_PREFIX):].encode())
+    nonce, body = raw[:8], raw[8:]
+    return bytes(a ^ b for a, b in zip(body, _keystream(nonce, len(body)))).decode()
 
 
 @dataclass
@@ -177,14 +244,14 @@ class Verdict:
     def reveal(self, explain: str | None = None) -> None:
         """The gate at the top of a cell that shows the shipped fix: returns once `revealed()`, else raises
         `NotRevealed`, so Run All stops here instead of printing the answer to an exercise not yet tried.
-        `explain`: the fix in words, markdown in base64 (`seal`), displayed once the gate opens (the learner's
-        edition turns each explanation after a check into such a cell)."""
+        `explain`: the fix in words, markdown locked (`lock`; plain base64, `seal`, is read too), displayed once
+        the gate opens (the learner's edition turns each explanation after a check into such a cell)."""
         if self.revealed():
             record_open(self.exercise)
             if explain is not None:
                 from IPython.display import Markdown, display
 
-                display(Markdown(Sealed(explain).opened()))
+                display(Markdown(unlock(explain)))
             return
         left = len(self.hints) - self.shown
         hints = (f", or call verdict.hint() {left} more time(s) (its last tier is the line)" if self.gives_the_line()

@@ -42,6 +42,8 @@ def rwkv7_inputs(B, T, H, K, V, *, decay=None, initial_state=True, seed=0) -> di
     `diag(exp w) + b a^T` only removes state. `decay=None` is RWKV-7's own range `w = -e^-0.5 * sigmoid(randn)`;
     a number m gives the stress decay `-m * U(0.05, 1)` of `log_decay`.
     """
+    from fla_lab.layers.rwkv7 import state_removal  # the layer's own construction (a lazy import: layers import torch.nn)
+
     gen = torch.Generator().manual_seed(seed)
     shape = (B, T, H, K)
     kk = torch.nn.functional.normalize(torch.randn(shape, generator=gen), dim=-1)
@@ -51,7 +53,8 @@ def rwkv7_inputs(B, T, H, K, V, *, decay=None, initial_state=True, seed=0) -> di
     else:
         w = log_decay(shape, decay, gen)
     x = {"r": torch.randn(shape, generator=gen), "w": w, "k": torch.randn(shape, generator=gen),
-         "v": torch.randn(B, T, H, V, generator=gen), "a": -kk, "b": kk * a_gate}
+         "v": torch.randn(B, T, H, V, generator=gen)}
+    x["a"], x["b"] = state_removal(kk, a_gate)
     if initial_state:
         x["initial_state"] = torch.randn(B, H, K, V, generator=gen)
     return x

@@ -29,6 +29,16 @@ def _seed():
     torch.manual_seed(0)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_edition_session():
+    """`edition.learner_session()` latches its first answer per process: each test decides afresh."""
+    from fla_lab import edition
+
+    edition.reset_session()
+    yield
+    edition.reset_session()
+
+
 def benchmark_script(name: str):
     """`benchmarks/<name>.py` as a module in this process (its sibling scripts importable, as when it runs)."""
     import importlib.util

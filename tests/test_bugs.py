@@ -389,13 +389,16 @@ def session(monkeypatch, tmp_path):
     from fla_lab import edition, exercises
 
     monkeypatch.setattr(exercises, "_OPENED", set())
+    monkeypatch.setattr(edition, "_SESSION", None)  # unlatched here, and restored after the test
     monkeypatch.chdir(tmp_path)
 
     def learner():
         monkeypatch.setenv(edition.SESSION_ENV, "learner")
+        edition.reset_session()
 
     def reference():
         monkeypatch.setenv(edition.SESSION_ENV, "reference")
+        edition.reset_session()
 
     return learner, reference
 
@@ -479,11 +482,41 @@ def test_a_kernel_in_the_learners_edition_is_a_learners_session(session, monkeyp
     from fla_lab import edition
 
     monkeypatch.delenv(edition.SESSION_ENV, raising=False)
+    edition.reset_session()
     assert bugs.get("bf16_decay").answer_shown()
     (tmp_path / edition.MANIFEST).write_text("{}\n")
+    edition.reset_session()
     assert not bugs.get("bf16_decay").answer_shown() and "sealed" in str(bugs.get("bf16_decay").fix)
     monkeypatch.setenv(edition.SESSION_ENV, "reference")
+    edition.reset_session()
     assert bugs.get("bf16_decay").answer_shown()
+
+
+def test_a_learners_kernel_cannot_switch_itself_to_reference(session, monkeypatch):
+    """The first answer of `learner_session()` holds in the process: setting FLA_LAB_EDITION=reference (or leaving
+    the edition's folder) inside a learner's kernel does not unseal the catalogue."""
+    from fla_lab import edition
+
+    learner, _ = session
+    learner()
+    bug = bugs.get("bf16_decay")
+    assert not bug.answer_shown()
+    monkeypatch.setenv(edition.SESSION_ENV, "reference")
+    monkeypatch.chdir("/")
+    assert not bug.answer_shown() and "sealed" in str(bug.fix) and edition.learner_session()
+    edition.reset_session()  # what only a restart (or a test) does
+    assert bug.answer_shown()
+
+
+def test_a_held_text_stays_held_when_sliced_added_or_iterated(session):
+    learner, _ = session
+    learner()
+    fix = bugs.get("bf16_decay").fix
+    text = fix.opened()
+    for derived in (fix[:], fix[:400], fix + "", "" + fix, fix * 1, 1 * fix, fix[0], next(iter(fix))):
+        assert isinstance(derived, bugs.Held) and derived.exercise == fix.exercise, repr(derived)
+        assert "sealed" in str(derived) and text not in str(derived) and text not in f"{derived}"
+    assert "".join(str(ch) for ch in fix).count("sealed") == len(text)
 
 
 def test_each_entry_names_the_exercise_its_fixed_line_answers():

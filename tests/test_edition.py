@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fla_lab import edition, runtime
+from fla_lab import edition, exercises, runtime
 from fla_lab.exercises import CHECK_TAG, EXERCISE_TAG, PREDICT_TAG, REVEAL_TAG, SOLUTION_TAG
 
 NOTEBOOKS = edition.sources()
@@ -293,14 +293,78 @@ def test_the_learners_lab_is_a_learners_session(monkeypatch, tmp_path):
     spec.loader.exec_module(wb)
     env = wb.lab_env({"PATH": "/usr/bin"}, root=tmp_path)
     assert env[edition.SESSION_ENV] == "learner"
+    monkeypatch.setattr(edition, "_SESSION", None)  # unlatched here, and restored after the test
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv(edition.SESSION_ENV, env[edition.SESSION_ENV])
+
+    def session(**env) -> bool:  # a fresh process (kernel) in this environment and folder
+        for name, value in env.items():
+            monkeypatch.setenv(name, value) if value is not None else monkeypatch.delenv(name)
+        edition.reset_session()
+        return edition.learner_session()
+
+    assert session(**{edition.SESSION_ENV: "learner"})
+    assert not session(**{edition.SESSION_ENV: "reference"})
+    assert not session(**{edition.SESSION_ENV: None})
+    edition.build(tmp_path, notebooks=NOTEBOOKS[:1])  # the edition's folder: its manifest marks it
+    assert (tmp_path / edition.MANIFEST).is_file() and session()
+    assert not session(**{edition.SESSION_ENV: "reference"})
+
+
+def test_a_learners_session_is_latched_at_its_first_answer(monkeypatch, tmp_path):
+    """Inside a learner's kernel, `os.environ["FLA_LAB_EDITION"] = "reference"` (or a chdir) does not turn the session
+    into a facilitator's: the first answer in the process holds until `reset_session()`."""
+    monkeypatch.setattr(edition, "_SESSION", None)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(edition.SESSION_ENV, "learner")
     assert edition.learner_session()
     monkeypatch.setenv(edition.SESSION_ENV, "reference")
+    monkeypatch.chdir("/")
+    assert edition.learner_session()
+    edition.reset_session()
     assert not edition.learner_session()
-    monkeypatch.delenv(edition.SESSION_ENV)
-    assert not edition.learner_session()
-    edition.build(tmp_path, notebooks=NOTEBOOKS[:1])  # the edition's folder: its manifest marks it
-    assert (tmp_path / edition.MANIFEST).is_file() and edition.learner_session()
-    monkeypatch.setenv(edition.SESSION_ENV, "reference")
-    assert not edition.learner_session()
+    monkeypatch.setenv(edition.SESSION_ENV, "learner")
+    assert not edition.learner_session()  # latched the other way too
+
+
+def test_the_fix_in_words_is_locked_in_the_learners_copy(tmp_path, monkeypatch):
+    """A reveal cell's explanation is locked (`exercises.lock`), not plain base64: no base64 run in a learner's
+    reveal cell decodes to the text, and `verdict.reveal(explain=...)` after a PASS displays it."""
+    import base64
+    import binascii
+
+    import nbformat
+
+    def decodes(source: str) -> list[str]:
+        found = []
+        for run in re.findall(r"[A-Za-z0-9+/=]{16,}", source):
+            for start in range(4):  # the run may start off the 4-character grid (a prefix glued to it)
+                chunk = run[start:]
+                chunk = chunk[:len(chunk) - len(chunk) % 4]
+                try:
+                    found.append(base64.b64decode(chunk, validate=False).decode("utf-8", "replace"))
+                except (binascii.Error, ValueError):
+                    pass
+        return found
+
+    cell = nbformat.v4.new_markdown_cell("The fix: mask the **rows past T** (gi[start-1]).",
+                                         metadata={"tags": [exercises.REVEAL_TAG]})
+    gate = edition.behind_the_gate(cell)
+    assert gate.cell_type == "code" and gate.source.startswith("verdict.reveal(explain=")
+    assert not any("rows past T" in text or "The fix" in text for text in decodes(gate.source))
+    assert "rows past T" not in gate.source
+    locked = re.search(r'explain="([^"]+)"', gate.source).group(1)
+    assert exercises.unlock(locked) == cell.source and edition.behind_the_gate(
+        nbformat.v4.new_markdown_cell(cell.source, metadata={"tags": [exercises.REVEAL_TAG]})).source == gate.source
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda obj: shown.append(obj.data))
+    with pytest.raises(exercises.NotRevealed):
+        exercises.Verdict("x", False, ["f"], ("a",)).reveal(explain=locked)
+    assert shown == []
+    exercises.Verdict("x", True, []).reveal(explain=locked)
+    assert shown == [cell.source]
+    for path in NOTEBOOKS:  # every reveal markdown of the tracked notebooks, as the edition writes it
+        for md in nbformat.read(path, as_version=4).cells:
+            if md.cell_type == "markdown" and exercises.REVEAL_TAG in md.metadata.get("tags", []):
+                source = edition.behind_the_gate(md).source
+                words = [w for w in re.findall(r"[A-Za-z_]{6,}", md.source)][:5]
+                assert not any(w in text for text in decodes(source) for w in words), (path.name, words)

@@ -216,3 +216,48 @@ def test_the_fix_in_words_displays_once_the_gate_opens(monkeypatch):
     assert shown == []
     Verdict("x", True, []).reveal(explain=seal("the **line**"))
     assert shown == ["the **line**"] and type(shown[0]) is str  # opened: the text itself, not a sealed str
+
+
+def test_the_cheap_ways_back_to_a_plain_str_keep_a_sealed_line_sealed():
+    """Slicing, `+` either side, `*` either side, `x % args` and iteration give sealed texts, not the line."""
+    sealed = Sealed(seal(LINE))
+    derived = {"x[:]": sealed[:], "x[:400]": sealed[:400], "x[0]": sealed[0], "x + ''": sealed + "",
+               "'' + x": "" + sealed, "x * 1": sealed * 1, "1 * x": 1 * sealed, "x % ()": sealed % (),
+               "next(iter(x))": next(iter(sealed)), "list(x)[0]": list(sealed)[0], "x + x": sealed + sealed}
+    for how, value in derived.items():
+        assert isinstance(value, Sealed), how
+        assert "HK" not in str(value) and "i_start" not in f"{value}" and "HK" not in repr(value), how
+    assert derived["x[:]"] == LINE and derived["x[:]"].opened() == LINE and derived["'' + x"] == LINE
+    assert derived["x + x"] == LINE + LINE and sealed[7:9] == LINE[7:9]
+    assert "%s" % sealed == exercises.PLACEHOLDER and "HK" not in "%.400s" % (sealed,)
+    assert "".join(str(ch) for ch in sealed).count(exercises.PLACEHOLDER) == len(LINE)
+    # what a str subclass must keep: compare, hash, search, split, len, bool
+    assert sealed == LINE and hash(sealed) == hash(LINE) and "HK" in sealed and sealed.split()[0] == "return"
+    assert len(sealed) == len(LINE) and sealed and not Sealed(seal(""))
+    assert sealed.__add__(1) is NotImplemented and sealed.__radd__(1) is NotImplemented
+    with pytest.raises(TypeError):
+        sealed + 1
+
+
+def test_a_locked_text_needs_the_package_to_open():
+    """`lock` is not base64 of the text: decoding its base64 gives no word of it; `unlock` gives it back, and a
+    plain `seal` (a learner's copy built before locking) still opens through `unlock`."""
+    import base64
+
+    text = "Mask the rows **past T**: `gi[start - 1]`, ünïcödé too"
+    locked = exercises.lock(text)
+    assert locked.startswith(exercises.LOCK_PREFIX) and exercises.unlock(locked) == text
+    raw = base64.b64decode(locked[len(exercises.LOCK_PREFIX):])
+    assert b"past" not in raw and b"Mask" not in raw and text.encode() not in raw
+    assert exercises.lock(text) == locked and exercises.lock(text + " ") != locked  # stable; differs per text
+    assert exercises.unlock(seal(text)) == text and exercises.unlock(exercises.lock("")) == ""
+
+
+def test_the_locked_fix_in_words_displays_once_the_gate_opens(monkeypatch):
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda obj: shown.append(obj.data))
+    with pytest.raises(NotRevealed):
+        Verdict("x", False, ["f"], ("a",)).reveal(explain=exercises.lock("the **line**"))
+    assert shown == []
+    Verdict("x", True, []).reveal(explain=exercises.lock("the **line**"))
+    assert shown == ["the **line**"] and type(shown[0]) is str

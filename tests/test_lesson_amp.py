@@ -341,3 +341,10 @@ def test_tiers_that_say_where_the_cast_goes_are_sealed():
     assert isinstance(late.hints[1], exercises.Sealed) and late.hints[1] not in inspect.getsource(amp)
     # right values in another dtype: two tiers, no line; plain, since a Sealed last tier counts as the line
     assert len(in_float64.hints) == 2 and not isinstance(in_float64.hints[-1], exercises.Sealed)
+
+
+def test_the_module_docstring_names_no_function_whose_source_is_the_fix():
+    """`amp?` (issue 44): the docstring pointed at the layer's decay function as "the fixed path"."""
+    for name in ("log_decay_from_lora", "RWKV7Attention.log_decay", "fixed path"):
+        assert name not in amp.__doc__
+        assert name not in (amp.log_decays.__doc__ or "") and name not in (amp.amp_step.__doc__ or "")

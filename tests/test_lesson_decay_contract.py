@@ -336,6 +336,20 @@ def test_a_removal_without_the_key_gets_a_hint_about_the_key_not_its_length(remo
     assert dc.uses_key(REMOVALS["layer"], k, a, b, *REMOVALS["layer"](k, a, b))
 
 
+def test_check_removal_rejects_a_key_normalised_over_the_heads_together():
+    """k / k.norm(dim=(-2, -1)): the same as per head when H = 1 (#150's case), too short a key with two heads."""
+    def over_heads(k, a, b):
+        kk = k / k.norm(dim=(-2, -1), keepdim=True)
+        return -kk, kk * a
+    verdict = dc.check_removal(over_heads)
+    assert not verdict.passed and str(verdict).startswith("NOT YET")
+    bad = [line for line in verdict.facts if " > " in line]
+    assert len(bad) == 1 and bad[0].startswith("with H = 2 heads")
+    where, what, line = _tiers(verdict)
+    assert "one head (H = 1)" in where and "per head" in what and "heads together" in what
+    assert line.startswith(dc._REMOVAL_LINE)
+
+
 def test_check_removal_facts_do_not_print_the_answer(removal_verdicts):
     text = str(removal_verdicts["reported"])
     assert "TransitionWarning" in text and "normalize" not in text and "kk" not in text
@@ -399,7 +413,7 @@ def opened_exercises(monkeypatch):
 @pytest.mark.parametrize("lines, expected", [
     ("decay_lines", "b_h = b_h * tl.exp(b_g)[:, None] + b_kv"),
     ("rwkv7_step_lines", "removed = "),
-    ("removal_lines", "o = self.attend(r, w, k, v, -kk, kk * a, cu_seqlens)"),
+    ("removal_lines", "return -kk, kk * gate"),
 ])
 def test_source_lines_point_at_the_shipped_code(lines, expected, opened_exercises):
     import importlib
@@ -426,7 +440,7 @@ def test_removal_lines_wait_for_a_pass_or_the_last_hint(opened_exercises):
         verdict.hint()
     assert "kk" not in dc.removal_lines()  # two of three tiers: still closed
     verdict.hint()  # the last tier: the line
-    assert "-kk, kk * a" in dc.removal_lines()
+    assert "-kk, kk * gate" in dc.removal_lines()
 
 
 def test_on_device_moves_tensors_in_containers_and_leaves_the_rest():

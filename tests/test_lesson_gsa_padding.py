@@ -375,10 +375,10 @@ def rows_only_minus_inf(b_gq, b_gn, o_j, m_d, T):  # another right answer: exp(-
 
 def test_the_check_runs_the_shipped_kernel_and_tells_the_bug_from_the_fix():
     stub = lesson.check_padded_exponent(stages.later_rows_exponent_unmasked)
-    assert not stub and "NOT YET" in str(stub) and "non-finite: ds 1080, dg 1080 of 1080 each" in str(stub)
+    assert not stub and "NOT YET" in str(stub) and "non-finite (T = 45): ds 1080, dg 1080 of 1080 each" in str(stub)
     assert len(stub.hints) == 3 and "45..47" in stub.hints[0] and "unmasked line" in stub.hints[1]
     good = lesson.check_padded_exponent(stages.later_rows_exponent)
-    assert good and str(good).startswith("PASS") and "non-finite: ds 0, dg 0" in str(good)
+    assert good and str(good).startswith("PASS") and "non-finite (T = 109): ds 0, dg 0" in str(good)
     assert not lesson.check_padded_exponent(lambda b_gq, b_gn, o_j, m_d, T: b_gq - b_gn)  # not @triton.jit
     assert not hasattr(lesson, "slot_write_grad_kernel")  # no lesson-only copy of the kernel
 
@@ -462,8 +462,8 @@ def positive_fill(b_gq, b_gn, o_j, m_d, T):  # a row mask with a value above 0 t
 def test_a_cap_is_not_a_mask():
     verdict = lesson.check_padded_exponent(capped)
     assert not verdict.passed and str(verdict).startswith("NOT YET")
-    assert "non-finite: ds 0, dg 0 of 1080 each" in verdict.facts  # the kernel's gradients come out right...
-    assert all("<=" in f for f in verdict.facts[:2])
+    assert "non-finite (T = 45): ds 0, dg 0 of 1080 each" in verdict.facts  # the kernel's gradients come out right...
+    assert all("<=" in f for f in verdict.facts[:4])
     assert verdict.facts[-1] == ("probe tile, rows past T (t = 45..47): largest exponent 8.8e+01 > 0 "
                                  "(exp() <= 1, as on every real row)")  # ...the exponent itself does not
     found = lesson.diagnose(capped)
@@ -482,8 +482,13 @@ def test_a_positive_value_on_the_rows_past_T_gets_its_own_hint():
     assert "above 0" in verdict.hints[1] and "caps" not in verdict.hints[1]
 
 
-@pytest.mark.parametrize("helper", [stages.later_rows_exponent, rows_only, rows_only_minus_inf],
-                         ids=["shipped", "rows_only", "rows_only_minus_inf"])
+@triton.jit
+def clipped_at_0(b_gq, b_gn, o_j, m_d, T):  # another right answer: G never increases, so only rows past T exceed 0
+    return tl.minimum(b_gq - b_gn, 0.0)
+
+
+@pytest.mark.parametrize("helper", [stages.later_rows_exponent, rows_only, rows_only_minus_inf, clipped_at_0],
+                         ids=["shipped", "rows_only", "rows_only_minus_inf", "clipped_at_0"])
 def test_masks_still_pass(helper):
     verdict = lesson.check_padded_exponent(helper)
     assert verdict.passed and str(verdict).startswith("PASS"), str(verdict)
@@ -523,3 +528,40 @@ def test_tiers_that_say_what_to_write_are_sealed(helper):
     where, what, line = lesson.exponent_hints(lesson.diagnose(helper))
     assert not isinstance(where, exercises.Sealed) and isinstance(what, exercises.Sealed) and line == lesson._LINE
     assert what not in inspect.getsource(lesson)
+
+
+# ---------------------------------------------------------------------------------------------------- one chunk only
+# Masks right in the first chunk only: T = 45 alone (one partial chunk) passed them; the check's second case, T = 109
+# (a full chunk, then a partial one), and the probe tile in the second chunk tell them apart (issue 44).
+
+
+@triton.jit
+def fixed_45(b_gq, b_gn, o_j, m_d, T):
+    return tl.where((o_j < 45)[:, None], b_gq - b_gn, 0)
+
+
+@triton.jit
+def position_mod_64(b_gq, b_gn, o_j, m_d, T):
+    return tl.where((o_j % 64 < T)[:, None], b_gq - b_gn, 0)
+
+
+@triton.jit
+def length_mod_64(b_gq, b_gn, o_j, m_d, T):
+    return tl.where((o_j < T % 64)[:, None], b_gq - b_gn, 0)
+
+
+@pytest.mark.parametrize("helper, said", [(fixed_45, "312 of its 312 real cells changed"),
+                                          (position_mod_64, "inf or NaN on the rows past T (109..111)"),
+                                          (length_mod_64, "312 of its 312 real cells changed")],
+                         ids=["fixed_45", "position_mod_64", "length_mod_64"])
+def test_a_mask_right_only_in_the_first_chunk_is_not_yet(helper, said):
+    from fla_lab import exercises
+
+    verdict = lesson.check_padded_exponent(helper)
+    assert not verdict.passed and str(verdict).startswith("NOT YET"), str(verdict)
+    assert all("<=" in f for f in verdict.facts[:2])  # T = 45 alone passes it...
+    assert "> 5.0e-05" in verdict.facts[2] and verdict.facts[2].startswith("ds (T = 109")  # ...T = 109 does not
+    where, what, line = verdict.hints
+    assert where.startswith("your helper is right on a probe tile of the first chunk") and said in where
+    assert "later rows 96..111, T = 109" in where
+    assert isinstance(what, exercises.Sealed) and "modulo the chunk size 64" in what and line == lesson._LINE

@@ -368,3 +368,12 @@ def test_the_key_accepts_the_solutions_as_written_and_in_other_spellings():
         assert hunting._right(exercise, "where", "fla_lab.something." + finding["where"])
         assert not hunting._right(exercise, "module", "")
     assert hunting._right("nan", "tensor", "blocks.1.attn." + _solutions()["finding"]["tensor"])
+
+
+def test_docstrings_the_learner_reaches_do_not_point_to_the_answer_key():
+    """`lesson?` and `lesson.mystery_model?` (issue 44): no path to the facilitator's answer key."""
+    public = [hunting] + [getattr(hunting, name) for name in dir(hunting)
+                          if not name.startswith("_") and callable(getattr(hunting, name))]
+    for obj in public:
+        doc = inspect.getdoc(obj) or ""
+        assert "onboarding" not in doc and "Answer keys" not in doc, obj

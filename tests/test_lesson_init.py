@@ -241,7 +241,7 @@ def test_zeros_are_finite_but_not_the_official_init():
         lambda layer: [p.zero_() for p in layer.parameters(recurse=False)]))
     assert not verdict.passed
     assert "output vs float64: error" in str(verdict) and "49 of 49" in str(verdict)
-    assert verdict.hints[0] == "the nine are zeros at both layers"
+    assert verdict.hints[0] == "the nine are zeros at every layer checked"
 
 
 def test_the_routines_own_formula_on_the_vectors_raises_and_is_reported():
@@ -278,3 +278,32 @@ def test_float64_twin_is_exact_for_the_same_weights():
     o, grads = lesson.forward_backward(twin, x)
     o_ref, _ = lesson.forward_backward(twin, x)
     assert torch.equal(o, o_ref) and set(grads) == {"input", *dict(layer.named_parameters())}
+
+
+def hard_coded_init(C=128, N=64, L=12):
+    """The solution with the notebook's sizes written in as numbers (None: read from the layer)."""
+    @torch.no_grad()
+    def init(layer):
+        vec = official.rwkv7_vectors(C or layer.hidden_size, N or layer.head_dim, layer.layer_idx,
+                                     L or layer.num_hidden_layers)
+        for name, p in layer.named_parameters(recurse=False):
+            p.copy_(vec[name].view_as(p))
+    return init
+
+
+def test_check_rejects_the_notebooks_sizes_written_as_numbers():
+    # rwkv7_vectors(128, 64, layer.layer_idx, 12): right at C = 128 with 12 layers, raises on the layer of other sizes
+    verdict = lesson.check_initialisation(hard_coded_init())
+    assert not verdict.passed and str(verdict).startswith("NOT YET")
+    assert "layer 5 of 24 (C=64)" in verdict.facts[0] and "raised RuntimeError" in verdict.facts[0]
+    assert "layer 5 of 24 (C=64)" in verdict.hints[0] and "layer.hidden_size" in verdict.hints[1]
+
+
+def test_check_rejects_a_layer_count_written_as_a_number():
+    # the width read from the layer, the depth written in: wrong only at the layer of another depth
+    verdict = lesson.check_initialisation(hard_coded_init(C=None, N=None))
+    assert not verdict.passed
+    bad = failing(verdict)
+    assert bad and all(line.startswith(("x_r", "x_w", "x_k", "x_v", "x_a", "x_g")) for line in bad)
+    assert all(" > " in line.split(";")[2] and " > " not in line.split(";")[0] + line.split(";")[1] for line in bad)
+    assert "wrong at layer 5 of 24 (C=64)" in verdict.hints[0] and "num_hidden_layers" in verdict.hints[1]

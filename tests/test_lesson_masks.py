@@ -70,6 +70,15 @@ def test_canary_buffer_covers_every_address_and_keeps_h0():
 def test_non_square_tiles_cannot_be_modelled():
     assert not masks.broadcastable(masks.tile_shapes(16, 64)["pointers"], masks.tile_shapes(16, 64)["buggy mask"])
     assert masks.broadcastable(masks.tile_shapes(32, 32)["pointers"], masks.tile_shapes(32, 32)["buggy mask"])
+
+
+def test_tile_shapes_gives_the_fixed_masks_shape_only_once_the_exercise_is_open(monkeypatch):
+    from fla_lab import exercises
+    monkeypatch.setattr(exercises, "_OPENED", set())
+    assert masks.tile_shapes(16, 64)["fixed mask"] == masks.FIXED_MASK_HIDDEN
+    assert masks.tile_shapes(16, 64)["pointers"] == (64, 16)
+    exercises.record_open(masks.EXERCISE)
+    assert masks.tile_shapes(16, 64)["fixed mask"] == (64, 16)
     with pytest.raises(ValueError, match="square"):
         masks.h0_cells(16, 64, 16, 64)
 

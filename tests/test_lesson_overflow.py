@@ -326,3 +326,25 @@ def test_the_solution_line_is_sealed():
     assert docs and not [d for d in docs if answer in d or "gi[start - 1]" in d]
     assert overflow.reference_row_hints(0)[-1].opened().startswith(overflow._LINE.opened())
     assert answer not in str(overflow.reference_row_hints(0)[-1])  # printed only by verdict.hint()
+
+
+
+def test_stage_source_refuses_an_answer_until_its_exercise_is_open(monkeypatch):
+    """`stage_source` prints any stage, but the ones that are an exercise's answer (03a's reference row, 03b's
+    exponent and the loop around it) raise NotRevealed until that exercise is open in this kernel (issue 44)."""
+    from fla_lab import exercises
+    from fla_lab.lessons import gsa_padding
+
+    monkeypatch.setattr(exercises, "_OPENED", set())
+    assert "REFERENCE_ROW(" in overflow.stage_source("load_query_decay", "load_reference_decay")
+    for name in ("reference_row", "later_rows_exponent", "cols_from_later_subchunks"):
+        with pytest.raises(exercises.NotRevealed, match=f"stage_source\\('{name}'\\).*says PASS"):
+            overflow.stage_source("load_query_decay", name)
+    with pytest.raises(exercises.NotRevealed):
+        gsa_padding.show_shipped_exponent()
+    exercises.record_open(overflow.EXERCISE)
+    assert "(i_start - 1) * HK" in overflow.stage_source("reference_row")
+    with pytest.raises(exercises.NotRevealed, match="check_padded_exponent"):
+        overflow.stage_source("later_rows_exponent")
+    exercises.record_open(gsa_padding.EXERCISE)
+    assert "tl.where((o_j < T)[:, None] & m_d[None, :]" in overflow.stage_source("later_rows_exponent")

@@ -57,6 +57,12 @@ def real_torch_empty(shape=(6, 768)) -> torch.Tensor:
     return torch.empty(shape)
 
 
+def state_removal(kk: torch.Tensor, gate: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """RWKV-7's kernel inputs `(a, b)` from its unit-norm removal key and in-context learning rate, the one place the
+    package builds them (the layer, `fla_lab.harness.rwkv7_inputs`; notebook 02's Exercise 2 derives them)."""
+    return -kk, kk * gate
+
+
 def log_decay_from_lora(w_raw: torch.Tensor, bug: str | None = None) -> torch.Tensor:
     """RWKV-7's log-decay from its decay-LoRA output, `-exp(-0.5) * sigmoid(w_raw)`; `bug="bf16_decay"` computes it
     as upstream #181 did (notebook 05: what that changes under autocast, and writing the fix)."""
@@ -197,7 +203,7 @@ class RWKV7Attention(nn.Module):
         k = k.addcmul(k * (a - 1), self.k_a)
         r, w, k, a = (split_heads(t, self.head_dim) for t in (r, w, k, a))
         v = split_heads(v, self.head_v_dim)
-        o = self.attend(r, w, k, v, -kk, kk * a, cu_seqlens)
+        o = self.attend(r, w, k, v, *state_removal(kk, a), cu_seqlens)
         o = self.g_norm(o.reshape(B * T, self.value_dim)).view(B, T, self.value_dim)
         bonus = (r * k * self.r_k).sum(-1, keepdim=True) * v  # the current token's own contribution
         o = (o + bonus.view(B, T, self.value_dim)) * g

@@ -1,8 +1,8 @@
 """Notebook 05: RWKV-7's decay sigmoid in bf16 under AMP (upstream #181), a per-step bias that compounds.
 
-Every decay here comes from the layer's own code, `RWKV7Attention.log_decay` (`log_decay_from_lora`): `bug="bf16_decay"` computes
-`-e^-0.5 * sigmoid(x)` in the dtype of the LoRA output `x` (upstream before 965c3553, and again from d9e86d00 /
-v0.2.0 to 0.6.0); the fixed path is the layer's line without the switch (the notebook's exercise is to write it).
+Every decay here comes from the layer's own code, its decay line on the LoRA output `x`: `bug="bf16_decay"` computes
+`-e^-0.5 * sigmoid(x)` in the dtype of `x` (upstream before 965c3553, and again from d9e86d00 / v0.2.0 to 0.6.0);
+without the switch the layer runs the fix of #181, which the notebook's exercise is to write.
 Both start from the same rounded LoRA output, as in a bf16 model: what differs is only the rounding on the way,
 which is what #181 is about.
 """
@@ -32,7 +32,7 @@ CUDA_AUTOCAST_BF16 = {"linear": "bf16", "exp": "fp32", "softplus": "fp32", "log"
 
 
 def log_decays(lora_output: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, torch.Tensor]:
-    """(buggy, fixed) log-decays in float64 for LoRA outputs rounded to `dtype`, through the layer's `log_decay_from_lora`.
+    """(buggy, fixed) log-decays in float64 for LoRA outputs rounded to `dtype`, through the layer's own decay line.
 
     The buggy path computes the sigmoid in `dtype` (`bug="bf16_decay"`); the fixed one is the layer's line without the
     switch (965c3553).
@@ -410,7 +410,7 @@ def amp_step(bug: str | None, T: int = 256, hidden_size: int = 64, seed: int = 0
     under the interpreter), with a spy on the layer's op that records what reaches `chunk_rwkv7`.
 
     `log_decay`, if given, replaces the layer's decay line: the layer's `log_decay` method then returns
-    `log_decay(w_lora(xw))`, as `log_decay_from_lora` does."""
+    `log_decay(w_lora(xw))`, as the layer's own decay line does."""
     from fla_lab import runtime
     from fla_lab.lessons.init import open_output
 

@@ -572,12 +572,16 @@ def rwkv7_step_lines() -> str:
 def removal_lines() -> str:
     """The lines of `fla_lab/layers/rwkv7.py` that build kk, a and b, with their file:line, once exercise 2 is
     solved or revealed (`exercises.is_open`): before that they would be its answer."""
+    import inspect
+
     from fla_lab.layers import rwkv7
 
     if not exercises.is_open(EXERCISE_REMOVAL):
         return (f"(the layer's lines that build a and b show once check_removal says PASS, or after verdict.hint()'s "
                 f"last tier: {EXERCISE_REMOVAL})")
-    return source_lines(rwkv7, ("a = self.a_lora", "kk = ", "o = self.attend("))
+    body, start = inspect.getsourcelines(rwkv7.state_removal)  # its last line builds (a, b)
+    return (source_lines(rwkv7, ("a = self.a_lora", "kk = ", "o = self.attend(")) +
+            f"\nfla_lab/layers/rwkv7.py:{start + len(body) - 1}  {body[-1].strip()}")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -647,6 +651,13 @@ _WHAT_REMOVAL = exercises.Sealed(
 _REMOVAL_TIER = exercises.Sealed(
     "a2sgPSBGLm5vcm1hbGl6ZShrLCBkaW09LTEpOyByZXR1cm4gLWtrLCBrayAqIGEgICAoYSB1bml0IGtleSByZWFkLCB0aGUgZ2F0ZSBvbiB3aGF0IG"
     "lzIHdyaXR0ZW4gYmFjazsgdGhlIHJlcG9ydCdzIGIgaXMgbm90IHVzZWQp")
+
+_WHAT_PER_HEAD = exercises.Sealed(
+    "dGhlIGtleSBpcyBub3JtYWxpc2VkIHBlciBoZWFkOiBpdHMgbGVuZ3RoIGlzIHRha2VuIG92ZXIgdGhlIEsgY2hhbm5lbHMgb2Ygb25lIGhlYW"
+    "QgKHRoZSBsYXN0IGRpbWVuc2lvbiksIG5ldmVyIG92ZXIgdGhlIGhlYWRzIHRvZ2V0aGVyOyB3aXRoIG9uZSBoZWFkIChIID0gMSkgdGhlIHR3"
+    "byBhcmUgdGhlIHNhbWUsIHdpdGggSCA9IDIgZWFjaCBoZWFkJ3Mga2V5IGlzIHRoZW4gc2hvcnRlciB0aGFuIGEgdW5pdCB2ZWN0b3IgYW5kIH"
+    "JlbW92ZXMgdG9vIGxpdHRsZQ==")
+HEADS_CASE = (16, 2, 16)  # (T, H, K) of check_removal's second case: two heads, where #150's case has H = 1
 
 
 @triton.jit
@@ -861,10 +872,34 @@ def removal_hints(k, a_gate, a, b, probes: list[Probe], key_used: bool = True) -
         what=_WHAT_REMOVAL, line=_REMOVAL_TIER)
 
 
+def heads_case(T: int = 16, H: int = 2, K: int = 16, seed: int = 0) -> dict[str, torch.Tensor]:
+    """#150's inputs (all six `torch.rand`, w logged) with `H` heads: [1, T, H, K]."""
+    gen = torch.Generator().manual_seed(seed)
+    r, w, k, v, a, b = (torch.rand(1, T, H, K, generator=gen) for _ in range(6))
+    return {"r": r, "w": w.log(), "k": k, "v": v, "a": a, "b": b}
+
+
+def heads_fact(removal, tol: float, seed: int = 0) -> tuple[bool, str]:
+    """The float64 recurrence with the learner's a, b vs RWKV-7's on `HEADS_CASE` (H = 2: a key normalised over
+    the heads together passes with H = 1 and fails here)."""
+    T, H, K = HEADS_CASE
+    x = heads_case(T, H, K, seed)
+    label = f"with H = {H} heads: float64 recurrence with your a, b vs with RWKV-7's (o)"
+    try:
+        a, b = removal(x["k"].clone(), x["a"].clone(), x["b"].clone())
+        a_ref, b_ref = _removal_reference(x["k"].double(), x["a"].double())
+        mine = reference.recurrent_rwkv7(**{**x, "a": a, "b": b})[0]
+    except Exception as error:  # noqa: BLE001  (the learner's code: a fact, not a traceback)
+        return False, f"{label}: raised {type(error).__name__}: {error}"
+    theirs = reference.recurrent_rwkv7(**{**x, "a": a_ref, "b": b_ref})[0]
+    return exercises.error_fact(label, check.rel_error(mine, theirs), tol)
+
+
 def check_removal(removal, T: int = 64, K: int = 64, seed: int = 0) -> exercises.Verdict:
     """PASS when `removal(k, a, b)` on #150's inputs (all six ~ torch.rand, w = log(rand), the report's a read as
     the gate) gives RWKV-7's step: b . a in [-1, 0], every transition eigenvalue <= 1, the same recurrence as the
-    layer's a, b (float64), no contract warning, and `chunk_rwkv7` (the report's op) within tolerance of float64."""
+    layer's a, b (float64), no contract warning, and `chunk_rwkv7` (the report's op) within tolerance of float64;
+    and, on the same kind of inputs with two heads (`HEADS_CASE`), the same float64 recurrence as RWKV-7's."""
     from fla_lab.ops import chunk_rwkv7
 
     tol = check.tolerance(torch.float32).fwd
@@ -889,7 +924,13 @@ def check_removal(removal, T: int = 64, K: int = 64, seed: int = 0) -> exercises
     facts += [exercises.error_fact(f"chunk_rwkv7 {n} vs float64", e, tol) for n, e in result.errors.items()]
     facts.append((seen.state < FP32_MAX, f"largest |entry| of the exact state over {T} steps: "
                                          f"{exercises.fmt(seen.state)}"))
+    one_head = all(ok for ok, _ in facts)
+    facts.append(heads_fact(removal, tol, seed))
     if all(ok for ok, _ in facts):
         return exercises.verdict(EXERCISE_REMOVAL, facts)
+    if one_head:  # right with one head, wrong with two: the key normalised over more than one head's channels
+        return exercises.verdict(EXERCISE_REMOVAL, facts, exercises.hints(
+            where=f"every fact holds with one head (H = 1), not with two: {facts[-1][1]}",
+            what=_WHAT_PER_HEAD, line=_REMOVAL_TIER))
     key_used = uses_key(removal, k, a_gate, b_report, a, b)
     return exercises.verdict(EXERCISE_REMOVAL, facts, removal_hints(k, a_gate, a, b, probe_removal(removal), key_used))

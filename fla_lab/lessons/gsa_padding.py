@@ -701,9 +701,12 @@ def explorer():
 EXERCISE = "the exponent of the later rows in chunk_gsa's slot-gradient kernel"
 _SHOWS_ONCE_SOLVED = "shows once check_padded_exponent says PASS, or after verdict.hint()'s last tier"
 EXERCISE_T, EXERCISE_DECAY = 45, 30.0  # a partial chunk (sub-chunks 0..2 meet rows past T) at strong slot decay
+EXERCISE_T_LATER = 109  # a full chunk, then a partial one (rows 64..108): a mask right only in the first chunk
+#                         (o_j < 45, o_j % 64 < T, o_j < T % 64) fails here
 EXERCISE_SLOTS = 24  # M: a slot tile of 32 channels, 8 of them past M (the helper's m_d); not 16, so that a mask
 #                      built along the wrong axis fails to broadcast instead of silently masking slots
 PROBE_ROWS, PROBE_T, PROBE_GN = 32, 45, 100.0  # the probe tile: later rows 32..47 with T = 45, |gn| >= 100
+LATER_TILE = {"rows0": 96, "T": EXERCISE_T_LATER}  # the same tile in the second chunk: later rows 96..111, T = 109
 
 
 def exercise_inputs(T: int, decay: float, seed: int = 0) -> dict:
@@ -723,18 +726,19 @@ def _probe_kernel(GQ, GN, E, T, ROW0: tl.constexpr, M: tl.constexpr, BC: tl.cons
     tl.store(E + p, b_e + tl.zeros([BC, BD], dtype=tl.float32))
 
 
-def probe_tile(gn0: float = PROBE_GN, gn_step: float = 1.0) -> dict[str, torch.Tensor]:
+def probe_tile(gn0: float = PROBE_GN, gn_step: float = 1.0, rows0: int = PROBE_ROWS,
+               T: int = PROBE_T) -> dict[str, torch.Tensor]:
     """A tile as `cols_from_later_subchunks` loads it: later rows t = 32..47 of a partial chunk with T = 45, 24 slots
     of a 32-wide tile. gn = -(gn0 + gn_step * slot) (by default -(100 + slot)); gq_t = gn - 1.5 (t - 31) on real rows
     and slots, the load's 0 on rows past T. Slots past the tile's 24 get gn = -1, gq = -3 (any finite exponent will
     do there): unlike the load's 0, they tell a helper that masks slots only from the stub, so its hint can name the
     rows past T. `expected`: gq - gn on real cells (NaN where any finite exponent will do)."""
-    rows, slots = torch.arange(BC)[:, None] + PROBE_ROWS, torch.arange(32)[None, :]
+    rows, slots = torch.arange(BC)[:, None] + rows0, torch.arange(32)[None, :]
     real_slot = slots < EXERCISE_SLOTS
     gn = torch.where(real_slot, -(gn0 + gn_step * slots), -1.0).float()
-    real = (rows < PROBE_T) & real_slot
-    gq = torch.where(real, gn - 1.5 * (rows - PROBE_ROWS + 1), torch.where(real_slot, 0.0, -3.0)).float()
-    return {"gq": gq, "gn": gn[0], "real": real, "past_T": (rows >= PROBE_T) & real_slot,
+    real = (rows < T) & real_slot
+    gq = torch.where(real, gn - 1.5 * (rows - rows0 + 1), torch.where(real_slot, 0.0, -3.0)).float()
+    return {"gq": gq, "gn": gn[0], "real": real, "past_T": (rows >= T) & real_slot, "rows0": rows0, "T": T,
             "rows": rows.expand(BC, 32), "expected": torch.where(real, gq - gn, math.nan)}
 
 
@@ -748,7 +752,7 @@ def probe_exponent(helper, tile: dict | None = None) -> torch.Tensor:
     tile = probe_tile() if tile is None else tile
     gq, gn = harness.on_device((tile["gq"], tile["gn"].contiguous()))  # the kernel runs on fla_lab.device()
     out = torch.empty(BC, 32, device=gq.device)
-    _probe_kernel[(1,)](gq, gn, out, PROBE_T, ROW0=PROBE_ROWS, M=EXERCISE_SLOTS, BC=BC, BD=32, EXPONENT=helper)
+    _probe_kernel[(1,)](gq, gn, out, tile["T"], ROW0=tile["rows0"], M=EXERCISE_SLOTS, BC=BC, BD=32, EXPONENT=helper)
     return out.cpu()  # beside probe_tile()'s CPU masks
 
 
@@ -761,7 +765,7 @@ def _message(error: Exception) -> str:
     return re.sub(r"""^(\w+\(['"])+|(['"]\))+$""", "", lines[-1])[:160]
 
 
-def diagnose(helper) -> dict:
+def diagnose(helper, where: dict | None = None) -> dict:
     """What the helper got wrong on the probe tile: `raised` (the error's first line, or None), `overflow_rows` (rows
     past T whose exp() is inf or NaN), `past_T_max` (the largest exponent on rows past T of the real slots: a row
     that does not exist needs exp() <= 1, as every real row has, so at most 0), `caps` (it bounds the unmasked
@@ -769,35 +773,38 @@ def diagnose(helper) -> dict:
     slot, and that bound cut some row past T), `wrong_real` (real cells whose exponent is not gq - gn),
     `like_stub` (the unmasked line's values on every cell of a real slot), `masks_slots` (like the stub there, and
     0 on the slots past the tile: a mask along the slot channels only), `example` (one wrong real cell: row, slot,
-    got, expected)."""
+    got, expected). `where`: the tile's first row and T (`LATER_TILE`; by default rows 32..47, T = 45); `rows0` and
+    `T` come back in the result."""
     from fla_lab.ops.common import chunk
 
+    where = where or {}
+    tile = probe_tile(**where)
     try:
-        got = probe_exponent(helper)
+        got = probe_exponent(helper, tile)
     except Exception as error:  # noqa: BLE001  (the learner's helper may fail to compile in any way)
-        return {"raised": _message(error)}
-    tile = probe_tile()
+        return {"raised": _message(error), "rows0": tile["rows0"], "T": tile["T"]}
     blows_up = ~torch.isfinite(got.exp())
     overflow_rows = sorted(set(tile["rows"][blows_up & tile["past_T"]].tolist()))
     wrong = tile["real"] & ~torch.isclose(got, tile["expected"], rtol=0, atol=1e-5)
     example = None
     if wrong.any():
         r, m = (int(i) for i in wrong.nonzero()[0])
-        example = (PROBE_ROWS + r, m, float(got[r, m]), float(tile["expected"][r, m]))
-    stub = probe_exponent(chunk.later_rows_exponent_unmasked)
+        example = (tile["rows0"] + r, m, float(got[r, m]), float(tile["expected"][r, m]))
+    stub = probe_exponent(chunk.later_rows_exponent_unmasked, tile)
     real_slots = tile["real"] | tile["past_T"]
     like_stub = bool(torch.equal(got[real_slots], stub[real_slots]))
     past_T_max = float(got[tile["past_T"]].max())  # NaN when one is NaN
     caps = False
     if not overflow_rows and past_T_max > 0:  # finite factors above 1 on rows past T: a cap, or a value above 0?
-        ramp = probe_tile(**RAMP_TILE)
+        ramp = probe_tile(**RAMP_TILE, **where)
         got_ramp, stub_ramp = probe_exponent(helper, ramp), probe_exponent(chunk.later_rows_exponent_unmasked, ramp)
         bound = torch.minimum(stub_ramp, torch.tensor(past_T_max))
         caps = bool(torch.equal(got_ramp[real_slots], bound[real_slots])
                     and (stub_ramp[ramp["past_T"]] < past_T_max).any())
     return {"raised": None, "overflow_rows": overflow_rows, "past_T_max": past_T_max, "caps": caps,
             "wrong_real": int(wrong.sum()), "real": int(tile["real"].sum()), "like_stub": like_stub,
-            "masks_slots": like_stub and bool((got[~real_slots] == 0).all()), "example": example}
+            "masks_slots": like_stub and bool((got[~real_slots] == 0).all()), "example": example,
+            "rows0": tile["rows0"], "T": tile["T"]}
 
 
 _LINE = exercises.Sealed(
@@ -836,19 +843,46 @@ _WHAT_ABOVE_0 = exercises.Sealed(
 _WHAT_REAL_ROWS = exercises.Sealed(
     "YSByZWFsIGxhdGVyIHJvdyB0IGhhcyBncV90IDw9IGduIGFuZCBpdHMgZXhwb25lbnQgZ3FfdCAtIGduIG11c3Qgc3RheSBleGFjdGx5IHRoYXQ7IG"
     "9ubHkgdGhlIHJvd3MgcGFzdCBUIChvX2ogPj0gVCkgbWF5IGdldCBhbm90aGVyIHZhbHVl")
+_WHAT_FIRST_CHUNK_ONLY = exercises.Sealed(
+    "b19qIGhvbGRzIGVhY2ggcm93J3MgdGltZSBzdGVwIGNvdW50ZWQgZnJvbSB0aGUgc3RhcnQgb2YgdGhlIHNlcXVlbmNlICg5Ni4uMTExIG9uIHRo"
+    "ZSBzZWNvbmQgY2h1bmsncyB0aWxlKSwgYW5kIFQgaXMgdGhlIHNlcXVlbmNlJ3MgbGVuZ3RoIG9uIHRoZSBzYW1lIGF4aXMuIEEgY29uZGl0aW9u"
+    "IHRoYXQgb25seSBob2xkcyBpbiB0aGUgZmlyc3QgY2h1bmsgKGEgZml4ZWQgbnVtYmVyIGluIHBsYWNlIG9mIFQsIG9yIG9faiBvciBUIHRha2Vu"
+    "IG1vZHVsbyB0aGUgY2h1bmsgc2l6ZSA2NCkgbWFya3MgdGhlIHdyb25nIHJvd3MgaW4gZXZlcnkgbGF0ZXIgY2h1bms6IHJlYWwgcm93cyBsb3Nl"
+    "IHRoZWlyIGV4cG9uZW50LCBvciByb3dzIHBhc3QgVCBrZWVwIHRoZWlycw==")
+
+
+def _tile(found: dict) -> str:
+    return f"later rows {found['rows0']}..{found['rows0'] + BC - 1}, T = {found['T']}"
 
 
 def exponent_hints(found: dict) -> tuple[str, ...]:
-    """Hint tiers (where to look, what is wrong, the line) for what `diagnose` measured."""
+    """Hint tiers (where to look, what is wrong, the line) for what `diagnose` measured (on the tile of the first
+    chunk, or, with `found["later_chunk"]`, on the second chunk's `LATER_TILE` after the first one was right)."""
+    if found.get("later_chunk"):
+        past = spans(list(range(found["T"], found["rows0"] + BC)))
+        if found["overflow_rows"]:
+            said = f"exp() of your exponent is inf or NaN on the rows past T ({spans(found['overflow_rows'])})"
+        elif found["wrong_real"]:
+            r, m, got, want = found["example"]
+            said = (f"{found['wrong_real']} of its {found['real']} real cells changed (row {r}, slot {m}: "
+                    f"{exercises.fmt(got)} instead of gq - gn = {exercises.fmt(want)})")
+        else:
+            said = (f"your exponent on the rows past T ({past}) reaches {exercises.fmt(found['past_T_max'])}, not 0 "
+                    "or below")
+        first = f"later rows {PROBE_ROWS}..{PROBE_ROWS + BC - 1}, T = {PROBE_T}"
+        return exercises.hints(
+            where=f"your helper is right on a probe tile of the first chunk ({first}) and wrong on the same tile in "
+                  f"the second chunk ({_tile(found)}): {said}",
+            what=_WHAT_FIRST_CHUNK_ONLY, line=_LINE)
     if found["raised"]:
         return exercises.hints(
             where=f"your helper does not compile against the kernel's tile: {found['raised']}",
             what=_WHAT_SHAPE, line=_LINE)
     rows = found["overflow_rows"]
     if rows:
-        where = (f"rows past T: on the probe tile (later rows 32..47, T = 45, |gn| >= 100) exp() of your exponent "
+        where = (f"rows past T: on the probe tile ({_tile(found)}, |gn| >= 100) exp() of your exponent "
                  f"is inf or NaN on row{'s' if len(rows) > 1 else ''} {spans(rows)}")
-        if rows == [PROBE_T]:
+        if rows == [found["T"]]:
             what = ("row t = T itself: rows 0..T-1 exist, so row T is the first past the end. A comparison "
                     "o_j <= T keeps it live, with gq = 0 and an exponent |gn|")
         elif found.get("masks_slots"):
@@ -864,8 +898,8 @@ def exponent_hints(found: dict) -> tuple[str, ...]:
         return exercises.hints(where=where, what=what, line=_LINE)
     top = found["past_T_max"]
     if top > 0:  # finite (no overflow row) but above 0: exp() > 1 on a row that does not exist
-        where = (f"rows past T: on the probe tile (later rows 32..47, T = 45, |gn| >= 100) your exponent on rows "
-                 f"{spans(list(range(PROBE_T, PROBE_ROWS + BC)))} reaches {exercises.fmt(top)}, not 0 or below: "
+        where = (f"rows past T: on the probe tile ({_tile(found)}, |gn| >= 100) your exponent on rows "
+                 f"{spans(list(range(found['T'], found['rows0'] + BC)))} reaches {exercises.fmt(top)}, not 0 or below: "
                  f"exp() = {exercises.fmt(math.exp(top))}, finite, so no NaN here, yet a factor above 1 on a row that "
                  "does not exist")
         if found["caps"]:  # the measured numbers stay here: the tier after it is sealed, so it cannot hold them
@@ -880,37 +914,53 @@ def exponent_hints(found: dict) -> tuple[str, ...]:
             where=f"real rows: {found['wrong_real']} of the probe tile's {found['real']} real cells changed "
                   f"(row {r}, slot {m}: {exercises.fmt(got)} instead of gq - gn = {exercises.fmt(want)})",
             what=_WHAT_REAL_ROWS, line=_LINE)
-    return exercises.hints(where="the helper is right on the probe tile (rows 32..47, T = 45) but not in the "
-                                 "kernel: does it depend on values the probe does not have?", line=_LINE)
+    return exercises.hints(where=f"the helper is right on the probe tiles ({_tile(found)}, and the first chunk's) but "
+                                 "not in the kernel: does it depend on values the probe does not have?", line=_LINE)
+
+
+def _clean(found: dict) -> bool:
+    """Whether the helper is right on a probe tile: it compiles, no overflow, exponent <= 0 past T, real rows kept."""
+    return (not found["raised"] and not found["overflow_rows"] and found["past_T_max"] <= 0
+            and not found["wrong_real"])
 
 
 def check_padded_exponent(helper) -> exercises.Verdict:
-    """Run the real `chunk_gsa` (fp32, T = 45, 24 slots, decay knob m = 30) with `helper` in the EXPONENT slot of
-    its slot-gradient kernel, forward and backward, against the float64 recurrence: PASS when every gradient is
-    finite and within the fp32 gradient tolerance (scale-aware, as `harness.compare`) and, on the probe tile, the
-    rows past T get an exponent of at most 0 (exp() <= 1, as every real row: a cap that keeps exp() finite is not a
-    mask, it only works because the padded do loads as 0); ds and dg are printed, the two the helper reaches. The
-    hints follow what the helper does on the probe tile (`diagnose`)."""
+    """Run the real `chunk_gsa` (fp32, 24 slots, decay knob m = 30) with `helper` in the EXPONENT slot of its
+    slot-gradient kernel, forward and backward, against the float64 recurrence, at T = 45 (one partial chunk) and
+    T = 109 (a full chunk, then a partial one): PASS when every gradient is finite and within the fp32 gradient
+    tolerance (scale-aware, as `harness.compare`) in both cases and, on the probe tile, the rows past T get an
+    exponent of at most 0 (exp() <= 1, as every real row: a cap that keeps exp() finite is not a mask, it only works
+    because the padded do loads as 0); ds and dg are printed, the two the helper reaches. The hints follow what the
+    helper does on the probe tile (`diagnose`), and where it is right there, on the same tile in the second chunk
+    (`LATER_TILE`)."""
     if rejected := exercises.not_a_jit_helper(EXERCISE, helper):
         return rejected
     found = diagnose(helper)
     if found["raised"]:
         return exercises.Verdict(EXERCISE, False, [f"the helper raised: {found['raised']}"], exponent_hints(found))
-    got = _run(exercise_inputs(EXERCISE_T, EXERCISE_DECAY), None, torch.float32, reference=True, exponent=helper)
-    names = [n[4:] for n in got if n.startswith("ref_d")]
-    errors = check.grad_errors({n: got[f"ref_{n}"] for n in names}, {n: got[n] for n in names})
+    hint_from = found
+    if _clean(found):
+        later = diagnose(helper, LATER_TILE)
+        if not _clean(later):
+            hint_from = dict(later, later_chunk=True)
     tol = check.tolerance(torch.float32).grad
-    bad = {n: int((~torch.isfinite(got[n])).sum()) for n in ("ds", "dg")}
-    others = [n for n in names if n not in bad]
-    others_ok = all(errors[n] <= tol for n in others)
+    shown, extra, others_ok, others = {}, [], True, []
+    for T in (EXERCISE_T, EXERCISE_T_LATER):
+        got = _run(exercise_inputs(T, EXERCISE_DECAY), None, torch.float32, reference=True, exponent=helper)
+        names = [n[4:] for n in got if n.startswith("ref_d")]
+        errors = check.grad_errors({n: got[f"ref_{n}"] for n in names}, {n: got[n] for n in names})
+        bad = {n: int((~torch.isfinite(got[n])).sum()) for n in ("ds", "dg")}
+        others = [n for n in names if n not in bad]
+        others_ok = others_ok and all(errors[n] <= tol for n in others)
+        extra.append((not any(bad.values()),
+                      f"non-finite (T = {T}): ds {bad['ds']}, dg {bad['dg']} of {got['ds'].numel()} each"))
+        shown.update({f"{n} (T = {T}, m = {EXERCISE_DECAY:g})": errors[n] for n in ("ds", "dg")})
     top = found["past_T_max"]
     rows = spans(list(range(PROBE_T, PROBE_ROWS + BC)))
-    extra = [(not any(bad.values()), f"non-finite: ds {bad['ds']}, dg {bad['dg']} of {got['ds'].numel()} each"),
-             (others_ok, f"the other gradients ({', '.join(others)}) within tolerance: {others_ok}"),
-             (top <= 0, f"probe tile, rows past T (t = {rows}): largest exponent {exercises.fmt(top)} "
-                        f"{'<=' if top <= 0 else '>'} 0 (exp() <= 1, as on every real row)")]
-    shown = {f"{n} (T = {EXERCISE_T}, m = {EXERCISE_DECAY:g})": errors[n] for n in ("ds", "dg")}
-    return exercises.verdict_from_errors(EXERCISE, shown, tol, exponent_hints(found), extra)
+    extra += [(others_ok, f"the other gradients ({', '.join(others)}) within tolerance: {others_ok}"),
+              (top <= 0, f"probe tile, rows past T (t = {rows}): largest exponent {exercises.fmt(top)} "
+                         f"{'<=' if top <= 0 else '>'} 0 (exp() <= 1, as on every real row)")]
+    return exercises.verdict_from_errors(EXERCISE, shown, tol, exponent_hints(hint_from), extra)
 
 
 def show_slot() -> None:
@@ -929,3 +979,11 @@ def show_slot() -> None:
     start = next(i for i, line in enumerate(source) if "for i_j in range" in line)
     stop = next(i for i in range(start, len(source)) if "EXPONENT(" in source[i])
     print("\n".join(source[start:stop + 1]))
+
+
+def show_shipped_exponent() -> None:
+    """The shipped helper of the EXPONENT slot (`later_rows_exponent`, fla_lab/ops/common/chunk.py), the exercise's
+    answer: raises `exercises.NotRevealed` until the check says PASS or the last hint tier is printed."""
+    from fla_lab.lessons.overflow import stage_source
+
+    print(stage_source("later_rows_exponent"))

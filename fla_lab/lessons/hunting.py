@@ -12,7 +12,7 @@ Two kinds of models live here:
 Which options the model is built with, and the last hint tier of each check, are kept in `_MATERIAL`, encoded, the
 hint tiers that reason to the answer sealed (`exercises.Sealed`: only `verdict.hint()` opens them), and the
 exercises' answers only as digests (`_digest`), so that reading or grepping the package does not answer them:
-decoding `_MATERIAL` by hand is reading the answer key (the facilitator's is docs/onboarding.md).
+decoding `_MATERIAL` by hand is reading the answer key.
 """
 from __future__ import annotations
 
@@ -153,7 +153,7 @@ def _is_on(model: nn.Module, exercise: str) -> bool:
 
 def mystery_model(seed: int = 0, switched_on: bool = True) -> TinyLM:
     """Three blocks (RWKV6, GSA, RWKV-7), some built with options other than the defaults; what goes wrong,
-    where, and why, is the exercise (the answer key: docs/onboarding.md, "Answer keys")."""
+    where, and why, is the exercise."""
     model = TinyLM(_layers(seed))
     for exercise in EXERCISES if switched_on else ():
         name, attr, value = _option(exercise)

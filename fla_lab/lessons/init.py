@@ -332,24 +332,29 @@ def forward_backward_census(layer: RWKV7Attention, x: torch.Tensor) -> dict[str,
 
 MIX_POWERS = dict(official.RWKV7_MIX_POWERS)  # x_r..x_g: mu = 1 - (c/C)^(power * rho1)
 EXERCISE_LAYERS = (0, 7)  # layer 0 has rho1 = 1; a deeper layer checks that the depth is used
+OTHER_SIZES = (5, 64, 24)  # (layer_idx, hidden_size, num_hidden_layers): a layer unlike the notebook's, so that
+# sizes written into the function as numbers (C = 128, 12 layers) fail where reading them from the layer passes
 VECTOR_TOL = 1e-6  # fp32 formulas vs the fixed path's float64-then-rounded values differ by a few ulps at most
 
 
-def exercise_layer(layer_idx: int = 0, hidden_size: int = 128, seed: int = 0) -> RWKV7Attention:
+def exercise_layer(layer_idx: int = 0, hidden_size: int = 128, seed: int = 0,
+                   num_hidden_layers: int = DEPTH) -> RWKV7Attention:
     """The layer as #150 met it (the nine vectors hold the garbage, the rest the historical init), in fp32 on the
     kernels' device, told its depth so that an init function can read `layer_idx` and `num_hidden_layers`.
     Seeded: the same weights in every call."""
     with torch.random.fork_rng(devices=[]):  # the caller's random state stays as it was
         torch.default_generator.manual_seed(seed)  # the CPU generator, which builds the weights
-        layer = RWKV7Attention("chunk", hidden_size=hidden_size, layer_idx=layer_idx, num_hidden_layers=DEPTH,
-                               bug="uninitialized_params")
+        layer = RWKV7Attention("chunk", hidden_size=hidden_size, layer_idx=layer_idx,
+                               num_hidden_layers=num_hidden_layers, bug="uninitialized_params")
     return layer.to(runtime.device())
 
 
-def fixed_path_vectors(layer_idx: int = 0, hidden_size: int = 128) -> dict[str, torch.Tensor]:
+def fixed_path_vectors(layer_idx: int = 0, hidden_size: int = 128,
+                       num_hidden_layers: int = DEPTH) -> dict[str, torch.Tensor]:
     """The nine vectors as the layer's fixed path (`RWKV7Attention.reset_official`) sets them."""
     with torch.random.fork_rng(devices=[]):
-        fixed = RWKV7Attention("chunk", hidden_size=hidden_size, layer_idx=layer_idx, num_hidden_layers=DEPTH)
+        fixed = RWKV7Attention("chunk", hidden_size=hidden_size, layer_idx=layer_idx,
+                               num_hidden_layers=num_hidden_layers)
     return {name: getattr(fixed, name).detach() for name in vector_parameters()}
 
 
@@ -384,10 +389,18 @@ def _within(err: float) -> bool:
     return math.isfinite(err) and err <= VECTOR_TOL
 
 
-def vector_fact(name: str, errors: dict[int, float]) -> tuple[bool, str]:
+def case_label(layer_idx: int, hidden_size: int, num_hidden_layers: int, notebook_size: int = 128) -> str:
+    """"layer 7" for the notebook's model, "layer 5 of 24 (C=64)" for the layer of other sizes."""
+    if (hidden_size, num_hidden_layers) == (notebook_size, DEPTH):
+        return f"layer {layer_idx}"
+    return f"layer {layer_idx} of {num_hidden_layers} (C={hidden_size})"
+
+
+def vector_fact(name: str, errors: dict[str, float]) -> tuple[bool, str]:
     """One line per vector, its error at each exercise layer (a vector right at layer 0 and wrong at layer 7 is
-    missing the depth, which layer 0 cannot show since rho1 = 1 there)."""
-    parts = [error_fact(f"layer {l}", err, VECTOR_TOL) for l, err in errors.items()]
+    missing the depth, which layer 0 cannot show since rho1 = 1 there; right at both and wrong at the layer of
+    other sizes: sizes written in as numbers)."""
+    parts = [error_fact(label, err, VECTOR_TOL) for label, err in errors.items()]
     return all(ok for ok, _ in parts), f"{name} vs the fixed path, " + "; ".join(line for _, line in parts)
 
 
@@ -402,9 +415,17 @@ def _names(names) -> str:
     return ", ".join(sorted(names, key=lambda n: vector_parameters().index(n) if n in vector_parameters() else 99))
 
 
-def raised_hints(error: Exception) -> tuple[str, ...]:
-    """Hint tiers for a candidate that raised: where (the message), what (the usual cause of that message)."""
+def raised_hints(error: Exception, other_sizes: str | None = None) -> tuple[str, ...]:
+    """Hint tiers for a candidate that raised: where (the message), what (the usual cause of that message).
+    `other_sizes`: the label of the layer of other sizes when it raised only there (the notebook's layers ran)."""
     message = f"{type(error).__name__}: {error}"
+    if other_sizes is not None:
+        return (f"init_skipped ran on the notebook's layers (C=128, {DEPTH} layers) and raised {message} on "
+                f"{other_sizes}",
+                "rwkv7_vectors' arguments must be the layer's own sizes (layer.hidden_size, layer.head_dim, "
+                "layer.layer_idx, layer.num_hidden_layers): numbers written into the function fit only the layer "
+                "they were read from",
+                _LINE)
     if "fewer than 2 dimensions" in str(error):  # xavier_uniform_ on k_k / k_a: the routine's own formula
         what = ("you reached the vectors, and the routine's formula fails on them: xavier_uniform_ is for weight "
                 "matrices, and k_k, k_a are [C] vectors; it was never the value they should hold: take the official "
@@ -427,6 +448,7 @@ def initialisation_hints(errors: dict[str, dict[int, float]], unset: set[str], t
     the garbage left in place (all of it: the stub; some: a partial fix), other parameters changed, zeros instead
     of the official values, the depth missing (right at layer 0, wrong at layer 7), values off at layer 0."""
     first, deeper = EXERCISE_LAYERS[0], EXERCISE_LAYERS[1]
+    notebook = (f"layer {first}", f"layer {deeper}")
     wrong = {name for name, errs in errors.items() if not all(_within(e) for e in errs.values())} - unset
     if unset == set(vector_parameters()):
         return ("nothing your function ran changed the nine; compare what layer.apply hands your function "
@@ -448,19 +470,26 @@ def initialisation_hints(errors: dict[str, dict[int, float]], unset: set[str], t
                 "recurses) or re-initialising the whole layer replaces weights that were fine",
                 _LINE)
     if zeros:
-        return ("the nine are zeros at both layers",
+        return ("the nine are zeros at every layer checked",
                 "zeros make the layer finite (upstream's first fix did just that) but are not the official RWKV-7 "
                 "init: a zero mix never looks at the previous token, a zero k_k removes nothing from the state; "
                 "take the values from rwkv7_vectors",
                 _LINE)
+    if wrong and all(_within(errors[name][label]) for name in wrong for label in notebook):
+        other = next(label for label in next(iter(errors.values())) if label not in notebook)
+        return (f"{_names(wrong)} are right at layers {first} and {deeper} of the notebook's {DEPTH}-layer model "
+                f"(C=128) and wrong at {other}",
+                "numbers written into the function fit only the layer they were read from: pass rwkv7_vectors the "
+                "layer's own sizes (layer.hidden_size, layer.head_dim, layer.layer_idx, layer.num_hidden_layers)",
+                _LINE)
     mixes = [name for name in MIX_POWERS if name in wrong]
-    if mixes and all(_within(errors[name][first]) for name in mixes):
+    if mixes and all(_within(errors[name][f"layer {first}"]) for name in mixes):
         return (f"{_names(mixes)} are right at layer {first} and wrong at layer {deeper}",
                 f"the mixes depend on the layer's depth through rho1 = 1 - layer_idx / num_hidden_layers, which is 1 "
                 f"at layer {first} whatever the depth: pass the layer's own layer_idx and num_hidden_layers",
                 _LINE)
     if wrong == {"k_k"}:
-        return ("k_k is off at both layers, and only k_k",
+        return ("k_k is off at every layer checked, and only k_k",
                 "k_k's ramp is c/(C-1), from 0 at the first channel to 1 at the last (the mixes divide by C); "
                 "rwkv7_vectors has it right",
                 _LINE)
@@ -474,34 +503,42 @@ def initialisation_hints(errors: dict[str, dict[int, float]], unset: set[str], t
 
 
 def check_initialisation(candidate, hidden_size: int = 128, T: int = 16) -> Verdict:
-    """Run `candidate(layer)` on layers built with the bug on (layers 0 and 7 of `DEPTH`) and check that
+    """Run `candidate(layer)` on layers built with the bug on (layers 0 and 7 of `DEPTH`, and `OTHER_SIZES`: a
+    layer of another width and depth) and check that
     - each of the nine vectors equals what the fixed path sets (largest |difference|, at each layer);
-    - every parameter is finite and |x| <= HUGE, and the others (LoRAs, projections, norm) are untouched;
+    - every parameter is finite and |x| <= HUGE, and the others (LoRAs, projections, norm) are untouched (at the
+      notebook's layers 0 and 7);
     - layer 0's output and gradients (fp32, the real `chunk_rwkv7` kernel) match its float64 twin.
     The hint tiers follow the most basic mistake measured (`initialisation_hints`); a candidate that raises gets
     NOT YET with the exception, not a traceback."""
+    cases = [(l, hidden_size, DEPTH) for l in EXERCISE_LAYERS] + [OTHER_SIZES]
     vector_err = {name: {} for name in vector_parameters()}  # |yours - fixed path|, per layer
     unset = set()  # vectors the candidate left as the garbage they were
     touched = []  # other parameters the candidate changed
     zeros = True
     finite = n_params = n_others = untouched = 0
     layers = {}
-    for l in EXERCISE_LAYERS:
-        layer = exercise_layer(l, hidden_size)
+    for l, size, depth in cases:
+        label = case_label(l, size, depth, hidden_size)
+        notebook_case = (size, depth) == (hidden_size, DEPTH)
+        layer = exercise_layer(l, size, num_hidden_layers=depth)
         before = {n: p.detach().clone() for n, p in layer.named_parameters()}
         try:
             candidate(layer)
         except Exception as error:  # the learner's code: report it as a verdict, so Run All goes on
             return Verdict("the initialisation #150 skipped", False,
-                           [f"init_skipped(layer {l}) raised {type(error).__name__}: {error}"], raised_hints(error))
-        layers[l] = layer
-        want = fixed_path_vectors(l, hidden_size)
+                           [f"init_skipped({label}) raised {type(error).__name__}: {error}"],
+                           raised_hints(error, None if notebook_case else label))
+        want = fixed_path_vectors(l, size, depth)
         for name in vector_parameters():
             value = getattr(layer, name).detach()
-            vector_err[name][l] = float((value.double().cpu() - want[name].double()).abs().max())
+            vector_err[name][label] = float((value.double().cpu() - want[name].double()).abs().max())
             zeros &= bool((value == 0).all())
             if torch.equal(value, before[name]):
                 unset.add(name)
+        if not notebook_case:  # only the vectors are compared there
+            continue
+        layers[l] = layer
         rows = parameter_census(layer)
         finite += sum(not r.garbage for r in rows)
         n_params += len(rows)

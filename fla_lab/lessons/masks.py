@@ -49,9 +49,15 @@ CELL_COLORS = ("#eeeeee", "#2ca02c", "#d62728", "#9ecae1", "#6a3d9a")
 # ---------------------------------------------------------------------------------------------------------------
 # The mask, modelled cell by cell (the same index vectors as fused_recurrent_bwd_dq_kernel)
 
-def tile_shapes(BK: int, BV: int) -> dict[str, tuple[int, int]]:
-    """Shapes of the dq kernel's initial-state load: its pointer tile, the historical (buggy) mask, the fixed mask."""
-    return {"pointers": (BV, BK), "buggy mask": (BK, BV), "fixed mask": (BV, BK)}
+EXERCISE = "the mask of the initial-state load, in fused_recurrent_rwkv6's backward"
+FIXED_MASK_HIDDEN = "shown once check_h0_mask says PASS (or its hints run out)"
+
+
+def tile_shapes(BK: int, BV: int) -> dict[str, tuple[int, int] | str]:
+    """Shapes of the dq kernel's initial-state load: its pointer tile, the historical (buggy) mask, and the fixed
+    mask's once the exercise is open (`exercises.is_open`; before, a note in its place: it is the answer's shape)."""
+    fixed = (BV, BK) if exercises.is_open(EXERCISE) else FIXED_MASK_HIDDEN
+    return {"pointers": (BV, BK), "buggy mask": (BK, BV), "fixed mask": fixed}
 
 
 def broadcastable(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
@@ -340,7 +346,7 @@ def mask_hints(trials: list[MaskTrial]) -> tuple[str, ...]:
 def check_h0_mask(h0_mask, shapes=EXERCISE_SHAPES) -> Verdict:
     """The exercise's check: the learner's `h0_mask(m_k, m_v)` in the shipped dq kernel's H0_MASK slot must give the
     right backward (fused_recurrent_rwkv6 against float64) and read exactly h0's cells, on every shape."""
-    name = "the mask of the initial-state load, in fused_recurrent_rwkv6's backward"
+    name = EXERCISE
     refused = exercises.not_a_jit_helper(name, h0_mask)
     if refused is not None:  # a Verdict is falsy when it fails
         return refused

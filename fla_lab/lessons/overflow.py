@@ -350,12 +350,30 @@ def kernel_lines(fn, needles=SPLIT_LINES) -> str:
     return "\n".join(line.strip() for line in source[:end + 1] if any(n in line for n in needles))
 
 
+def _answer_stages() -> dict[str, tuple[str, str]]:
+    """Stages whose source states an exercise's answer: name -> (the exercise, the check that opens it)."""
+    from fla_lab.lessons import gsa_padding  # here: gsa_padding imports this module
+
+    gsa = (gsa_padding.EXERCISE, "lesson.check_padded_exponent (notebook 03b)")
+    return {"reference_row": (EXERCISE, "lesson.check_reference_row (notebook 03a)"),
+            "later_rows_exponent": gsa,
+            "cols_from_later_subchunks": gsa}  # its loop holds the same row mask (`show_slot`)
+
+
 def stage_source(*names: str) -> str:
     """The source of the shared chunk stages `names` (fla_lab/ops/common/chunk.py), as the kernels run them, without
-    binding the stages module in the notebook's namespace (the shipped kernels hold every fix)."""
+    binding the stages module in the notebook's namespace (the shipped kernels hold every fix). A stage that is an
+    exercise's answer raises `exercises.NotRevealed` until that exercise is open (its check said PASS, or its last
+    hint tier was printed in this kernel)."""
     import importlib
     import inspect
 
+    sealed = _answer_stages()
+    for name in names:
+        if name in sealed and not exercises.is_open(sealed[name][0]):
+            raise exercises.NotRevealed(
+                f"stage_source({name!r}): that stage is the answer of the exercise {sealed[name][0]!r}; its source "
+                f"shows once {sealed[name][1]} says PASS, or after verdict.hint()'s last tier")
     stages = importlib.import_module("fla_lab.ops.common.chunk")
     return "\n".join(inspect.getsource(getattr(stages, name).fn) for name in names)
 
