@@ -16,7 +16,12 @@
 #     OUT=/some/folder bash benchmarks/gpu_plan.sh unit | notebooks 00 01 02 03a 03b | notebooks 04 05 06 fla_tests
 #
 # `fla_upstream` added to a step runs FLA's own ops on the tests FLA_UPSTREAM_K selects (in FLA_UPSTREAM_FILES,
-# default test_gla.py) beside it, one process, for a failure's comparison on the same card.
+# default test_gla.py) beside it, one process, for a failure's comparison on the same card. `repros` added to a step
+# runs the open failures' reproductions first (about a minute): benchmarks/repro/gsa_large_logits.py --stages and
+# benchmarks/repro/gla_d512_bf16.py. The next session's first call (2026-12-06 left it unrun: no machine lent):
+#
+#     FLA_UPSTREAM_K="test_chunk and D512 and gate_logit_normalizer1 and bfloat16" \
+#       OUT=/some/folder bash benchmarks/gpu_plan.sh unit repros fla_upstream
 #
 # Each notebook group starts from an empty Triton cache (cold: what a learner meets first), then runs again on the
 # filled cache in fresh kernels (warm: a second session); the exercises' checks must say NOT YET on the stub and
@@ -30,7 +35,7 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || { echo "usage: gpu_plan.sh unit | notebooks NAME... [fla_tests] [fla_upstream]"; exit 2; }
+[ ${#steps[@]} -gt 0 ] || { echo "usage: gpu_plan.sh unit | notebooks NAME... [fla_tests] [fla_upstream] [repros]"; exit 2; }
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 start=$SECONDS
 echo "card: $card; steps: ${steps[*]}; commit: ${COMMIT:-unknown}" | tee "$OUT/summary.txt"
@@ -63,9 +68,17 @@ if [[ " ${steps[*]} " == *" fla_upstream "* ]]; then
   upstream_pid=$!
 fi
 
+repros() {  # the open failures' reproductions, each under its own limit, before the step's own work
+  [[ " ${steps[*]} " == *" repros "* ]] || return 0
+  timed gsa_stages 90 .venv/bin/python benchmarks/repro/gsa_large_logits.py --stages
+  timed gla_d512 60 .venv/bin/python benchmarks/repro/gla_d512_bf16.py
+  cat "$OUT/gsa_stages.log" "$OUT/gla_d512.log" >> "$OUT/summary.txt"
+}
+
 case ${steps[0]} in
   unit)
     setup
+    repros
     FLA_LAB_TEST_TIMES=$OUT/unit-cuda-times.tsv timed unit-cuda "${UNIT_S:-450}" \
       python3 workbook.py test --phase unit-cuda -v -p no:cacheprovider
     tail -3 "$OUT/unit-cuda.log" | tee -a "$OUT/summary.txt"
@@ -74,8 +87,9 @@ case ${steps[0]} in
     ;;
   notebooks)
     setup
+    repros
     names=()
-    for s in "${steps[@]:1}"; do [[ $s == fla_tests || $s == fla_upstream ]] || names+=("$s"); done
+    for s in "${steps[@]:1}"; do [[ $s == fla_tests || $s == fla_upstream || $s == repros ]] || names+=("$s"); done
     group=nb-${names[0]}
     timed "$group" "${NOTEBOOKS_S:-330}" .venv/bin/python benchmarks/notebook_times.py --device gpu --repeat 2 \
       --triton-cache "/tmp/$group-triton-cache" --widgets --timeout 300 --cells 3 --json "$OUT/$group.json" \
