@@ -572,9 +572,9 @@ def execute(paths: list[str]) -> int:
     env["CUDA_VISIBLE_DEVICES"] = ""  # saved outputs must be the CPU interpreter's, as CI compares them
     for nb in targets:
         say(f"executing {nb.relative_to(ROOT)}")
-        # nbclient with short socket polls (fla_lab.edition.execute): nbconvert's single long poll can miss the
+        # nbclient with short socket polls (fla_lab.teaching.edition.execute): nbconvert's single long poll can miss the
         # reply after a widget cell and wait out the cell's timeout (jupyter/nbclient#312)
-        run([PY, "-c", "import sys; from fla_lab.edition import execute_file; execute_file(sys.argv[1])", nb],
+        run([PY, "-c", "import sys; from fla_lab.teaching.edition import execute_file; execute_file(sys.argv[1])", nb],
             env=env, cwd=nb.parent)
         clean_saved_outputs(nb)
     return 0
@@ -626,7 +626,7 @@ def lab_arguments(root: Path = LEARNER) -> list[str]:
 
 def lab_env(base: dict | None = None, root: Path = LEARNER) -> dict:
     """JupyterLab's environment: the learner's figures go to the edition's figures/ (`root`: learner/), never over
-    the tracked figures/; its kernels are a learner's session (fla_lab.edition.learner_session: the bug catalogue
+    the tracked figures/; its kernels are a learner's session (fla_lab.teaching.edition.learner_session: the bug catalogue
     seals an exercise's fixed line until the exercise is solved or revealed)."""
     env = same_numbers_on_every_cpu(dict(os.environ if base is None else base))
     env["FLA_LAB_FIGURES_DIR"] = str(root / "figures")

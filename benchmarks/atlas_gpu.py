@@ -13,7 +13,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from upstream_agreement import pin_autotune_to_first_config  # noqa: E402
 
-from fla_lab import atlas, registry  # noqa: E402
+from fla_lab.tools import atlas  # noqa: E402
+from fla_lab.spec import registry
 
 OPS = ("chunk_gla", "chunk_rwkv6", "fused_recurrent_rwkv6", "chunk_gsa", "chunk_rwkv7")
 

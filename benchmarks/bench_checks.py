@@ -21,7 +21,8 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 import fla_lab  # noqa: E402,F401
-from fla_lab import harness, ops  # noqa: E402
+from fla_lab.spec import harness  # noqa: E402
+from fla_lab import ops
 from fla_lab.ops import contract  # noqa: E402
 
 B, T, H, K, V, M = 8, 4096, 16, 64, 64, 64

@@ -1,6 +1,6 @@
 """What the NaN locator and the audit cost: one training step of a 12-layer RWKV-7 model, bf16 autocast, with and
-without `fla_lab.hunt.locate` around it (a clean step: no replay, only the copies, the checks and the precision
-audit), inside `fla_lab.audit.audit` (recording), and the audit's `report()` (each call replayed, kernel and float64).
+without `fla_lab.tools.hunt.locate` around it (a clean step: no replay, only the copies, the checks and the precision
+audit), inside `fla_lab.tools.audit.audit` (recording), and the audit's `report()` (each call replayed, kernel and float64).
 
 Run: `python benchmarks/bench_hunt.py [--out DIR]` (CUDA: hidden 1024, T 2048; CPU: a tiny model, for a smoke run).
 """
@@ -19,7 +19,7 @@ import triton  # noqa: E402
 from torch import nn  # noqa: E402
 
 import fla_lab  # noqa: E402
-from fla_lab import audit, hunt  # noqa: E402
+from fla_lab.tools import audit, hunt  # noqa: E402
 from fla_lab.layers import RWKV7Attention  # noqa: E402
 
 

@@ -417,7 +417,7 @@ def note_errors(ax, rows, key):
 
 
 def figure(result):
-    from fla_lab import viz
+    from fla_lab.tools import viz
 
     meta = result["meta"]
     rows = [r for r in sorted_rows(result) if r["shape"] == "scaling"]

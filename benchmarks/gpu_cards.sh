@@ -53,7 +53,7 @@ lane1() {  # the fused recurrent forwards beside FLA, the safeguards on the card
     FLA_LAB_SAFEGUARD_MUTATIONS=1 timed safeguards-naive "${NAIVE_S:-300}" python3 -m pytest -q -p no:cacheprovider \
       -n 6 tests/test_safeguards.py -k naive_form_fails -rA
     # the GPU-only naive forms through the mutation check (tests, atlas over their range, locator/audit)
-    ids=$(python3 -c 'from fla_lab import safeguards as s; print(*[g.id for g in s.REGISTRY if g.gpu_only])')
+    ids=$(python3 -c 'from fla_lab.spec import safeguards as s; print(*[g.id for g in s.REGISTRY if g.gpu_only])')
     timed safeguards-mutations "${GPU_MUT_S:-240}" python3 benchmarks/mutation_check.py --only $ids --jobs 4
     cp benchmarks/results/mutations.json "$LOGS/mutations_gpu.json"
   fi

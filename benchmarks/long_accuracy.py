@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-from fla_lab import harness, registry  # noqa: E402
+from fla_lab.spec import harness, registry  # noqa: E402
 
 OPS = ("chunk_gla", "chunk_rwkv6", "chunk_gsa", "chunk_rwkv7", "fused_recurrent_gla", "fused_recurrent_rwkv6",
        "fused_recurrent_rwkv7")

@@ -15,7 +15,7 @@ its own subprocess with the copy first on PYTHONPATH and under a timeout:
                kernels: "op only").
 
 Besides the slips listed here, `safeguard_mutations()` adds one 'naive form' per numerical safeguard of
-`fla_lab.safeguards` (the shipped line replaced by the naive one). Its tests stage runs the safeguard's own tests; its
+`fla_lab.spec.safeguards` (the shipped line replaced by the naive one). Its tests stage runs the safeguard's own tests; its
 atlas sweep adds the safeguard's range (`Safeguard.atlas`: a strong decay, large query scales) to the grid, and its
 locator/audit step uses that range's query scale. A layer's safeguard (no `atlas` range) gets the tests only: the
 atlas and the audit compare an op with float64 on the op's own inputs, which that line has already made.
@@ -154,8 +154,8 @@ MUTATIONS = [
 
 
 def load_safeguards():
-    """`fla_lab/safeguards.py` of the working tree, loaded without importing fla_lab (torch, the kernels)."""
-    spec = importlib.util.spec_from_file_location("fla_lab_safeguards", ROOT / "fla_lab" / "safeguards.py")
+    """`fla_lab/spec/safeguards.py` of the working tree, loaded without importing fla_lab (torch, the kernels)."""
+    spec = importlib.util.spec_from_file_location("fla_lab_safeguards", ROOT / "fla_lab" / "spec" / "safeguards.py")
     inv = importlib.util.module_from_spec(spec)
     sys.modules.setdefault(spec.name, inv)  # dataclasses look their module up
     spec.loader.exec_module(inv)
@@ -163,7 +163,7 @@ def load_safeguards():
 
 
 def safeguard_mutations() -> list[Mutation]:
-    """One naive-form mutation per safeguard of `fla_lab.safeguards` that no slip above already reverts: the
+    """One naive-form mutation per safeguard of `fla_lab.spec.safeguards` that no slip above already reverts: the
     shipped line replaced by its naive form (for a bug switch's safeguard: the fixed path made the switch's line),
     caught first by the safeguard's own tests."""
     inv = load_safeguards()
@@ -286,7 +286,7 @@ def atlas_grid(m: Mutation) -> dict:
 
 
 def worker_atlas(m: Mutation) -> dict:
-    from fla_lab import atlas
+    from fla_lab.tools import atlas
 
     todo = atlas.settings([m.op], variants=["fixed"], **atlas_grid(m), **SHAPE)
     records = atlas.sweep(todo, cache=None, progress=False)
@@ -311,7 +311,9 @@ def _step(op, x: dict, final_state: bool = True):
 
 
 def _inputs(op: str, h0: bool, m: Mutation):
-    from fla_lab import atlas, harness, registry, runtime
+    from fla_lab.tools import atlas
+    from fla_lab.spec import harness, registry
+    from fla_lab import runtime
 
     spec = registry.get(op)
     decay = m.decay or (None if "rwkv7" in op else 30.0)  # RWKV-7's own range unless a safeguard names one
@@ -322,7 +324,8 @@ def _inputs(op: str, h0: bool, m: Mutation):
 def worker_locate(m: Mutation) -> dict:
     import warnings
 
-    from fla_lab import audit, hunt, ops
+    from fla_lab.tools import audit, hunt
+    from fla_lab import ops
     from fla_lab.ops import contract
 
     warnings.simplefilter("ignore")
@@ -447,7 +450,7 @@ def safeguard_section(results: dict) -> list[str]:
     inv = load_safeguards()
     s = safeguard_summary(results)
     lines = ["## Safeguards: each naive form, and who catches it", "",
-             f"One row per entry of `fla_lab.safeguards` ({s['entries']}): its shipped line replaced by the naive "
+             f"One row per entry of `fla_lab.spec.safeguards` ({s['entries']}): its shipped line replaced by the naive "
              "form, on the CPU under the interpreter, or on a GPU for the naive forms that change only compiled "
              "code (16-bit or TF32 dots). Tests: the entry's own tests. Atlas: the grid above plus the entry's range (`Safeguard.atlas`); "
              "'at ordinary inputs' means flagged at m=0.1 with the queries as drawn, 'only in its range' means only "

@@ -249,7 +249,7 @@ def kernel_pid(client) -> int | None:
     return None
 
 
-from fla_lab.edition import short_polls  # noqa: E402  (waits on the kernel's sockets in short slices)
+from fla_lab.teaching.edition import short_polls  # noqa: E402  (waits on the kernel's sockets in short slices)
 
 
 def _trace_channels(client, timeline: list, state: dict) -> None:

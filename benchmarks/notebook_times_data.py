@@ -136,8 +136,8 @@ def notebook_paths() -> dict[str, Path]:
 
 
 def words(nb_path: Path) -> tuple[int, int]:
-    """Words of markdown before `## Going further` and after the heading (`fla_lab.edition.markdown_words`)."""
-    from fla_lab.edition import markdown_words
+    """Words of markdown before `## Going further` and after the heading (`fla_lab.teaching.edition.markdown_words`)."""
+    from fla_lab.teaching.edition import markdown_words
 
     return markdown_words(nb_path)
 

@@ -49,7 +49,7 @@ def table(result) -> str:
 def figure(result):
     import numpy as np
 
-    from fla_lab import viz
+    from fla_lab.tools import viz
 
     by = {(r["lib"], r["op"]): r for r in result["rows"]}
     pairs = [(o, t) for o, t in PAIRS if ("fla_lab", o) in by and "bug=" not in o]

@@ -1,6 +1,6 @@
 """On a GPU: fla_lab's float64 references against flash-linear-attention 0.6.0's kernels, fp32.
 
-Forward output, final state and every input gradient, relative Frobenius error (fla_lab.check), over a few
+Forward output, final state and every input gradient, relative Frobenius error (fla_lab.spec.check), over a few
 shapes and decay strengths. Run: `python benchmarks/upstream_agreement.py` (needs CUDA and `fla` importable).
 Upstream's fp32 dots default to TF32; like upstream's own tests we set TRITON_F32_DEFAULT=ieee.
 """
@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from fla_lab import harness, reference  # noqa: E402
+from fla_lab.spec import harness, reference  # noqa: E402
 
 
 def pin_autotune_to_first_config():

@@ -7,17 +7,16 @@ from fla_lab import runtime
 
 runtime.configure()
 
-from fla_lab import bugs, check, reference  # noqa: E402
-from fla_lab.health import doctor  # noqa: E402
 from fla_lab.runtime import device, interpreting  # noqa: E402
+from fla_lab.tools.health import doctor  # noqa: E402
 
 __version__ = "0.1.0"
-__all__ = ["bugs", "check", "reference", "device", "doctor", "interpreting", "ops"]
+__all__ = ["device", "doctor", "interpreting", "layers", "ops", "spec", "teaching", "tools"]
 
 
 def __getattr__(name):
-    # `fla_lab.ops` imports triton; load it on first use so `fla_lab.doctor()` can report a missing triton.
-    if name in ("ops", "layers", "lessons", "harness", "viz", "widgets"):
+    # The layers import triton; load them on first use so `fla_lab.doctor()` can report a missing triton.
+    if name in ("ops", "layers", "spec", "tools", "teaching"):
         import importlib
 
         return importlib.import_module(f"fla_lab.{name}")

@@ -17,22 +17,22 @@ def main(argv=None) -> int:
     add_atlas_parser(sub)
     guards = sub.add_parser("safeguards", help="the inventory of numerical safeguards (--write: into the guide)")
     guards.add_argument("--write", action="store_true", help="refresh docs/onboarding.md's safeguards section")
-    from fla_lab import fla_audit
+    from fla_lab.tools import fla_audit
 
     fla_audit.add_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "prose":
-        from fla_lab import prose as prose_check
+        from fla_lab.teaching import prose as prose_check
 
         return prose_check.main(args.notebooks)
     if args.command == "edition":
-        from fla_lab import edition as learner_edition
+        from fla_lab.teaching import edition as learner_edition
 
         return learner_edition.main(["--reset", *args.reset] if args.reset else [])
     if args.command == "audit":
         return fla_audit.run(args)
     if args.command == "safeguards":
-        from fla_lab import safeguards
+        from fla_lab.spec import safeguards
 
         return safeguards.main(write=args.write)
     import fla_lab
@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     if args.command == "doctor":
         return 0 if fla_lab.doctor() else 1
     if args.command == "bugs":
-        fla_lab.bugs.show()
+        fla_lab.teaching.bugs.show()
         return 0
     return 2
 
@@ -71,7 +71,8 @@ def add_atlas_parser(sub) -> None:
 
 
 def run_atlas(args) -> int:
-    from fla_lab import atlas, registry
+    from fla_lab.tools import atlas
+    from fla_lab.spec import registry
 
     ops = list(args.op)
     if "fla" in args.library:

@@ -32,7 +32,7 @@ def _seed():
 @pytest.fixture(autouse=True)
 def _fresh_edition_session():
     """`edition.learner_session()` latches its first answer per process: each test decides afresh."""
-    from fla_lab import edition
+    from fla_lab.teaching import edition
 
     edition.reset_session()
     yield

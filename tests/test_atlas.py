@@ -10,7 +10,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from fla_lab import atlas, bugs, registry
+from fla_lab.tools import atlas
+from fla_lab.teaching import bugs
+from fla_lab.spec import registry
 from fla_lab.__main__ import main
 
 SMALL = dict(B=1, H=1, K=16, V=16, M=16)
@@ -192,7 +194,7 @@ def _texts(fig):
 def assert_legible_at_notebook_width(fig):
     """Shown unscaled in a ~900 px notebook column (saved at viz.DPI, and inline at 100 dpi), every label 9 pt or
     more: a figure wider than the column is shrunk to fit, and its text with it."""
-    from fla_lab import viz
+    from fla_lab.tools import viz
 
     width_px = fig.get_size_inches()[0] * viz.DPI
     scale = min(1.0, viz.NOTEBOOK_WIDTH_PX / width_px)
@@ -252,7 +254,7 @@ def test_committed_lines_figure_is_the_named_lines_at_notebook_width():
 
     import matplotlib
     import matplotlib.pyplot as plt
-    from fla_lab import viz
+    from fla_lab.tools import viz
     matplotlib.use("Agg")
     path = viz.figures_dir() / "atlas_gpu_lines.png"
     width, height = struct.unpack(">II", path.read_bytes()[16:24])  # the PNG header's IHDR

@@ -1,4 +1,4 @@
-"""Audit mode (`fla_lab.audit`): every op call of a step replayed against float64 on its own inputs and cotangents.
+"""Audit mode (`fla_lab.tools.audit`): every op call of a step replayed against float64 on its own inputs and cotangents.
 
 The wrong-but-finite cases are real paths: chunk_rwkv7's unlisted switch that notebook 06's model runs (a state
 update that skips a chunk's last decay), and a truncated-BPTT segment (no initial state, a final-state cotangent)
@@ -12,7 +12,9 @@ import pytest
 import torch
 
 import fla_lab
-from fla_lab import audit, harness, ops, registry
+from fla_lab.tools import audit
+from fla_lab.spec import harness, registry
+from fla_lab import ops
 
 SHAPE = registry.Shape(B=1, T=48, H=1, K=16, V=16)  # three of RWKV-7's 16-row chunks; a partial 64-row GLA chunk
 
@@ -62,7 +64,7 @@ def test_a_packed_call_is_replayed_one_sequence_at_a_time(op):
 
 
 def test_the_unlisted_rwkv7_switch_is_flagged_while_every_value_stays_finite():
-    from fla_lab.lessons import hunting
+    from fla_lab.teaching.lessons import hunting
 
     switched = hunting._option("silent")[2]  # notebook 06's op: chunk_rwkv7 with its unlisted switch bound
     assert switched.op == "chunk_rwkv7" and set(switched.options) == {"bug"}

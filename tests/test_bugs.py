@@ -18,7 +18,9 @@ import pytest
 import torch
 
 import fla_lab
-from fla_lab import bugs, check, harness, ops, reference
+from fla_lab.teaching import bugs
+from fla_lab.spec import check, harness, reference
+from fla_lab import ops
 from fla_lab.layers import RWKV6Attention, RWKV7Attention
 from fla_lab.ops import chunk_rwkv6, fused_recurrent_rwkv6
 
@@ -326,7 +328,7 @@ def test_control_is_fixed(name):
 def test_entry_points_at_its_switch(bug):
     where = bugs.locate(bug.name)
     path, line = where.rsplit(":", 1)
-    text = (pathlib.Path(bugs.__file__).parent.parent / path).read_text().splitlines()[int(line) - 1]
+    text = (pathlib.Path(bugs.__file__).parents[2] / path).read_text().splitlines()[int(line) - 1]
     assert bug.anchor[1] in text and not text.lstrip().startswith("#")  # the switch itself, not a comment
     assert bug.issue > 0 and bug.fix and bug.trigger and bug.symptom
 
@@ -338,7 +340,7 @@ def test_unknown_bug_name_is_rejected():
 
 
 def test_index_names_every_entry_by_its_symptom_without_giving_the_cause_away(capsys):
-    from fla_lab import bugs
+    from fla_lab.teaching import bugs
 
     bugs.index()
     out = capsys.readouterr().out
@@ -386,7 +388,7 @@ def _fixed_line(bug) -> str:
 def session(monkeypatch, tmp_path):
     """(learner, reference): put this process in a learner's session or out of it; the kernel's record of opened
     exercises starts empty, whatever other tests passed."""
-    from fla_lab import edition, exercises
+    from fla_lab.teaching import edition, exercises
 
     monkeypatch.setattr(exercises, "_OPENED", set())
     monkeypatch.setattr(edition, "_SESSION", None)  # unlatched here, and restored after the test
@@ -444,13 +446,13 @@ def test_in_a_learner_session_no_display_path_shows_an_unopened_entry(session):
 
 
 def exercises_NotRevealed():
-    from fla_lab.exercises import NotRevealed
+    from fla_lab.teaching.exercises import NotRevealed
 
     return NotRevealed
 
 
 def test_in_a_learner_session_an_entry_opens_with_its_exercise(session, capsys):
-    from fla_lab import exercises
+    from fla_lab.teaching import exercises
 
     learner, reference = session
     reference()
@@ -479,7 +481,7 @@ def test_in_a_learner_session_an_entry_opens_with_its_exercise(session, capsys):
 def test_a_kernel_in_the_learners_edition_is_a_learners_session(session, monkeypatch, tmp_path):
     """Whatever started the kernel: one whose working directory is a folder of the edition (its manifest) seals too;
     FLA_LAB_EDITION=reference opens the catalogue there (a facilitator)."""
-    from fla_lab import edition
+    from fla_lab.teaching import edition
 
     monkeypatch.delenv(edition.SESSION_ENV, raising=False)
     edition.reset_session()
@@ -495,7 +497,7 @@ def test_a_kernel_in_the_learners_edition_is_a_learners_session(session, monkeyp
 def test_a_learners_kernel_cannot_switch_itself_to_reference(session, monkeypatch):
     """The first answer of `learner_session()` holds in the process: setting FLA_LAB_EDITION=reference (or leaving
     the edition's folder) inside a learner's kernel does not unseal the catalogue."""
-    from fla_lab import edition
+    from fla_lab.teaching import edition
 
     learner, _ = session
     learner()
@@ -522,7 +524,7 @@ def test_a_held_text_stays_held_when_sliced_added_or_iterated(session):
 def test_each_entry_names_the_exercise_its_fixed_line_answers():
     """`Bug.exercise` is the name a check of the entry's notebook gives its verdict (the lesson's source has it): a
     renamed exercise would leave its entry sealed for good."""
-    from fla_lab import lessons
+    from fla_lab.teaching import lessons
 
     for bug in bugs.CATALOGUE:
         lesson = lessons.notebook(bug.notebook.split("_")[0])

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from fla_lab import check
+from fla_lab.spec import check
 
 
 def test_rel_error_basics():
@@ -85,7 +85,7 @@ def test_plain_grad_errors_are_unfloored_and_never_below_the_floored():
 
 
 def test_comparison_carries_the_plain_errors_beside_the_floored():
-    from fla_lab import harness, reference
+    from fla_lab.spec import harness, reference
 
     # the float64 reference as the op on bf16 leaves: no kernel, but gradients rounded to bf16
     comp = harness.compare(reference.recurrent_gla, reference.recurrent_gla,

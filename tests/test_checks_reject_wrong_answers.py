@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import fla_lab  # noqa: F401  (the interpreter is on before the candidates' helpers are decorated)
-from fla_lab import lessons
+from fla_lab.teaching import lessons
 
 NOTEBOOKS = sorted(p for p in (Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb")
                    if not p.is_symlink())
@@ -60,7 +60,7 @@ EXERCISES = _exercises()
 
 
 def _check(exercise: dict):
-    module = (importlib.import_module(f"fla_lab.lessons.{exercise['alias']}") if exercise["alias"] != "lesson"
+    module = (importlib.import_module(f"fla_lab.teaching.lessons.{exercise['alias']}") if exercise["alias"] != "lesson"
               else lessons.notebook(exercise["prefix"]))
     return getattr(module, exercise["check"])
 

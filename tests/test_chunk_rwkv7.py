@@ -7,7 +7,8 @@ import functools
 import pytest
 import torch
 
-from fla_lab import check, harness, reference, runtime
+from fla_lab.spec import check, harness, reference
+from fla_lab import runtime
 from fla_lab.ops import RWKV7ChunkLaunch, chunk_rwkv7, default_launch, fused_recurrent_rwkv7
 from fla_lab.ops.rwkv7 import chunk as chunk_module
 

@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 
 import fla_lab
-from fla_lab import harness, ops, runtime
+from fla_lab.spec import harness
+from fla_lab import ops, runtime
 from fla_lab.ops import chunk_gla, chunk_rwkv6, chunk_rwkv7, contract, fused_recurrent_rwkv7
 from fla_lab.ops.common import value_flags as vf
 from fla_lab.ops.contract import values

@@ -1,4 +1,4 @@
-"""The learner's edition (fla_lab.edition): what a learner opens asks before it answers.
+"""The learner's edition (fla_lab.teaching.edition): what a learner opens asks before it answers.
 
 Properties asserted on the learner copy of every tracked notebook, and the build's promises: written on first use,
 refreshed when the notebook changes, never overwritten once edited, reset on request with a backup.
@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from fla_lab import edition, exercises, runtime
-from fla_lab.exercises import CHECK_TAG, EXERCISE_TAG, PREDICT_TAG, REVEAL_TAG, SOLUTION_TAG
+from fla_lab.teaching import edition, exercises
+from fla_lab import runtime
+from fla_lab.teaching.exercises import CHECK_TAG, EXERCISE_TAG, PREDICT_TAG, REVEAL_TAG, SOLUTION_TAG
 
 NOTEBOOKS = edition.sources()
 MAIN_PATH_WORDS = 2600  # "at most about 2,500" words of markdown before `## Going further`
@@ -69,7 +70,7 @@ def test_every_exercise_is_a_stub_then_its_check(learner, name):
 def test_nothing_that_gives_the_fix_away_comes_before_the_first_check(learner, name):
     """No catalogue entry runs before the first check, and neither the learner's copy nor the reference's saved
     outputs name the upstream fix commit of the notebook's bug before it."""
-    from fla_lab import bugs
+    from fla_lab.teaching import bugs
 
     cells = learner[name]["cells"]
     first_check = next(i for i, c in enumerate(cells) if CHECK_TAG in tags(c))
@@ -97,7 +98,7 @@ def test_every_predict_comes_before_a_cell_that_runs(learner, name):
 def test_a_notebook_imports_its_lesson_by_notebook_not_by_cause(path):
     """The lesson modules are named by mechanism (overflow, masks, gsa_padding...): a notebook's imports name
     only itself (`lessons.notebook("03a")`), and that prefix is this notebook's."""
-    from fla_lab import lessons
+    from fla_lab.teaching import lessons
 
     code = "".join(text(c) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code")
     mechanisms = {m for m in lessons.BY_NOTEBOOK.values() if m not in ("start", "amp", "hunting")}
@@ -105,11 +106,11 @@ def test_a_notebook_imports_its_lesson_by_notebook_not_by_cause(path):
         re.findall(r"fla_lab\.lessons\.(\w+)", code))
     assert not named & mechanisms, named
     for prefix in re.findall(r'lessons\.notebook\("(\w+)"\)', code):
-        assert path.name.startswith(prefix + "_") and lessons.notebook(prefix).__name__.startswith("fla_lab.lessons.")
+        assert path.name.startswith(prefix + "_") and lessons.notebook(prefix).__name__.startswith("fla_lab.teaching.lessons.")
 
 
 def test_every_notebook_prefix_has_a_lesson_module():
-    from fla_lab import lessons
+    from fla_lab.teaching import lessons
 
     prefixes = {p.name.split("_")[0] for p in NOTEBOOKS}
     assert prefixes == set(lessons.BY_NOTEBOOK)

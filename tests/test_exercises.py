@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from fla_lab import exercises
-from fla_lab.exercises import NotRevealed, Sealed, Verdict, seal
+from fla_lab.teaching import exercises
+from fla_lab.teaching.exercises import NotRevealed, Sealed, Verdict, seal
 
 
 def test_verdict_prints_pass_or_not_yet_with_rounded_facts_and_no_hint_text():
@@ -68,7 +68,7 @@ def test_a_plain_function_is_not_taken_for_a_triton_helper():
 
 def _shipped(exercise):
     from fla_lab.layers.rwkv7 import log_decay_from_lora
-    from fla_lab.lessons import amp, masks, overflow
+    from fla_lab.teaching.lessons import amp, masks, overflow
     from fla_lab.ops.common import chunk as common_chunk
     from fla_lab.ops.common import fused_recurrent
 

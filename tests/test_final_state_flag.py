@@ -16,7 +16,8 @@ import pytest
 import torch
 
 import fla_lab
-from fla_lab import harness, registry, runtime
+from fla_lab.spec import harness, registry
+from fla_lab import runtime
 
 SHAPE = registry.Shape(B=2, T=21, H=2, K=16, V=24, M=12)  # a partial chunk of 16 and of 64, K != V
 

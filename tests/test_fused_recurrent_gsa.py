@@ -7,7 +7,7 @@ import functools
 import pytest
 import torch
 
-from fla_lab import harness, reference
+from fla_lab.spec import harness, reference
 from fla_lab.ops import RecurrentLaunch, fused_recurrent_gsa
 
 FP32, FP16, BF16 = torch.float32, torch.float16, torch.bfloat16

@@ -23,8 +23,8 @@ DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def _finite(decay: float, chunk_size: int, dtype: torch.dtype) -> bool:
-    from fla_lab import harness
-    from fla_lab.lessons import overflow
+    from fla_lab.spec import harness
+    from fla_lab.teaching.lessons import overflow
 
     x = harness.leaves(overflow.inputs(decay, T=128, K=16), dtype, "cuda", grads=False)
     with torch.no_grad():
@@ -44,7 +44,7 @@ def _threshold(chunk_size: int, dtype: torch.dtype, lo: float = 1.0, hi: float =
 
 @pytest.mark.parametrize("name", ["fp32", "fp16", "bf16"])
 def test_overflow_gpu_thresholds_hold_on_this_gpu(name):
-    from fla_lab.lessons import overflow
+    from fla_lab.teaching.lessons import overflow
 
     quoted = overflow.GPU_THRESHOLDS[name]
     measured = {cs: _threshold(cs, DTYPES[name]) for cs in quoted}
@@ -56,7 +56,7 @@ def test_overflow_gpu_thresholds_hold_on_this_gpu(name):
 
 
 def test_cuda_autocast_table_holds_on_this_gpu():
-    from fla_lab.lessons import amp
+    from fla_lab.teaching.lessons import amp
 
     assert amp.autocast_dtypes("cuda") == amp.CUDA_AUTOCAST_BF16
 
@@ -64,8 +64,8 @@ def test_cuda_autocast_table_holds_on_this_gpu():
 @pytest.mark.parametrize("decay", [1e-3, 1.0])
 def test_gpu_atlas_gsa_dg_holds_on_this_gpu(decay):
     """chunk_gsa (fixed) bf16 at B=1, T=512, H=4, K=V=M=64: the scale-aware dg error the atlas json quotes."""
-    from fla_lab import atlas
-    from fla_lab.lessons import gsa_padding
+    from fla_lab.tools import atlas
+    from fla_lab.teaching.lessons import gsa_padding
 
     quoted = gsa_padding.gpu_dg_errors()[(512, decay)]["scale-aware"]
     (setting,) = atlas.settings(["chunk_gsa"], variants=["fixed"], dtypes=("bf16",), decays=(decay,), lengths=(512,),

@@ -9,7 +9,8 @@ import functools
 import pytest
 import torch
 
-from fla_lab import check, device, harness, reference
+from fla_lab.spec import check, harness, reference
+from fla_lab import device
 from fla_lab.ops import ChunkLaunch, chunk_gsa
 
 FP32, FP16, BF16 = torch.float32, torch.float16, torch.bfloat16

@@ -1,6 +1,6 @@
 """The NaN locator names, for every catalogued bug, the op, the kernel and the cause that `bugs.Bug.located` says.
 
-Each scenario (`fla_lab.lessons.hunting.SCENARIOS`) triggers the bug in a layer (or op call) the way its report met
+Each scenario (`fla_lab.teaching.lessons.hunting.SCENARIOS`) triggers the bug in a layer (or op call) the way its report met
 it; the switch being off must leave the locator with nothing to report.
 """
 import inspect
@@ -10,8 +10,10 @@ import pytest
 import torch
 
 import fla_lab
-from fla_lab import bugs, harness, hunt, registry
-from fla_lab.lessons import hunting
+from fla_lab.teaching import bugs
+from fla_lab.spec import harness, registry
+from fla_lab.tools import hunt
+from fla_lab.teaching.lessons import hunting
 from fla_lab.ops.common import utils
 
 
@@ -61,7 +63,7 @@ def test_tracer_restores_every_kernel():
 def test_chunk_early_nan_is_named_on_the_reports_rwkv7_call(case, cause, early):
     """#150's `torch.rand` inputs on the chunked RWKV-7 kernel (notebook 02's trace): with log(w) the kernel fails
     where the exact output leaves fp32 (t = 31); with raw w its first NaN comes a chunk earlier (t = 16, 0 * inf)."""
-    from fla_lab.lessons import decay_contract
+    from fla_lab.teaching.lessons import decay_contract
 
     x = {n: t.to(fla_lab.device()) for n, t in decay_contract.rwkv7_case(decay_contract.RWKV7_CASES[case]).items()}
     found = hunt.replay(registry.get("chunk_rwkv7"), fla_lab.ops.chunk_rwkv7, x)

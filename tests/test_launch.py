@@ -63,7 +63,7 @@ def test_a_bad_field_is_refused_by_name(cls, field, value, says):
 
 
 def test_an_op_refuses_another_familys_launch():
-    from fla_lab import harness
+    from fla_lab.spec import harness
     from fla_lab.ops import fused_recurrent_rwkv7
 
     from fla_lab import runtime
@@ -212,7 +212,7 @@ FAMILY = {"chunk_gla": "chunk", "chunk_rwkv6": "chunk", "chunk_gsa": "chunk", "c
 
 COMPILE_ONE = """
 import json, torch
-from fla_lab import harness, registry
+from fla_lab.spec import harness, registry
 from fla_lab.ops.common import launch as L
 from fla_lab.ops.common.utils import registered_kernels
 

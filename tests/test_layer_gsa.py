@@ -2,7 +2,7 @@
 dtypes (fp32, bf16, autocast), #77's `bug="unmasked_padding"` through the layer, and the refused options.
 
 The recomputation reads only the layer's weights and redoes every step in float64 with
-`fla_lab.reference.recurrent_gsa`, so it does not share code with the layer. Sizes are small (C = 32, T <= 64)
+`fla_lab.spec.reference.recurrent_gsa`, so it does not share code with the layer. Sizes are small (C = 32, T <= 64)
 for the CPU interpreter.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import fla_lab
-from fla_lab import reference
+from fla_lab.spec import reference
 from fla_lab.layers import GatedSlotAttention
 
 DEV = fla_lab.device()  # the layer runs its kernels where fla_lab runs them (the GPU, when there is one)

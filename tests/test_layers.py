@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 
 import fla_lab
-from fla_lab import check, ops, reference
+from fla_lab.spec import check, reference
+from fla_lab import ops
 from fla_lab.layers import RWKV6Attention, RWKV7Attention, rwkv7
 from fla_lab.ops import chunk_rwkv7, fused_recurrent_rwkv7
 

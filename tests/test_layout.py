@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from fla_lab import bugs
+from fla_lab.teaching import bugs
 from fla_lab.ops.gla import chunk as gla_chunk
 from fla_lab.ops.gsa import chunk as gsa_chunk
 from fla_lab.ops.rwkv6 import chunk as rwkv6_chunk

@@ -8,7 +8,7 @@ import torch
 import fla_lab
 
 from fla_lab.layers import init
-from fla_lab.lessons import amp
+from fla_lab.teaching.lessons import amp
 
 
 def test_log_decays_are_the_layers_two_paths():
@@ -297,7 +297,7 @@ def test_rounding_mistakes_keep_their_rounding_hints():
 def test_the_solution_line_is_sealed_out_of_tab_and_source():
     import inspect
 
-    from fla_lab import exercises
+    from fla_lab.teaching import exercises
 
     assert isinstance(amp._LINE, exercises.Sealed) and amp._LINE == "return -math.exp(-0.5) * w_raw.float().sigmoid()"
     assert amp._LINE not in inspect.getsource(amp) and amp._LINE not in repr(amp._LINE)
@@ -333,7 +333,7 @@ def test_tiers_that_say_where_the_cast_goes_are_sealed():
     `verdict.hint()` prints it as before."""
     import inspect
 
-    from fla_lab import exercises
+    from fla_lab.teaching import exercises
 
     late = amp.check_log_decay(_late_cast_decay, T=16)
     in_float64 = amp.check_log_decay(lambda w_raw: _fp32_decay(w_raw).double(), T=16)  # right values, float64

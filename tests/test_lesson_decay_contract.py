@@ -13,8 +13,8 @@ import triton.language as tl
 
 matplotlib.use("Agg")
 
-from fla_lab import reference  # noqa: E402
-from fla_lab.lessons import decay_contract as dc  # noqa: E402
+from fla_lab.spec import reference  # noqa: E402
+from fla_lab.teaching.lessons import decay_contract as dc  # noqa: E402
 
 
 def test_log_misuses_give_nan_and_minus_inf():
@@ -404,7 +404,7 @@ def test_the_full_verdict_says_where_to_look_not_exercise_2s_line():
 def opened_exercises(monkeypatch):
     """A kernel in which no exercise has been solved or revealed yet (`exercises.is_open` keeps a set per
     process: tests that run a passing check open it for every later test)."""
-    from fla_lab import exercises
+    from fla_lab.teaching import exercises
 
     monkeypatch.setattr(exercises, "_OPENED", set())
     return exercises
@@ -456,7 +456,8 @@ def test_the_solution_lines_are_sealed_out_of_tab_and_source():
     `harness.rwkv7_inputs`, which notebook 02 names before its exercise 2, does not give a and b either."""
     import inspect
 
-    from fla_lab import exercises, harness
+    from fla_lab.teaching import exercises
+    from fla_lab.spec import harness
 
     lines = (dc._LOG_DECAY_LINE, dc._REMOVAL_LINE)
     assert all(isinstance(line, exercises.Sealed) for line in lines)
@@ -475,7 +476,7 @@ def test_hint_tiers_that_state_a_fix_are_sealed(removal_verdicts):
     base64, not the fix in words (issue 44); the texts are still what `verdict.hint()` prints."""
     import inspect
 
-    from fla_lab import exercises
+    from fla_lab.teaching import exercises
 
     source = inspect.getsource(dc)
     fixes = {name: removal_verdicts[name].hints for name in ("reported", "same sign", "unnormalised", "gate read",

@@ -12,8 +12,9 @@ import torch
 import triton
 import triton.language as tl
 
-from fla_lab import bugs, check, harness, reference
-from fla_lab.lessons import gsa_padding as lesson
+from fla_lab.teaching import bugs
+from fla_lab.spec import check, harness, reference
+from fla_lab.teaching.lessons import gsa_padding as lesson
 from fla_lab.ops.common import chunk as stages
 
 BUG = lesson.BUG
@@ -226,7 +227,7 @@ def test_gradient_errors_two_measures():
 def no_exercise_open(monkeypatch):
     """A kernel in which no exercise has been solved or revealed (`exercises.is_open` keeps one set per process:
     a passing check in an earlier test opens its exercise for every later one)."""
-    from fla_lab import exercises
+    from fla_lab.teaching import exercises
 
     monkeypatch.setattr(exercises, "_OPENED", set())
     return exercises
@@ -249,7 +250,7 @@ def test_the_shipped_helper_waits_for_a_pass_or_the_last_hint(capsys, no_exercis
     """show_switch prints the historical helper only, show_slot (whose loop holds the load mask) nothing of the
     kernel, until the check says PASS or the last hint tier is printed (issue 44); then both show the fix. In a
     learner's session, where the catalogue refuses a sealed entry, as outside one."""
-    from fla_lab import edition
+    from fla_lab.teaching import edition
 
     monkeypatch.setenv(edition.SESSION_ENV, "learner")
     fixed = "tl.where((o_j < T)[:, None] & m_d[None, :]"
@@ -501,7 +502,7 @@ def test_the_solution_line_is_sealed():
     and it is the line the shipped kernel runs."""
     import inspect
 
-    from fla_lab import exercises
+    from fla_lab.teaching import exercises
 
     answer = "tl.where((o_j < T)[:, None]"
     assert isinstance(lesson._LINE, exercises.Sealed) and answer in lesson._LINE
@@ -523,7 +524,7 @@ def test_tiers_that_say_what_to_write_are_sealed(helper):
     `lesson??` shows base64 there, not the fix in words (issue 44); `verdict.hint()` prints them as before."""
     import inspect
 
-    from fla_lab import exercises
+    from fla_lab.teaching import exercises
 
     where, what, line = lesson.exponent_hints(lesson.diagnose(helper))
     assert not isinstance(where, exercises.Sealed) and isinstance(what, exercises.Sealed) and line == lesson._LINE
@@ -555,7 +556,7 @@ def length_mod_64(b_gq, b_gn, o_j, m_d, T):
                                           (length_mod_64, "312 of its 312 real cells changed")],
                          ids=["fixed_45", "position_mod_64", "length_mod_64"])
 def test_a_mask_right_only_in_the_first_chunk_is_not_yet(helper, said):
-    from fla_lab import exercises
+    from fla_lab.teaching import exercises
 
     verdict = lesson.check_padded_exponent(helper)
     assert not verdict.passed and str(verdict).startswith("NOT YET"), str(verdict)

@@ -16,9 +16,11 @@ import pytest
 import torch
 
 import fla_lab
-from fla_lab import audit, bugs, check, exercises, harness, reference, registry
+from fla_lab.tools import audit
+from fla_lab.teaching import bugs, exercises
+from fla_lab.spec import check, harness, reference, registry
 from fla_lab.layers import GatedSlotAttention
-from fla_lab.lessons import hunting
+from fla_lab.teaching.lessons import hunting
 from fla_lab.ops.rwkv7 import chunk as rwkv7_chunk
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "06_nan_hunting.ipynb"
@@ -267,7 +269,7 @@ def test_the_tiers_that_state_the_answer_are_sealed_and_open_as_hints(exercise, 
 
 
 def test_the_model_as_called_joins_the_registry_beside_the_shipped_op():
-    from fla_lab import hunt
+    from fla_lab.tools import hunt
 
     call = hunt.Call(0, "chunk_rwkv7", "blocks.2.attn", fla_lab.ops.chunk_rwkv7, {}, {"bug": CARRY, "scale": 1.0})
     label = hunting.register_as_called(call, library="test")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fla_lab.layers import init as official
-from fla_lab.lessons import init as lesson
+from fla_lab.teaching.lessons import init as lesson
 
 # The tensors upstream created with torch.empty, as the catalogue entry "uninitialized_params" names them
 # (x_x, k_k, k_a, r_k; x_x is [6, C]: x_r, x_w, x_k, x_v, x_a, x_g).

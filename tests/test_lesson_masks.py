@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl  # noqa: F401  (the interpreter looks for triton.language in a jit'd helper's module)
 
-from fla_lab.lessons import masks
+from fla_lab.teaching.lessons import masks
 
 
 @pytest.mark.parametrize("K,V,tiles,buggy,status", [
@@ -73,7 +73,7 @@ def test_non_square_tiles_cannot_be_modelled():
 
 
 def test_tile_shapes_gives_the_fixed_masks_shape_only_once_the_exercise_is_open(monkeypatch):
-    from fla_lab import exercises
+    from fla_lab.teaching import exercises
     monkeypatch.setattr(exercises, "_OPENED", set())
     assert masks.tile_shapes(16, 64)["fixed mask"] == masks.FIXED_MASK_HIDDEN
     assert masks.tile_shapes(16, 64)["pointers"] == (64, 16)
@@ -228,7 +228,7 @@ def test_figure_legends_name_only_what_is_drawn(monkeypatch):
 def test_the_solution_line_is_sealed_out_of_tab_and_source():
     import inspect
 
-    from fla_lab import exercises
+    from fla_lab.teaching import exercises
 
     assert isinstance(masks._LINE, exercises.Sealed) and masks._LINE == "return m_v[:, None] & m_k[None, :]"
     assert masks._LINE not in inspect.getsource(masks) and masks._LINE not in repr(masks._LINE)
@@ -269,7 +269,7 @@ def test_tiers_that_say_how_to_build_the_mask_are_sealed(trials):
     shows base64 there (issue 44); the last tier is the sealed line."""
     import inspect
 
-    from fla_lab import exercises
+    from fla_lab.teaching import exercises
 
     hints = masks.mask_hints(trials)
     assert isinstance(hints[1], exercises.Sealed) and hints[1] not in inspect.getsource(masks)
@@ -279,7 +279,7 @@ def test_tiers_that_say_how_to_build_the_mask_are_sealed(trials):
 def test_a_helper_that_does_not_run_gets_no_line():
     """Its two tiers stop short of the line and stay plain: a Sealed last tier counts as the line, and a helper
     broken on purpose must not open the fix."""
-    from fla_lab import exercises
+    from fla_lab.teaching import exercises
 
     hints = masks.mask_hints([_trial("raises", "NameError: name 'x' is not defined")])
     assert len(hints) == 2 and not any(isinstance(tier, exercises.Sealed) for tier in hints)

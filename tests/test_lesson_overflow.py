@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from fla_lab import harness
-from fla_lab.lessons import overflow
+from fla_lab.spec import harness
+from fla_lab.teaching.lessons import overflow
 
 BUG = overflow.BUG
 EXP_MAX = math.log(torch.finfo(torch.float32).max)  # 88.72: exp() of anything larger is inf in fp32
@@ -312,7 +312,7 @@ def test_the_solution_line_is_sealed():
     and it is the line the shipped kernel runs."""
     import inspect
 
-    from fla_lab import exercises
+    from fla_lab.teaching import exercises
 
     answer = "(i_start - 1) * HK"
     assert isinstance(overflow._LINE, exercises.Sealed) and answer in overflow._LINE
@@ -332,8 +332,8 @@ def test_the_solution_line_is_sealed():
 def test_stage_source_refuses_an_answer_until_its_exercise_is_open(monkeypatch):
     """`stage_source` prints any stage, but the ones that are an exercise's answer (03a's reference row, 03b's
     exponent and the loop around it) raise NotRevealed until that exercise is open in this kernel (issue 44)."""
-    from fla_lab import exercises
-    from fla_lab.lessons import gsa_padding
+    from fla_lab.teaching import exercises
+    from fla_lab.teaching.lessons import gsa_padding
 
     monkeypatch.setattr(exercises, "_OPENED", set())
     assert "REFERENCE_ROW(" in overflow.stage_source("load_query_decay", "load_reference_decay")

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from fla_lab import safeguards
-from fla_lab.lessons import safeguard_removal as removal
+from fla_lab.spec import safeguards
+from fla_lab.teaching.lessons import safeguard_removal as removal
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "06_nan_hunting.ipynb"
 SOLUTION_ID = "gsa_softmax_max_first"

@@ -7,8 +7,8 @@ import matplotlib
 import pytest
 import torch
 
-from fla_lab import check
-from fla_lab.lessons import start
+from fla_lab.spec import check
+from fla_lab.teaching.lessons import start
 
 matplotlib.use("Agg")
 EXP_MAX = math.log(torch.finfo(torch.float32).max)  # 88.72

@@ -1,4 +1,4 @@
-"""The notebooks' prose against their own saved outputs (`fla_lab.prose`): run by the `notebooks` phase, beside
+"""The notebooks' prose against their own saved outputs (`fla_lab.teaching.prose`): run by the `notebooks` phase, beside
 nbval, which compares only the outputs. A number the markdown quotes about a result must be one the notebook prints."""
 import json
 import shutil
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from fla_lab import prose
+from fla_lab.teaching import prose
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted(p for p in (ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb") if not p.is_symlink())

@@ -71,7 +71,7 @@ def test_every_module_the_tests_reach_comes_from_a_declared_distribution():
     files = [*(ROOT / "tests").glob("*.py"), *(ROOT / "fla_lab").rglob("*.py"), *scripts_the_tests_load()]
     local = OURS | {p.stem for p in BENCHMARKS.glob("*.py")} | {"benchmarks", "workbook"}
     modules = set().union(*(imported_top_level(p) for p in files)) - set(sys.stdlib_module_names) - local
-    assert {"torch", "nbformat", "nbconvert", "pytest"} <= modules  # the scan reaches fla_lab.edition and tests
+    assert {"torch", "nbformat", "nbconvert", "pytest"} <= modules  # the scan reaches fla_lab.teaching.edition and tests
     distributions = packages_distributions()
     missing = {m: distributions.get(m) for m in modules - set(OPTIONAL)
                if not requirement_names(distributions.get(m, [m])) & declared}

@@ -20,7 +20,8 @@ import functools
 import pytest
 import torch
 
-from fla_lab import check, device, harness
+from fla_lab.spec import check, harness
+from fla_lab import device
 from fla_lab.ops import (chunk_gla, chunk_gsa, chunk_rwkv6, chunk_rwkv7, fused_recurrent_gla, fused_recurrent_rwkv6,
                          fused_recurrent_rwkv7)
 

@@ -21,7 +21,7 @@ import torch
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-from fla_lab import registry
+from fla_lab.spec import registry
 from fla_lab.ops.rwkv7.fused_recurrent import MAX_K
 
 LOCAL_EXAMPLES = os.environ.get("FLA_LAB_PROPERTY_EXAMPLES")

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import fla_lab
-from fla_lab import harness, reference
+from fla_lab.spec import harness, reference
 from fla_lab.ops import RecurrentLaunch, fused_recurrent_gla, fused_recurrent_rwkv6
 
 FP32, FP16, BF16 = torch.float32, torch.float16, torch.bfloat16

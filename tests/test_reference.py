@@ -3,7 +3,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fla_lab import reference as R
+from fla_lab.spec import reference as R
 
 B, H, K, V, M = 2, 3, 4, 5, 6
 

@@ -23,7 +23,7 @@ def test_user_setting_is_respected():
 def test_kernels_decorated_before_the_switch_are_reported():
     # TRITON_INTERPRET=0 without CUDA: kernels get compiled-mode decorators, as when a kernel module is imported
     # before fla_lab; doctor must say so and say what to do, not crash.
-    code = ("import fla_lab, fla_lab.ops; from fla_lab import health, runtime; runtime._STATE['interpret'] = True; "
+    code = ("import fla_lab, fla_lab.ops; from fla_lab import runtime; from fla_lab.tools import health; runtime._STATE['interpret'] = True; "
             "print('\\n'.join(health.problems()))")
     out = run_python(code, {"TRITON_INTERPRET": "0"})
     assert out.returncode == 0, out.stderr
@@ -54,7 +54,8 @@ def test_doctor_cli_passes():
 
 
 def test_unsupported_triton_is_reported(monkeypatch):
-    from fla_lab import health, runtime
+    from fla_lab.tools import health
+    from fla_lab import runtime
 
     monkeypatch.setattr(runtime, "triton_version", lambda: (2, 2))
     assert any("outside the tested range" in p for p in health.problems())
@@ -189,7 +190,7 @@ def test_no_triton_hook_is_installed():  # a jit_cache_hook makes Triton JSON-se
 
 AMP_STEP_DIGEST = """
 import hashlib, torch, fla_lab
-from fla_lab.lessons import amp
+from fla_lab.teaching.lessons import amp
 step = amp.amp_step("bf16_decay", T=48, hidden_size=64)
 print(torch.get_num_threads(), torch.backends.mkldnn.enabled,
       hashlib.sha256(step.output.float().numpy().tobytes()).hexdigest())

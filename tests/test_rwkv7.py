@@ -13,7 +13,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from fla_lab import check, harness, reference, runtime
+from fla_lab.spec import check, harness, reference
+from fla_lab import runtime
 from fla_lab.ops import RWKV7RecurrentLaunch, default_launch
 from fla_lab.ops.rwkv7 import fused_recurrent as rwkv7
 from fla_lab.ops.rwkv7 import chunk_rwkv7, fused_recurrent_rwkv7

@@ -1,10 +1,10 @@
-"""Every numerical safeguard (fla_lab.safeguards) has a test that fails when its line is reverted to the naive form.
+"""Every numerical safeguard (fla_lab.spec.safeguards) has a test that fails when its line is reverted to the naive form.
 
 `test_<id>` drives the inputs into the range where safeguard <id> matters (large logits, strong decay, bf16, tiny
 gates) and passes with the shipped line. `test_the_naive_form_fails_its_test` (opt-in, FLA_LAB_SAFEGUARD_MUTATIONS=1:
 one subprocess per safeguard) applies each naive form to an export of HEAD with the mutation check's own mechanism
 and runs `test_<id>` there: it must fail.
-The tests of a safeguard import `fla_lab.safeguards` lazily: they also run against a copy where it is absent.
+The tests of a safeguard import `fla_lab.spec.safeguards` lazily: they also run against a copy where it is absent.
 """
 import functools
 import os
@@ -16,7 +16,8 @@ import pytest
 import torch
 
 import fla_lab
-from fla_lab import reference, registry, runtime
+from fla_lab.spec import reference, registry
+from fla_lab import runtime
 from fla_lab.layers.gsa import GatedSlotAttention
 from fla_lab.layers.rwkv6 import RWKV6Attention
 
@@ -50,7 +51,7 @@ def _close(x, ref, rtol):
 # --- the inventory ---------------------------------------------------------------------------------------------------
 
 def test_every_entry_locates_its_line_and_every_marker_names_an_entry():
-    from fla_lab import safeguards
+    from fla_lab.spec import safeguards
 
     entries = safeguards.inventory()
     ids = [e.guard.id for e in entries]
@@ -71,7 +72,7 @@ def test_every_entry_locates_its_line_and_every_marker_names_an_entry():
 
 
 def test_each_safeguard_without_a_bug_switch_has_its_test_here_or_a_mutation():
-    from fla_lab import safeguards
+    from fla_lab.spec import safeguards
 
     for g in safeguards.REGISTRY:
         if g.bug is None and g.mutation is None:
@@ -83,7 +84,7 @@ def test_each_safeguard_without_a_bug_switch_has_its_test_here_or_a_mutation():
 
 def test_the_mutation_check_reverts_each_safeguard_that_is_not_a_bug_switch():
     from conftest import benchmark_script
-    from fla_lab import safeguards
+    from fla_lab.spec import safeguards
 
     by_id = {m.id: m for m in benchmark_script("mutation_check").MUTATIONS}
     for g in safeguards.REGISTRY:
@@ -93,7 +94,7 @@ def test_the_mutation_check_reverts_each_safeguard_that_is_not_a_bug_switch():
 
 
 def test_the_guide_section_is_current():
-    from fla_lab import safeguards
+    from fla_lab.spec import safeguards
 
     text = safeguards.GUIDE.read_text()
     assert safeguards.render_guide(text) == text, "run: python -m fla_lab safeguards --write"
@@ -145,7 +146,7 @@ def test_state_value_decay_to_chunk_end():
 
 def _rwkv7_close(backward: bool):
     """chunk_rwkv7 against float64 with a per-step decay of up to 30: a 16-row chunk's decay passes 88."""
-    from fla_lab import harness
+    from fla_lab.spec import harness
     from fla_lab.ops import chunk_rwkv7
 
     x = harness.rwkv7_inputs(1, 32, 1, 16, 16, decay=30.0, initial_state=False, seed=3)
@@ -173,7 +174,7 @@ def _flat(outputs) -> list:
 
 def _gsa_close():
     """chunk_gsa's output, states and gradients against float64 with a per-step decay of up to 30."""
-    from fla_lab import harness
+    from fla_lab.spec import harness
     from fla_lab.ops import chunk_gsa
 
     x = harness.gsa_inputs(1, 64, 1, 16, 16, 16, decay=30.0, initial_state=False, seed=8)
@@ -327,7 +328,7 @@ def test_gsa_softmax_bwd_pad_neg_inf():
 def _gsa_bf16_large_logits(op):
     """A GSA op on bf16 inputs whose slot logits reach tens (q x 30) against float64 on the same rounded inputs: the
     output's own bf16 rounding is 2e-3, a bf16 rounding of the logits moves the slot weights by percents."""
-    from fla_lab import harness
+    from fla_lab.spec import harness
 
     x = harness.gsa_inputs(1, 64, 1, 16, 16, 16, decay=0.1, initial_state=False, seed=9)
     x = {n: (t * 30 if n == "q" else t).bfloat16() for n, t in x.items()}
@@ -450,7 +451,7 @@ def test_rwkv7_solve_tf32x3():
 
 def _own_mutations():
     try:
-        from fla_lab import safeguards
+        from fla_lab.spec import safeguards
     except ImportError:  # a copy of HEAD from before the inventory: only its `test_<id>` runs there
         return []
     cuda = torch.cuda.is_available()  # a GPU-only naive form changes nothing under the interpreter

@@ -9,7 +9,8 @@ phase runs it.
 import pytest
 import torch
 
-from fla_lab import registry, runtime
+from fla_lab.spec import registry
+from fla_lab import runtime
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(runtime.device() != "cuda", reason="needs a CUDA device")]
 

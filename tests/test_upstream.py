@@ -1,4 +1,4 @@
-"""The FLA adapter (`fla_lab.upstream`), the recording of FLA op calls by the locator and the audit, and the
+"""The FLA adapter (`fla_lab.tools.upstream`), the recording of FLA op calls by the locator and the audit, and the
 `audit` command's argument and availability checks, on the CPU.
 
 FLA's own kernels autotune on a CUDA device and do not run under the Triton interpreter, so here FLA's op entry
@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from fla_lab import __main__ as cli
-from fla_lab import audit, harness, hunt, reference, upstream
+from fla_lab.tools import audit, hunt, upstream
+from fla_lab.spec import harness, reference
 
 
 def _rand(*shape, scale=1.0):
@@ -279,7 +280,7 @@ def test_audit_command_rejects_bad_arguments(argv):
 
 
 def test_carried_state_speaks_fla_layers_cache_protocol():
-    from fla_lab.fla_audit import CarriedState
+    from fla_lab.tools.fla_audit import CarriedState
 
     state = CarriedState()
     assert len(state) == 0

@@ -8,7 +8,8 @@ import functools
 import pytest
 import torch
 
-from fla_lab import harness, registry, runtime
+from fla_lab.spec import harness, registry
+from fla_lab import runtime
 from fla_lab.ops import RecurrentLaunch, contract
 from fla_lab.ops.common import conventions
 from fla_lab.ops.common.conventions import packed_reference, per_sequence

@@ -457,7 +457,7 @@ def test_the_other_cpu_phase_compares_the_same_outputs_as_another_machine_would(
 
 
 def test_execute_saves_through_short_polls_not_nbconvert(wb, monkeypatch, tmp_path):
-    """`workbook.py execute` runs fla_lab.edition.execute_file (nbclient, short socket polls), not `nbconvert
+    """`workbook.py execute` runs fla_lab.teaching.edition.execute_file (nbclient, short socket polls), not `nbconvert
     --execute`, whose single long poll can miss a widget cell's reply and wait out the cell's timeout."""
     calls = []
     monkeypatch.setattr(wb, "setup", lambda: None)

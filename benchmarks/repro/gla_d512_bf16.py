@@ -14,7 +14,8 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-from fla_lab import reference, runtime
+from fla_lab.spec import reference
+from fla_lab import runtime
 from fla_lab.ops import chunk_gla, fused_recurrent_gla
 
 

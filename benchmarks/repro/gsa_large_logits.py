@@ -19,7 +19,9 @@ import json
 import torch
 
 import fla_lab
-from fla_lab import atlas, check, harness, reference, registry, runtime
+from fla_lab.tools import atlas
+from fla_lab.spec import check, harness, reference, registry
+from fla_lab import runtime
 
 SHAPE = dict(B=1, H=1, K=16, V=16, M=16)
 

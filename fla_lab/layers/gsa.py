@@ -33,7 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fla_lab.bugs import check_bug
+from fla_lab.ops.common.switches import check_switch
+from fla_lab.ops.gsa.chunk import SWITCHES as KERNEL_SWITCHES
 from fla_lab.layers.rwkv6 import packed_kwargs, split_heads
 
 FEATURE_MAPS = {"swish": F.silu, "relu": F.relu}  # the parameter-free ones of upstream's three
@@ -65,7 +66,7 @@ class GatedSlotAttention(nn.Module):
                  gate_fn: str = "logsigmoid", bug: str | None = None, **kwargs):
         super().__init__()
         name = "GatedSlotAttention"
-        check_bug(bug, "chunk_gsa")  # the switches are the kernel's
+        check_switch(bug, "chunk_gsa", KERNEL_SWITCHES)  # the switches are the kernel's
         if mode not in ("chunk", "fused_recurrent"):
             raise ValueError(f"{name}: mode must be 'chunk' or 'fused_recurrent', got {mode!r}")
         if gate_fn not in GATE_FNS:

@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from fla_lab.layers import init
-from fla_lab.bugs import check_bug, for_op
+from fla_lab.ops.common.switches import Switch, check_switch
+from fla_lab.ops.rwkv6 import chunk as rwkv6_chunk, fused_recurrent as rwkv6_recurrent
 
 FUSED_RECURRENT_MAX_T = 64  # like upstream: launching the chunk kernels for a few tokens is slower
 
@@ -45,7 +46,9 @@ def split_heads(x: torch.Tensor, head_dim: int) -> torch.Tensor:
 
 
 # the kernels' switches the layer passes on (`bug="exclusive_reference"` runs chunk_rwkv6 with it), by op
-KERNEL_BUGS = {b.name: b.op for op in ("chunk_rwkv6", "fused_recurrent_rwkv6") for b in for_op(op)}
+SWITCHES = (Switch("sigmoid_decay", "RWKV6Attention", 11,
+                   located=("fused_recurrent_rwkv6", "fused_recurrent_fwd_kernel", "positive_decay")),)
+KERNEL_BUGS = {s.name: s.op for s in rwkv6_chunk.SWITCHES + rwkv6_recurrent.SWITCHES}
 
 class LoRA(nn.Module):
     """`activation(x A) B + bias`, A [C, r] initialised to 0, B orthogonal with gain 0.1 (official `ortho_init`)."""
@@ -77,7 +80,7 @@ class RWKV6Attention(nn.Module):
 
     Differences from flash-linear-attention 0.6.0: the official RWKV-6 initialisation (it needs
     `num_hidden_layers >= 2` and `layer_idx`, see `init.layer_ratios`); GroupNorm eps `norm_eps * 64` as the
-    official `head_size_divisor = 8`; no cache or attention mask; `bug=` switches (`fla_lab.bugs`). A packed batch
+    official `head_size_divisor = 8`; no cache or attention mask; `bug=` switches (`fla_lab.teaching.bugs`). A packed batch
     as upstream's, `cu_seqlens=` (B = 1; the token shift restarts at each sequence).
     """
 
@@ -88,7 +91,7 @@ class RWKV6Attention(nn.Module):
                  bug: str | None = None, **kwargs):
         super().__init__()
         if bug not in KERNEL_BUGS:
-            check_bug(bug, "RWKV6Attention")
+            check_switch(bug, "RWKV6Attention", SWITCHES)
         if mode not in ("chunk", "fused_recurrent"):
             raise ValueError(f"RWKV6Attention: mode must be 'chunk' or 'fused_recurrent', got {mode!r}")
         if gate_fn != "swish":

@@ -12,7 +12,7 @@ Forward (official `RWKV_Tmix_x070`, flash-linear-attention's `RWKV7Attention`):
 - GroupNorm per head (eps head_dim * norm_eps), the bonus `(sum_head r * k * r_k) v`, times the gate
   `g = sigmoid(x_g G1) G2`, output projection.
 
-Bug switches (`fla_lab.bugs`): `uninitialized_params` (#150) and `bf16_decay` (#181).
+Bug switches (`fla_lab.teaching.bugs`): `uninitialized_params` (#150) and `bf16_decay` (#181).
 
 About the call reported in #150, `RWKV7Attention("chunk", hidden_size=768, layer_idx=0)`: upstream 0.6.0 raises
 an opaque TypeError (num_hidden_layers=None in `l / (L - 1)`), and ZeroDivisionError for num_hidden_layers=1.
@@ -32,10 +32,12 @@ from torch import nn
 
 from fla_lab.layers import init
 from fla_lab.layers.rwkv6 import LoRA, packed_kwargs, split_heads, token_shift
-from fla_lab.bugs import check_bug
+from fla_lab.ops.common.switches import Switch, check_switch
 
 DECAY_SCALE = math.exp(-0.5)  # official w = -softplus(-w_raw) - 0.5 then exp: -exp(w) = -exp(-0.5) * sigmoid(w_raw)
 GARBAGE_SEED = 150
+SWITCHES = (Switch("uninitialized_params", "RWKV7Attention", 150, located=("chunk_rwkv7", "dplr_scores_kernel", "nonfinite_input")),
+            Switch("bf16_decay", "RWKV7Attention", 181, located=("chunk_rwkv7", None, "rounded_decay")))
 BYPASS_VALUE_CHECKS = ("uninitialized_params",)  # bug paths whose garbage must reach the kernel, as upstream
 
 
@@ -52,14 +54,14 @@ def uninitialized(shape, generator: torch.Generator) -> torch.Tensor:
 def real_torch_empty(shape=(6, 768)) -> torch.Tensor:
     """What `torch.empty` really gives: whatever the allocator hands back (often zeros, sometimes old data).
 
-    Non-deterministic: for display only (e.g. with `fla_lab.check.nonfinite_census`), never assert on it.
+    Non-deterministic: for display only (e.g. with `fla_lab.spec.check.nonfinite_census`), never assert on it.
     """
     return torch.empty(shape)
 
 
 def state_removal(kk: torch.Tensor, gate: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """RWKV-7's kernel inputs `(a, b)` from its unit-norm removal key and in-context learning rate, the one place the
-    package builds them (the layer, `fla_lab.harness.rwkv7_inputs`; notebook 02's Exercise 2 derives them)."""
+    package builds them (the layer, `fla_lab.spec.harness.rwkv7_inputs`; notebook 02's Exercise 2 derives them)."""
     return -kk, kk * gate
 
 
@@ -89,7 +91,7 @@ class RWKV7Attention(nn.Module):
                  layer_idx: int | None = None, fuse_norm: bool = False, value_dim: int | None = None,
                  num_hidden_layers: int | None = None, bug: str | None = None, **kwargs):
         super().__init__()
-        check_bug(bug, "RWKV7Attention")
+        check_switch(bug, "RWKV7Attention", SWITCHES)
         if mode not in ("chunk", "fused_recurrent"):
             raise ValueError(f"RWKV7Attention: mode must be 'chunk' or 'fused_recurrent', got {mode!r}")
         self.mode, self.bug, self.layer_idx = mode, bug, layer_idx

@@ -11,8 +11,13 @@ from fla_lab.ops.gla import chunk_gla, fused_recurrent_gla
 from fla_lab.ops.gsa import chunk_gsa, fused_recurrent_gsa
 from fla_lab.ops.rwkv6 import chunk_rwkv6, fused_recurrent_rwkv6
 from fla_lab.ops.rwkv7 import chunk_rwkv7, fused_recurrent_rwkv7
+from fla_lab.ops.gsa.chunk import SWITCHES as _GSA
+from fla_lab.ops.rwkv6.chunk import SWITCHES as _RWKV6_CHUNK
+from fla_lab.ops.rwkv6.fused_recurrent import SWITCHES as _RWKV6_RECURRENT
+
+SWITCHES = _RWKV6_CHUNK + _RWKV6_RECURRENT + _GSA  # each op's `bug=` switches (`common/switches.py`)
 
 __all__ = ["chunk_gla", "chunk_gsa", "chunk_rwkv6", "chunk_rwkv7", "fused_recurrent_gla", "fused_recurrent_gsa",
            "fused_recurrent_rwkv6", "fused_recurrent_rwkv7", "ChunkLaunch", "RecurrentLaunch", "RWKV7ChunkLaunch",
            "RWKV7RecurrentLaunch", "default_launch", "LayoutWarning", "set_value_checks",
-           "flush_value_checks", "value_check_mode"]
+           "flush_value_checks", "value_check_mode", "SWITCHES"]

@@ -4,7 +4,7 @@ Two servers, each on a temporary copy (so neither autosave nor the notebooks' ow
 private settings, workspaces and Jupyter directories, each always stopped by its PID:
 - `lab_server` serves a copy of the reference notebooks (notebooks/), which the test runs top to bottom;
 - `learner_lab` is the lab as `python3 workbook.py lab` opens it for a learner: a copy of the checkout's layout
-  (notebooks/, docs/, the learner's edition built by fla_lab.edition) served with workbook.py's own `lab_root`,
+  (notebooks/, docs/, the learner's edition built by fla_lab.teaching.edition) served with workbook.py's own `lab_root`,
   `lab_arguments` and `lab_env`, so it is rooted where the learner's lab is.
 """
 
@@ -142,7 +142,7 @@ def _prepare_checkout(top: Path, wb) -> Path:
     reference notebooks/, the facilitator's docs/ (the guide with its answer keys) and the learner's edition built
     from those notebooks as `python -m fla_lab edition` builds it. Returns the folder the lab serves,
     `workbook.lab_root` of that checkout."""
-    from fla_lab import edition
+    from fla_lab.teaching import edition
 
     checkout = top / "checkout"
     shutil.copytree(NOTEBOOK_DIR, checkout / "notebooks", symlinks=True,
@@ -161,7 +161,7 @@ def _server_env(top: Path) -> dict[str, str]:
         path.mkdir()
         env[name] = str(path)
     env.pop("JUPYTER_PATH", None)  # kernels and lab extensions come from the venv (sys.prefix)
-    env["FLA_LAB_FIGURES_DIR"] = str(top / "figures")  # fla_lab.viz.save: keep the repo's figures/ as is
+    env["FLA_LAB_FIGURES_DIR"] = str(top / "figures")  # fla_lab.tools.viz.save: keep the repo's figures/ as is
     return env
 
 

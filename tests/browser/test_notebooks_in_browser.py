@@ -512,7 +512,7 @@ def test_learner_file_browser_shows_the_learner_copies_only(browser, learner_lab
     """The learner's lab lists the learner's copies, and neither the reference notebooks nor the guide: notebooks/
     and docs/ exist beside the edition in the checkout, and neither the file browser nor the contents API reaches
     them."""
-    from fla_lab import edition
+    from fla_lab.teaching import edition
 
     checkout = learner_lab.root_dir.parent
     assert (checkout / "notebooks").is_dir() and (checkout / "docs" / "onboarding.md").is_file()  # beside it

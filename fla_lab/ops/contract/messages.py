@@ -16,7 +16,7 @@ class TransitionWarning(UserWarning):
 def _nonfinite_message(where: str, name: str, t: torch.Tensor) -> str:
     n = int((~torch.isfinite(t)).sum())
     return (f"{where}: `{name}` has {n} non-finite value(s) (NaN/inf); "
-            "fix the producer (see fla_lab.check.nonfinite_census to locate them).")
+            "fix the producer (see fla_lab.spec.check.nonfinite_census to locate them).")
 
 
 def _log_decay_message(where: str, name: str, g: torch.Tensor) -> str:

@@ -13,7 +13,7 @@ GSA pass 1's score gradient dA):
 | `chunk_fwd_o_kernel` | o = (q * exp(gq)) @ h + A @ v |
 | `chunk_bwd_dqk_kernel` | dq, dk through the scores and the states |
 
-Reference: `fla_lab.reference.recurrent_gla`. Same signature as flash-linear-attention 0.6.0's `chunk_gla`.
+Reference: `fla_lab.spec.reference.recurrent_gla`. Same signature as flash-linear-attention 0.6.0's `chunk_gla`.
 """
 from __future__ import annotations
 

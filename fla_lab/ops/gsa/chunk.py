@@ -7,7 +7,7 @@
 
 Pass 1 is the value-side pass in this file (`slot_pass_fwd`, `slot_pass_bwd`, with `slot_rows_kernel`), pass 2 the
 GLA pass (`fla_lab/ops/gla/chunk.py`) with the slots as keys; both share one cumulative decay and the stages in
-`fla_lab/ops/common/chunk.py`. Reference: `fla_lab.reference.recurrent_gsa`. flash-linear-attention 0.6.0's
+`fla_lab/ops/common/chunk.py`. Reference: `fla_lab.spec.reference.recurrent_gsa`. flash-linear-attention 0.6.0's
 `chunk_gsa` signature, plus `bug=`; `bug="unmasked_padding"` turns on upstream #77's padded rows in pass 1's dv
 kernel: it passes `later_rows_exponent_unmasked` (`fla_lab/ops/common/chunk.py`) into the EXPONENT slot of
 `slot_rows_kernel` (`cols_from_later_subchunks`), where `later_rows_exponent` ships (fixed upstream in 737550ff).
@@ -17,7 +17,6 @@ from __future__ import annotations
 import torch
 import triton.language as tl
 
-from fla_lab.bugs import check_bug
 from fla_lab.ops import contract
 from fla_lab.ops.common.chunk import (BC, channel_block, chunk_tables, chunks, cols_from_later_subchunks, chunk_cumsum,
                                       decay_grad,
@@ -25,6 +24,7 @@ from fla_lab.ops.common.chunk import (BC, channel_block, chunk_tables, chunks, c
                                       later_rows_exponent_unmasked, plain_rows, plain_scores,
                                       rows_from_earlier_subchunks, state_adjoints, subchunk, tile_width)
 from fla_lab.ops.common.launch import check_chunk_size, resolve
+from fla_lab.ops.common.switches import Switch, check_switch
 from fla_lab.ops.common.utils import (as_contiguous, batch_head, cast_grad, chunk_of_sequence, custom_bwd, custom_fwd,
                                       grid_size, kernel, mma_split, next_pow2, packed_switch, slot_helper)
 from fla_lab.ops.gla.chunk import chunk_gla_bwd, chunk_gla_fwd, gated_scores
@@ -267,6 +267,9 @@ def gsa_arguments(op, q, k, v, s, g, scale, initial_state, kwargs, BT, cu_seqlen
     return s, g, hk0, hv0, (q.shape[-1] ** -0.5 if scale is None else scale), seqs
 
 
+SWITCHES = (Switch("unmasked_padding", "chunk_gsa", 77, located=("chunk_gsa", "slot_rows_kernel", "padded_rows")),)
+
+
 def padded_rows_exponent(bug=None, helper=None):
     """The EXPONENT helper of pass 1's dv kernel (`utils.slot_helper`): the historical one under
     `bug="unmasked_padding"`, else `helper` or the shipped `later_rows_exponent`."""
@@ -288,7 +291,7 @@ def chunk_gsa(q, k, v, s, g=None, scale=None, initial_state=None, output_final_s
     (`fla_lab.ops.common.conventions`); each sequence's last chunk is partial unless its length is a multiple of
     chunk_size, which is where #77's padded rows live.
     """
-    check_bug(bug, "chunk_gsa")
+    check_switch(bug, "chunk_gsa", SWITCHES)
     BT = check_chunk_size(chunk_size, "chunk_gsa")
     s, g, hk0, hv0, scale, seqs = gsa_arguments("chunk_gsa", q, k, v, s, g, scale, initial_state, kwargs, BT,
                                                 cu_seqlens, cu_seqlens_cpu)

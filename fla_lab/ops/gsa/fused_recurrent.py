@@ -9,7 +9,7 @@ Both passes run the GLA kernels of `fla_lab/ops/common/fused_recurrent.py` (pass
 only; pass 2 with the key-side decay, the slots as keys); the softmax between them is `chunk.py`'s slot softmax
 kernels. The slot scores and weights stay fp32 between the passes (as upstream's `qv`). g's gradient is the sum of
 the two passes' decay gradients (pass 1's from `decay_grad_kernel`'s value side), s's the sum of pass 1's dv and
-pass 2's dk. Reference: `fla_lab.reference.recurrent_gsa`. flash-linear-attention 0.6.0's `fused_recurrent_gsa` signature
+pass 2's dk. Reference: `fla_lab.spec.reference.recurrent_gsa`. flash-linear-attention 0.6.0's `fused_recurrent_gsa` signature
 (`fla/ops/gsa/fused_recurrent.py`); its single-token inference kernel is not separate here (T = 1 runs the same
 kernels). A packed batch (`cu_seqlens`) runs every kernel of both passes once for all its sequences.
 """

@@ -5,16 +5,19 @@ RWKV6 reads the state before its own decay, so its queries carry the exclusive c
 row that splits a sub-chunk pair's decay must be `gi[start - 1]` (upstream 0c1c0b65, the fix of #77): the
 REFERENCE_ROW slot of `gated_scores_kernel` and `chunk_bwd_dqk_kernel`, filled here by `pick_reference_row`; the
 historical row and the shipped one sit side by side in `fla_lab/ops/common/chunk.py` (`reference_row_inclusive`,
-`reference_row`). Reference: `fla_lab.reference.recurrent_rwkv6`.
+`reference_row`). Reference: `fla_lab.spec.reference.recurrent_rwkv6`.
 """
 from __future__ import annotations
 
-from fla_lab.bugs import check_bug
 from fla_lab.ops import contract
 from fla_lab.ops.common.chunk import pick_reference_row
 from fla_lab.ops.common.launch import check_chunk_size, resolve
+from fla_lab.ops.common.switches import Switch, check_switch
 from fla_lab.ops.gla.chunk import ChunkGLAFunction
 from fla_lab.ops.common.conventions import packed_batch
+
+
+SWITCHES = (Switch("exclusive_reference", "chunk_rwkv6", 77, located=("chunk_rwkv6", "gated_scores_kernel", "exp_overflow")),)
 
 
 def chunk_rwkv6(r, k, v, w, u, scale=None, initial_state=None, output_final_state=False, chunk_size=64, bug=None,
@@ -28,7 +31,7 @@ def chunk_rwkv6(r, k, v, w, u, scale=None, initial_state=None, output_final_stat
     (notebook 03a's exercise). `cu_seqlens` (and its host copy `cu_seqlens_cpu`): FLA's packed batches, one launch
     per kernel for the whole batch (`fla_lab.ops.common.conventions`).
     """
-    check_bug(bug, "chunk_rwkv6")
+    check_switch(bug, "chunk_rwkv6", SWITCHES)
     names = ("r", "k", "v", "w")
     checks = contract.check_gated_inputs("chunk_rwkv6", r, k, v, w, names=names, u=u, initial_state=initial_state,
                                          kwargs=kwargs, in_kernel=True, packed=cu_seqlens is not None)

@@ -4,12 +4,16 @@ the output reads the state *before* this step's decay and adds the bonus `diag(u
 """
 from __future__ import annotations
 
-from fla_lab.bugs import check_bug
 from fla_lab.ops import contract
 from fla_lab.ops.common.conventions import packed_batch
 from fla_lab.ops.common.fused_recurrent import FusedRecurrentFunction, h0_mask, h0_mask_transposed
 from fla_lab.ops.common.launch import resolve
+from fla_lab.ops.common.switches import Switch, check_switch
 from fla_lab.ops.common.utils import slot_helper
+
+
+SWITCHES = (Switch("transposed_h0_mask", "fused_recurrent_rwkv6", 18,
+                   located=("fused_recurrent_rwkv6", "fused_recurrent_bwd_dq_kernel", "kernel_raised")),)
 
 
 def fused_recurrent_rwkv6(r, k, v, w, u, scale=None, initial_state=None, output_final_state=False, bug=None,
@@ -26,7 +30,7 @@ def fused_recurrent_rwkv6(r, k, v, w, u, scale=None, initial_state=None, output_
     `fla_lab.ops.RecurrentLaunch`, None for the device's default.
     """
     op = "fused_recurrent_rwkv6"
-    check_bug(bug, op)
+    check_switch(bug, op, SWITCHES)
     contract.check_gated_inputs(op, r, k, v, w, names=("r", "k", "v", "w"), u=u, initial_state=initial_state,
                                 kwargs=kwargs, packed=cu_seqlens is not None)
     contract.check_kernel_device(op, dict(r=r, k=k, v=v, w=w, u=u, initial_state=initial_state))

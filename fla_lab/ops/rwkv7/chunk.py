@@ -1,6 +1,6 @@
 """Chunked RWKV-7 / DPLR: `S_t = (diag(exp w_t) + b_t a_t^T) S_{t-1} + k_t v_t^T`, `o_t = scale * S_t^T r_t`.
 
-Reference: `fla_lab.reference.recurrent_rwkv7` (float64). The algorithm is the WY (UT) form of a chunk of BT = 16
+Reference: `fla_lab.spec.reference.recurrent_rwkv7` (float64). The algorithm is the WY (UT) form of a chunk of BT = 16
 steps; no step of it ever exponentiates a positive number, so it is exact over any decay a caller passes.
 
 Inside a chunk with chunk-local inclusive cumulative log-decay `G_t` (fp32) and its exclusive shift
@@ -53,12 +53,12 @@ import triton
 import triton.language as tl
 
 from fla_lab import runtime
-from fla_lab.bugs import check_bug
 from fla_lab.ops import contract
 from fla_lab.ops.common.chunk import (boundary_share, boundary_term, check_flags, check_slot, chunk_cumsum,
                                       chunk_tables, chunks, filling_width, gpu_sms, load_query_decay,
                                       parallel_sequences, sequence_tables, sequences)
 from fla_lab.ops.common.launch import RWKV7ChunkLaunch, check_chunk_size, resolve
+from fla_lab.ops.common.switches import check_switch
 from fla_lab.ops.common.value_flags import nonfinite_probe, or_nonfinite_bit
 from fla_lab.ops.common.utils import (as_contiguous, batch_head, cast_grad, chunk_of_sequence, custom_bwd, custom_fwd,
                                       dot_dtype, grid_size, kernel, mma, mma_split, next_pow2, packed_switch,
@@ -271,9 +271,13 @@ def end_decay_alt(gi, t_last, t_first, o_k, m_k, HK):
     return load_query_decay(gi, t_last + 0 * o_k, o_k, m_k, t_first, HK, True)
 
 
+# the planted switch (06's exercise) is unlisted: only its digest (`switches.digest`) is written down
+UNLISTED = frozenset({"91ed271c07411c4d"})
+
+
 def end_decay_helper(bug: str | None):
     """The END_DECAY helper for a call with `bug=`: `end_decay`, or the other one under the op's switch (the one
-    `check_bug` accepts for `chunk_rwkv7`, which has no catalogue entry: any `bug` that reaches here is it)."""
+    `check_switch` accepts for `chunk_rwkv7`, which has no catalogue entry: any `bug` that reaches here is it)."""
     return slot_helper("chunk_rwkv7", "END_DECAY", bug is not None, end_decay_alt, end_decay)
 
 
@@ -735,7 +739,7 @@ def chunk_rwkv7_intermediates(r, w, k, v, a, b, scale=1.0, initial_state=None, b
     the output `o`.
     """
     r, w, k, v, a, b, initial_state = as_contiguous(r, w, k, v, a, b, initial_state)
-    check_bug(bug, "chunk_rwkv7")
+    check_switch(bug, "chunk_rwkv7", unlisted=UNLISTED)
     o, _, kept = _forward(r, w, k, v, a, b, scale, initial_state, False, resolve(launch, "rwkv7_chunk", r), keep=True,
                           end=end_decay_helper(bug))
     return {**kept, "o": o}
@@ -756,7 +760,7 @@ def chunk_rwkv7(r, w, k, v, a, b, scale=1.0, initial_state=None, output_final_st
     `fla_lab.ops.RWKV7ChunkLaunch`, None for the device's default.
     """
     op = "chunk_rwkv7"
-    check_bug(bug, op)
+    check_switch(bug, op, unlisted=UNLISTED)
     checks = contract.check_rwkv7_inputs(op, r, w, k, v, a, b, initial_state, kwargs, packed=cu_seqlens is not None,
                                          in_kernel=("r", "k", "v"))
     check_key_width(op, r.shape[-1])

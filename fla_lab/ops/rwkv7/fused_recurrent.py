@@ -1,6 +1,6 @@
 """RWKV-7 / DPLR: `S_t = (diag(exp w_t) + b_t a_t^T) S_{t-1} + k_t v_t^T`, `o_t = scale * S_t^T r_t`.
 
-Reference: `fla_lab.reference.recurrent_rwkv7`. The transition acts on the key axis only, so every value column
+Reference: `fla_lab.spec.reference.recurrent_rwkv7`. The transition acts on the key axis only, so every value column
 of the `[K, V]` state evolves on its own: a program owns a `[K, BV]` tile (the whole key dimension) of one head.
 
 Backward with state checkpoints, as the official RWKV-7 CUDA kernels do (BlinkDL/RWKV-LM `wkv7_cuda.cu`,
@@ -272,7 +272,7 @@ def fused_recurrent_rwkv7(r, w, k, v, a, b, scale=1.0, initial_state=None, outpu
     """Fused recurrent RWKV-7, forward and backward in Triton.
 
     `w` is the `[B, T, H, K]` natural-log decay (<= 0; RWKV-7 keeps it in (-e^-0.5, 0)); `a, b` the removal
-    vectors (RWKV-7's own, as its layer builds them: `fla_lab.harness.rwkv7_inputs`). The state is
+    vectors (RWKV-7's own, as its layer builds them: `fla_lab.spec.harness.rwkv7_inputs`). The state is
     `[B, H, K, V]` fp32. `w` may be float32 while the rest is bf16 (the layer keeps the decay in fp32, upstream
     #181). Returns `(o, final_state or None)`; K <= MAX_K = 128. `cu_seqlens` (and its host copy
     `cu_seqlens_cpu`): FLA's packed batches, one launch per kernel for the whole batch

@@ -1,11 +1,11 @@
-"""Notebook 06: hunting bugs nobody has catalogued, with the package's own tools (`fla_lab.hunt`, the census in
-`fla_lab.check`, `fla_lab.audit`, `fla_lab.atlas`).
+"""Notebook 06: hunting bugs nobody has catalogued, with the package's own tools (`fla_lab.tools.hunt`, the census in
+`fla_lab.spec.check`, `fla_lab.tools.audit`, `fla_lab.tools.atlas`).
 
 Two kinds of models live here:
 - `scenario(name)`: one layer (or one op call) per catalogue entry, triggered the way its report met it; the
   tests check the locator names the entry's op, kernel and cause (`bugs.Bug.located`) on every one;
 - `mystery_model()`: a small language model built from fla_lab layers, some of them with options that are not
-  the defaults, for the learner to find what goes wrong while training it in bf16 (`fla_lab.audit` replays every
+  the defaults, for the learner to find what goes wrong while training it in bf16 (`fla_lab.tools.audit` replays every
   op call of a step against float64); `register_as_called` puts an op as the model called it in the atlas;
   `check_nan_hunt` / `check_silent_hunt` are the two exercises' checks, `cause_choices()` the words they take.
 
@@ -30,9 +30,12 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from fla_lab import check, exercises, harness, hunt, registry, runtime
+from fla_lab.spec import check, harness, registry
+from fla_lab.teaching import exercises
+from fla_lab.tools import hunt
+from fla_lab import runtime
 from fla_lab.layers import GatedSlotAttention, RWKV6Attention, RWKV7Attention
-from fla_lab.lessons import gsa_padding
+from fla_lab.teaching.lessons import gsa_padding
 
 VOCAB, HIDDEN, T_TRAIN = 64, 32, 80  # T = 80: past the chunk path's 64 and a partial last chunk (80 = 64 + 16)
 T_HUNT = 48  # the mystery model's sequence: three 16-row chunks of RWKV-7; GSA runs fused_recurrent_gsa (T <= 64)
@@ -623,7 +626,8 @@ def _unmasked_padding():
 
 
 def _transposed_h0_mask():  # #18: the op itself, with an initial state, as the report called it
-    from fla_lab import ops, registry
+    from fla_lab import ops
+    from fla_lab.spec import registry
 
     spec = registry.get("fused_recurrent_rwkv6")
     x = {n: t.to(runtime.device()).requires_grad_() for n, t in

@@ -1,6 +1,6 @@
 """Hunting NaNs: which module, which op, which Triton kernel, which (batch, head, step), forward or backward, and why.
 
-    with fla_lab.hunt.locate(model) as found:
+    with fla_lab.tools.hunt.locate(model) as found:
         loss = model(x).float().pow(2).mean()
         loss.backward()
     print(found.report)
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fla_lab import check, harness, registry
+from fla_lab.spec import check, harness, registry
 from fla_lab.ops import contract
 
 FP32_MAX = torch.finfo(torch.float32).max
@@ -58,7 +58,7 @@ CAUSES = {
                             "look downstream: census the gradients of what consumed this output (parameters of "
                             "later modules, their PyTorch code between ops)"),
     "wrong_but_finite": ("the op's result is finite but disagrees with the float64 reference beyond the dtype's "
-                         "tolerance", "kernel", "compare each output and gradient with fla_lab.harness.compare"),
+                         "tolerance", "kernel", "compare each output and gradient with fla_lab.spec.harness.compare"),
     "none": ("no non-finite value and nothing suspicious", "-", "-"),
 }
 
@@ -290,7 +290,7 @@ def input_stats(spec: registry.OpSpec, inputs: dict) -> dict:
 
 def _as_ours(spec, inputs: dict) -> dict:
     """An FLA call's tensors under fla_lab's names (RWKV-7's a, b from FLA's kk, a; DPLR's q, gk as r, w)."""
-    from fla_lab import upstream
+    from fla_lab.tools import upstream
 
     return upstream.ENTRIES[spec.name].to_ours(inputs)
 
@@ -465,7 +465,7 @@ class Call:
     dht: object = None
     detached: tuple[str, ...] = ()  # outputs returned without a graph although an input required grad
     output_final_state: bool = True  # as called (replays ask for the final state; the audit also runs it as called)
-    library: str = "fla_lab"  # or "fla": flash-linear-attention's op, `op` its FLA name (fla_lab.upstream)
+    library: str = "fla_lab"  # or "fla": flash-linear-attention's op, `op` its FLA name (fla_lab.tools.upstream)
 
     @property
     def label(self) -> str:
@@ -474,10 +474,10 @@ class Call:
 
 def spec_of(call: Call) -> registry.OpSpec:
     """The registry's spec for an fla_lab op call; for an FLA call, the adapter's (FLA's names, fla_lab's
-    float64 reference through the mapping of `fla_lab.upstream`)."""
+    float64 reference through the mapping of `fla_lab.tools.upstream`)."""
     if call.library == "fla_lab":
         return registry.get(call.op)
-    from fla_lab import upstream
+    from fla_lab.tools import upstream
 
     return upstream.spec(call.op, call.fn)
 
@@ -497,13 +497,13 @@ class Report:
     modules: dict[str, str] = field(default_factory=dict)  # first module with a non-finite output / parameter
 
     def suspects(self) -> "Suspects":
-        """Catalogue entries whose located (op, kernel, cause) is what this report found; printed empty, it says
+        """Switches (`fla_lab.layers.SWITCHES`, the catalogue's entries) whose located (op, kernel, cause) is what this report found; printed empty, it says
         that nothing in the catalogue matches (a new bug) and what to compare next."""
-        from fla_lab import bugs
+        from fla_lab import layers
 
         d = self.diagnosis
         found = (d.op, d.kernel, d.cause) if d is not None else None
-        return Suspects([b.name for b in bugs.CATALOGUE if b.located == found], found)
+        return Suspects([s.name for s in layers.SWITCHES if s.located == found], found)
 
     def __str__(self) -> str:
         if self.diagnosis is None:
@@ -528,7 +528,7 @@ class Suspects(list):
         head = f"[] no catalogue entry matches (op={op}, kernel={kernel or '-'}, cause={cause}): a bug it does not know"
         if CAUSES[cause][1] == "input":
             return head + "; the op received it: look where the report's fix line points"
-        return head + ("; compare the op with its float64 reference (fla_lab.harness.compare) and with the "
+        return head + ("; compare the op with its float64 reference (fla_lab.spec.harness.compare) and with the "
                        "family's fused recurrent op on the same inputs (no chunks: if that one is right, the bug is "
                        "on the chunked path), and census where the bad values sit (the report's kernel and scores "
                        "lines)")
@@ -563,7 +563,7 @@ class Locator:
             inputs = {n: v for n, v in bound.items() if _is_input(v)}
             options = {n: v for n, v in bound.items() if n not in inputs and n != "output_final_state"}
             if fla:
-                from fla_lab import upstream
+                from fla_lab.tools import upstream
 
                 options = upstream.recorded_options(real, options)
             flag = signature.parameters.get("output_final_state")
@@ -622,7 +622,7 @@ class Locator:
                 return hook(grad)
             except Exception as exc:
                 self.own_error = exc
-                raise LocatorError(f"fla_lab.hunt's own backward hook failed ({type(exc).__name__}: {exc}); the "
+                raise LocatorError(f"fla_lab.tools.hunt's own backward hook failed ({type(exc).__name__}: {exc}); the "
                                    "model's backward was stopped by the locator, not by the model") from exc
         return guarded
 
@@ -666,7 +666,7 @@ class Locator:
     def _patch_fla(self) -> None:
         """Wrap FLA's op entry points in every `fla.*` namespace that holds them (its layers import them by name):
         one wrapper per function, so each call is recorded once whichever namespace it came through."""
-        from fla_lab import upstream
+        from fla_lab.tools import upstream
 
         functions = upstream.entry_points()
         wrapped = {name: self._wrap_op(name, fn, "fla") for name, fn in functions.items()}

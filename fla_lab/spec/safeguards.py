@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCANNED = ("fla_lab/ops", "fla_lab/layers")
 MARKER = re.compile(r"#\s*safeguard:\s*([a-z0-9_]+)")
 PROTECTS = ("overflow", "cancellation", "inf-inf", "0*inf", "precision", "padded rows")

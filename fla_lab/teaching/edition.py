@@ -13,7 +13,7 @@ edited copy beside it as `<name>.ipynb.bak`.
     python -m fla_lab edition --reset 03a  # regenerate one notebook (prefix or file name)
 
 A kernel serving the learner's edition is a learner's session (`learner_session()`): there the bug catalogue keeps an
-exercise's fixed line sealed until its check says PASS or its last hint tier is printed (`fla_lab.bugs`).
+exercise's fixed line sealed until its check says PASS or its last hint tier is printed (`fla_lab.teaching.bugs`).
 """
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from fla_lab.exercises import REVEAL_TAG, SOLUTION_TAG, lock
+from fla_lab.teaching.exercises import REVEAL_TAG, SOLUTION_TAG, lock
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 LEARNER = ROOT / "learner"
 MANIFEST = ".edition.json"

@@ -5,7 +5,7 @@ it, what it does, and which notebook teaches it. Tests reproduce every entry; no
 from here. `python -m fla_lab bugs` (or `show()`) prints every entry with its buggy and fixed lines.
 
 Each entry belongs to the exercise whose answer its fixed line is (`Bug.exercise`, the name its check's verdict
-carries). In a learner's session (`fla_lab.edition.learner_session()`: the lab that `workbook.py lab` starts, or a
+carries). In a learner's session (`fla_lab.teaching.edition.learner_session()`: the lab that `workbook.py lab` starts, or a
 kernel running in the learner's edition) an entry's cause (`fix`, `trigger`, `symptom`) and its switch lines stay
 sealed until that exercise's check has said PASS or its last hint tier has been printed in this kernel
 (`exercises.is_open`); everywhere else (the reference notebooks, tests, a facilitator's shell) everything shows.
@@ -15,11 +15,12 @@ source gives nothing away either.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import pathlib
 from dataclasses import dataclass
 
-from fla_lab import edition, exercises
+from fla_lab import layers
+from fla_lab.ops.common.switches import Switch, check_switch
+from fla_lab.teaching import edition, exercises
 
 UPSTREAM = "fla-org/flash-linear-attention"
 
@@ -63,23 +64,37 @@ def sealed_note(notebook: str) -> str:
 
 @dataclass(frozen=True)
 class Bug:
-    name: str          # the value of `bug=`
+    name: str          # the value of `bug=`: the switch (`op`, `issue`, `located`) is declared beside its op
     title: str         # the symptom as a user met it (what `index()` shows: it names no cause)
-    op: str            # the op or layer that takes `bug=name`
     component: str     # the kernel or code path that holds the historical line
-    issue: int         # upstream issue number
     fix: str           # upstream fix commit(s)
     trigger: str       # what makes it show
     symptom: str       # what the user sees
     notebook: str
     anchor: tuple[str, str]  # (file relative to the package, text on the switch line)
-    located: tuple[str, str | None, str]  # what `fla_lab.hunt` must name: (op, first bad kernel or None, cause)
     exercise: str      # the exercise whose answer the fixed line is (its verdict's name): gates fix, trigger, symptom
 
     def __post_init__(self) -> None:
         for name in ("fix", "trigger", "symptom"):  # written sealed or plain above; held either way
             object.__setattr__(self, name, Held.of(exercises.opened(getattr(self, name)), self.exercise,
                                                    self.notebook))
+
+    @property
+    def switch(self) -> Switch:
+        return next(s for s in layers.SWITCHES if s.name == self.name)
+
+    @property
+    def op(self) -> str:
+        return self.switch.op
+
+    @property
+    def issue(self) -> int:
+        return self.switch.issue
+
+    @property
+    def located(self) -> tuple[str, str | None, str]:
+        """What `fla_lab.tools.hunt` must name: (op, first bad kernel or None, cause)."""
+        return self.switch.located
 
     @property
     def issue_url(self) -> str:
@@ -93,7 +108,8 @@ class Bug:
         """Every field; where the entry is sealed (`answer_shown`), its headline and how it opens (the other fields
         name the kernel, the cause and the fix commit)."""
         if self.answer_shown():
-            fields = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self))
+            names = [f.name for f in dataclasses.fields(self)] + ["op", "issue", "located"]
+            fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in names)
             return f"Bug({fields})"
         return (f"Bug(name={self.name!r}, title={self.title!r}, op={self.op!r}, issue={self.issue}, "
                 f"notebook={self.notebook!r}, <the rest {sealed_note(self.notebook)}>)")
@@ -101,70 +117,59 @@ class Bug:
 
 CATALOGUE: tuple[Bug, ...] = (
     Bug(name="uninitialized_params", title="the RWKV-7 layer returns all-NaN",
-        op="RWKV7Attention", component="RWKV7Attention.__init__ / _initialize_weights",
-        issue=150, fix="d49c52f6 (zeros), then 7497c8f7, fe157539, c90b3716 (official init)",
+        component="RWKV7Attention.__init__ / _initialize_weights",
+        fix="d49c52f6 (zeros), then 7497c8f7, fe157539, c90b3716 (official init)",
         trigger=exercises.Sealed(  # states 01's why
             "YW55IGZvcndhcmQgcGFzczogeF94LCBrX2ssIGtfYSwgcl9rIGNvbWUgZnJvbSB0b3JjaC5lbXB0eSBhbmQgTW9kdWxlLmFwcGx5IG5l"
             "dmVyIHZpc2l0cyB0aGVt"),
         symptom="all-NaN (or garbage) layer output, depending on what the uninitialised memory holds",
         notebook="01_all_nan_output", anchor=("layers/rwkv7.py", 'bug == "uninitialized_params"'),
-        located=("chunk_rwkv7", "dplr_scores_kernel", "nonfinite_input"),
         exercise="the initialisation #150 skipped"),
     Bug(name="sigmoid_decay", title="gradients grow uncontrollably (RWKV6 layer)",
-        op="RWKV6Attention", component="RWKV6Attention.forward (decay parametrisation)",
-        issue=11, fix="none needed in the kernel: pass log-space decays (logsigmoid / -exp)",
+        component="RWKV6Attention.forward (decay parametrisation)",
+        fix="none needed in the kernel: pass log-space decays (logsigmoid / -exp)",
         trigger="sigmoid(w) passed where the kernel expects a log-decay",
         symptom="the state grows like exp(0.5 t); output and every gradient except du turn non-finite",
         notebook="02_gradients_blow_up", anchor=("layers/rwkv6.py", 'bug == "sigmoid_decay"'),
-        located=("fused_recurrent_rwkv6", "fused_recurrent_fwd_kernel", "positive_decay"),
         exercise="#11: the log of a sigmoid gate, as a @triton.jit helper"),
     Bug(name="exclusive_reference", title="NaN gradients of RWKV6 under strong decay",
-        op="chunk_rwkv6", component="chunk intra-chunk scores and dq (RWKV6 path)",
-        issue=77, fix=exercises.Sealed(  # states 03a's answer
+        component="chunk intra-chunk scores and dq (RWKV6 path)",
+        fix=exercises.Sealed(  # states 03a's answer
             "MGMxYzBiNjUgKHJlZmVyZW5jZSByb3cgZ2lbc3RhcnQtMV0pOyBlYXJsaWVyIGNmNjNhYzI4LCBsb3N0IGluIGRlNDIzNWZk"),
         trigger="per-step log-decay <= about -90 (w = -exp(w_raw), w_raw >= 4.5)",
         symptom="inf * 0 = NaN in the output and dq, starting at the first query row of a sub-chunk",
         notebook="03a_nan_under_strong_decay",
         anchor=("ops/common/chunk.py", "upstream #77 (de4235fd "),
-        located=("chunk_rwkv6", "gated_scores_kernel", "exp_overflow"),
         exercise="the reference row gn of chunk_rwkv6"),
     Bug(name="unmasked_padding", title="NaN gradients of a GSA layer that come and go",
-        op="chunk_gsa",
         component="GSA slot pass, backward intra-chunk dv kernel (slot_rows_kernel, BACKWARD)",
-        issue=77, fix=exercises.Sealed("NzM3NTUwZmYgKG1hc2sgcm93cyBwYXN0IFQgaW4gdGhlIGV4cG9uZW50KQ=="),  # 03b's
+        fix=exercises.Sealed("NzM3NTUwZmYgKG1hc2sgcm93cyBwYXN0IFQgaW4gdGhlIGV4cG9uZW50KQ=="),  # 03b's
         trigger="a partial last chunk (T not a multiple of chunk_size) and a slot log-decay summed from the chunk's "
                 "first row to a sub-chunk's last valid row below about -88.7 (fp32)",
         symptom="forward finite; NaN in the gradients of s and g (exp(0 - gn) = inf times a zero-padded do)",
         notebook="03b_nan_gradients_that_come_and_go",
         anchor=("ops/common/chunk.py", "upstream #77, GSA (before 737550ff)"),
-        located=("chunk_gsa", "slot_rows_kernel", "padded_rows"),
         exercise="the exponent of the later rows in chunk_gsa's slot-gradient kernel"),
     Bug(name="transposed_h0_mask", title="the backward fails when an initial state is passed",
-        op="fused_recurrent_rwkv6", component="fused_recurrent_bwd_dq_kernel",
-        issue=18, fix="1547448b",
+        component="fused_recurrent_bwd_dq_kernel",
+        fix="1547448b",
         trigger="backward with an initial_state and non-square dq tiles (BK=16, BV=64)",
         symptom="Triton refuses the initial-state load: mask [16, 64] against pointers [64, 16]",
         notebook="04_backward_fails_with_initial_state",
         anchor=("ops/common/fused_recurrent.py", "upstream #18 (before 1547448b)"),
-        located=("fused_recurrent_rwkv6", "fused_recurrent_bwd_dq_kernel", "kernel_raised"),
         exercise="the mask of the initial-state load, in fused_recurrent_rwkv6's backward"),
     Bug(name="bf16_decay", title="a precision gap against the official RWKV-7 under AMP",
-        op="RWKV7Attention", component="RWKV7Attention.forward (decay LoRA sigmoid)",
-        issue=181, fix=exercises.Sealed(  # states 05's answer
+        component="RWKV7Attention.forward (decay LoRA sigmoid)",
+        fix=exercises.Sealed(  # states 05's answer
             "OTY1YzM1NTMgKGZwMzIgc2lnbW9pZCksIHJldmVydGVkIGluIGQ5ZTg2ZDAwICh2MC4yLjApOyAwLjYuMC"
             "Bjb21wdXRlcyBpdCBpbiBiZjE2"),
         trigger="bf16 autocast (CUDA or CPU): the decay's sigmoid runs in bf16, and its rounding stays in the decay",
         symptom="a per-step rounding bias in the decay that compounds over the sequence",
         notebook="05_precision_gap_under_amp", anchor=("layers/rwkv7.py", 'bug == "bf16_decay"'),
-        located=("chunk_rwkv7", None, "rounded_decay"),
         exercise="RWKV-7 log-decay in fp32 under autocast"),
 )
 
-# Switches that are not catalogue entries (an exercise's material): `check_bug` accepts them by the digest of
-# "op:value" (`_digest`), so that no file names them and `index()`, `show()` and `suspects()` never list them.
-_UNLISTED = frozenset({"91ed271c07411c4d"})
-
-_PACKAGE = pathlib.Path(__file__).resolve().parent
+_PACKAGE = pathlib.Path(__file__).resolve().parents[1]
 
 
 def get(name: str) -> Bug:
@@ -178,19 +183,12 @@ def for_op(op: str) -> list[Bug]:
     return [b for b in CATALOGUE if b.op == op]
 
 
-def _digest(op: str, bug: str) -> str:
-    return hashlib.sha256(f"{op}:{bug}".encode()).hexdigest()[:16]
-
-
 def check_bug(bug: str | None, op: str) -> None:
-    """`bug=None` is the fixed code; anything else must be a catalogue entry of this op or layer (or one of its
-    unlisted switches)."""
-    if bug is None or _digest(op, bug) in _UNLISTED:
-        return
-    names = [b.name for b in for_op(op)]
-    if bug not in names:
-        raise ValueError(f"{op}: unknown bug={bug!r}; this op has {names or 'no switchable bugs'} "
-                         "(see fla_lab.bugs.show()).")
+    """`bug=None` is the fixed code; anything else must be a switch of this op or layer (`layers.SWITCHES`, the
+    ops' unlisted switches included)."""
+    from fla_lab.ops.rwkv7.chunk import UNLISTED
+
+    check_switch(bug, op, layers.SWITCHES, UNLISTED)
 
 
 def _sealed(bug: Bug, what: str) -> None:

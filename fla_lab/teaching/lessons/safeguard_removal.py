@@ -1,6 +1,6 @@
 """Notebook 06, "Going further": remove a numerical safeguard of your choice and find which check notices.
 
-`fla_lab.safeguards.REGISTRY` lists the kernels' safeguards: the shipped code, its naive form (the same number in
+`fla_lab.spec.safeguards.REGISTRY` lists the kernels' safeguards: the shipped code, its naive form (the same number in
 exact arithmetic) and the atlas range where it matters (`Safeguard.atlas`). `remove(safeguard, naive)` copies the
 installed fla_lab package into a temporary folder, replaces the safeguard's shipped code with `naive` in the copy
 (default: the registry's naive form) and runs a small atlas sweep of the safeguard's first op in a subprocess that
@@ -31,7 +31,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from fla_lab import exercises, safeguards
+from fla_lab.teaching import exercises
+from fla_lab.spec import safeguards
 
 LENGTHS = (33, 64)                 # a partial last chunk (rows past T padded) and one full 64-row chunk
 SHAPE = dict(B=1, H=1, K=16, V=16, M=16)
@@ -227,7 +228,7 @@ def copy_package(folder: Path) -> Path:
     return Path(shutil.copytree(source, folder / "fla_lab", ignore=shutil.ignore_patterns("__pycache__")))
 
 
-WORKER = "from fla_lab.lessons import safeguard_removal as s; s.worker()"
+WORKER = "from fla_lab.teaching.lessons import safeguard_removal as s; s.worker()"
 
 
 def _run_copy(folder: Path, op: str, atlas_range: dict) -> list[Side] | str:
@@ -255,7 +256,8 @@ def _grid(side: str, atlas_range: dict) -> dict:
 
 def measure_side(name: str, op: str, atlas_range: dict) -> Side:
     """The atlas of `op` (as the running fla_lab has it) on one side's settings, summed up."""
-    from fla_lab import atlas, registry
+    from fla_lab.tools import atlas
+    from fla_lab.spec import registry
 
     grid = _grid(name, atlas_range)
     records = atlas.sweep(atlas.settings([op], variants=[registry.FIXED], **grid, **SHAPE), progress=False)

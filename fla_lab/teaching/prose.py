@@ -69,7 +69,7 @@ def workbook_facts() -> tuple[float, ...]:
     sub-chunk sizes."""
     import torch
 
-    from fla_lab import check
+    from fla_lab.spec import check
     from fla_lab.ops.common import chunk
 
     facts = [0.05, 0.5, math.exp(-0.5), chunk.BC, 64]  # 64: the chunked ops' default chunk size

@@ -17,7 +17,10 @@ import matplotlib
 import torch
 from torch import nn
 
-from fla_lab import exercises, reference, runtime, viz, widgets
+from fla_lab.teaching import exercises
+from fla_lab.spec import reference
+from fla_lab import runtime
+from fla_lab.tools import viz, widgets
 from fla_lab.layers import RWKV7Attention
 
 BUG = "bf16_decay"  # the catalogue entry this notebook turns on (`bugs.show([amp.BUG])`)
@@ -215,7 +218,7 @@ def long_context_layer(dtype: torch.dtype, bug: str | None, hidden_size: int = 6
     """An official-init layer with an open output (`o_proj` orthogonal, as after some training) whose recurrence
     runs in the float64 reference (`reference.recurrent_rwkv7`), output cast back to the layer's dtype as the
     kernel stores it. Everything else, the decays included, is the layer's own code."""
-    from fla_lab.lessons.init import open_output
+    from fla_lab.teaching.lessons.init import open_output
 
     layer = decay_layer(hidden_size, 0, bug, seed, dtype=torch.float32)
     layer = open_output(layer, seed).to(dtype)
@@ -358,7 +361,7 @@ def kernel_layer(bug: str | None, hidden_size: int = 64, seed: int = 0) -> RWKV7
     """`long_context_layer`'s twin on the real kernel (`chunk_rwkv7`, the layer's "chunk" mode), bf16, on the
     kernels' device (`fla_lab.device()`; built on the CPU from the seed, the same weights everywhere)."""
     from fla_lab import runtime
-    from fla_lab.lessons.init import open_output
+    from fla_lab.teaching.lessons.init import open_output
 
     layer = open_output(decay_layer(hidden_size, 0, bug, seed, dtype=torch.float32), seed)
     return layer.to(runtime.device(), torch.bfloat16)
@@ -376,7 +379,7 @@ def stand_in_agrees(kc: dict) -> bool:
 def kernel_check(T: int = 128, hidden_size: int = 64, seed: int = 0) -> dict[str, float]:
     """The float64 stand-in against the real kernel, bf16, on T steps: relative errors, and the bug-vs-fix
     difference measured both ways."""
-    from fla_lab import check, harness
+    from fla_lab.spec import check, harness
 
     x = torch.randn(1, T, hidden_size, generator=torch.Generator().manual_seed(seed + 5)).to(torch.bfloat16)
     builders = {"kernel": kernel_layer,  # on the kernels' device; the stand-in stays on the CPU
@@ -412,7 +415,7 @@ def amp_step(bug: str | None, T: int = 256, hidden_size: int = 64, seed: int = 0
     `log_decay`, if given, replaces the layer's decay line: the layer's `log_decay` method then returns
     `log_decay(w_lora(xw))`, as the layer's own decay line does."""
     from fla_lab import runtime
-    from fla_lab.lessons.init import open_output
+    from fla_lab.teaching.lessons.init import open_output
 
     dev = runtime.device()
     layer = open_output(decay_layer(hidden_size, 0, bug, seed, dtype=torch.float32), seed).to(dev)
@@ -451,8 +454,9 @@ def amp_step_comparison(T: int = 256, hidden_size: int = 64, seed: int = 0) -> d
 def debug_in_fp32() -> dict[str, str]:
     """A common advice, "debug in fp32 first", tried on three bugs: does an all-fp32 run make the failure go
     away (a precision bug) or not (a range or contract bug)?"""
-    from fla_lab import check, harness, ops
-    from fla_lab.lessons import decay_contract
+    from fla_lab.spec import check, harness
+    from fla_lab import ops
+    from fla_lab.teaching.lessons import decay_contract
 
     x = lora_grid(-8, 4, 1001)
     w_fp32 = _layer_decay(x, "bf16_decay")  # the buggy line, on fp32 LoRA output
@@ -501,7 +505,8 @@ def check_log_decay(candidate: Callable[[torch.Tensor], torch.Tensor], T: int = 
     2. In the real layer (`RWKV7Attention("chunk")`, fp32 weights, one autocast forward and backward of T steps),
        through its `log_decay` seam: the dtype and error of the w that `chunk_rwkv7` receives, and finiteness.
     Tolerance: fla_lab's fp32 forward tolerance (`check.tolerance(torch.float32).fwd`)."""
-    from fla_lab import check, runtime
+    from fla_lab.spec import check
+    from fla_lab import runtime
 
     dev = runtime.device()
     tol = check.tolerance(torch.float32).fwd

@@ -92,7 +92,7 @@ def _health_check(verbose: bool) -> list[str]:
     spec: its inputs, with an initial state and a final-state cotangent, its reference and its tolerances)."""
     import torch
 
-    from fla_lab import registry
+    from fla_lab.spec import registry
 
     spec = registry.get("fused_recurrent_gla")
     try:

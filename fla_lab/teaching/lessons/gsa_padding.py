@@ -27,8 +27,11 @@ import torch
 import triton
 import triton.language as tl
 
-from fla_lab import bugs, check, exercises, harness, reference, runtime, viz, widgets
-from fla_lab.lessons.overflow import decade, spans, summary  # noqa: F401  (decade, summary: for the notebook)
+from fla_lab.teaching import bugs, exercises
+from fla_lab.spec import check, harness, reference
+from fla_lab import runtime
+from fla_lab.tools import viz, widgets
+from fla_lab.teaching.lessons.overflow import decade, spans, summary  # noqa: F401  (decade, summary: for the notebook)
 
 BUG = "unmasked_padding"
 NODE = "ChunkGSAFunctionBackward"  # the autograd node of fla_lab's (and upstream's) ChunkGSAFunction
@@ -275,7 +278,7 @@ def _run(x: dict, bug: str | None, dtype: torch.dtype, seed: int = 0, reference:
     CPU), and `g`. `reference=True` adds `ref_o`, `ref_d<name>`: the float64 recurrence on the same rounded inputs
     with the same `do`. `exponent`: a helper for the kernel's EXPONENT slot (`chunk_gsa(later_rows_exponent=)`).
     `cu_seqlens` (CPU offsets): a packed batch, the kernel and the recurrence run on each sequence alone."""
-    from fla_lab import reference as spec
+    from fla_lab.spec import reference as spec
     from fla_lab.ops import chunk_gsa
     from fla_lab.ops.common.conventions import per_sequence
 
@@ -325,7 +328,7 @@ def kernel_run(T: int, decay: float, dtype: str = "fp32", bug: str | None = BUG,
 def fixed_comparison(T: int, decay: float, dtype: str = "fp32", bug: str | None = None) -> harness.Comparison:
     """`harness.compare` of `chunk_gsa` against `reference.recurrent_gsa` on `inputs(T, decay)`: the output, both
     final states and every gradient, initial states included. Cached."""
-    from fla_lab import reference
+    from fla_lab.spec import reference
     from fla_lab.ops import chunk_gsa
 
     op = functools.partial(chunk_gsa, bug=bug)
@@ -565,14 +568,14 @@ def sweep(decays: tuple[float, ...] = SWEEP_DECAYS, dtype: str = "bf16", T: int 
     return {m: gradient_errors(T, m, dtype) for m in tqdm(decays, desc="sweep", leave=False, disable=not progress)}
 
 
-GPU_ATLAS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "atlas_gpu.json"
+GPU_ATLAS = Path(__file__).resolve().parents[3] / "benchmarks" / "results" / "atlas_gpu.json"
 
 
 def gpu_dg_errors(op: str = "chunk_gsa", path: Path = GPU_ATLAS) -> dict[tuple[int, float], dict[str, float]]:
     """{(T, m): {"scale-aware": ..., "plain": ...}} of the fixed `op`'s bf16 decay gradient in the GPU atlas
     (`benchmarks/atlas_gpu.py`, notebook 06: B=1, H=4, K=V=M=64, T in {512, 4096}). Read from the GPU run's json,
     not recomputed; "fla:chunk_gsa" is upstream 0.6.0's kernel in the same run."""
-    from fla_lab import atlas
+    from fla_lab.tools import atlas
 
     records = json.loads(path.read_text())["records"]
     # the quoted numbers: with an initial state and a final-state cotangent (all the atlas swept when it was run)
@@ -984,6 +987,6 @@ def show_slot() -> None:
 def show_shipped_exponent() -> None:
     """The shipped helper of the EXPONENT slot (`later_rows_exponent`, fla_lab/ops/common/chunk.py), the exercise's
     answer: raises `exercises.NotRevealed` until the check says PASS or the last hint tier is printed."""
-    from fla_lab.lessons.overflow import stage_source
+    from fla_lab.teaching.lessons.overflow import stage_source
 
     print(stage_source("later_rows_exponent"))

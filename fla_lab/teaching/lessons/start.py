@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from fla_lab import harness, reference, viz, widgets
+from fla_lab.spec import harness, reference
+from fla_lab.tools import viz, widgets
 
 
 def kernel_health() -> dict[str, dict[str, float]]:

@@ -23,8 +23,8 @@ import time
 import torch
 from torch import nn
 
-from fla_lab import audit as audit_mode
-from fla_lab import upstream
+from fla_lab.tools import audit as audit_mode
+from fla_lab.tools import upstream
 
 INITIALIZER_RANGE = 0.02  # FLA's configs' default
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}

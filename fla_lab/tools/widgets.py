@@ -32,7 +32,7 @@ def dtype_choice(value=None, dtypes=None, description: str = "dtype"):
     """A dropdown of dtypes by short name (fp32 / bf16 / fp16 unless `dtypes` says otherwise)."""
     import torch
 
-    from fla_lab import viz
+    from fla_lab.tools import viz
 
     return choice(description, dtypes or viz.DTYPES, value or torch.float32)
 

@@ -1,11 +1,11 @@
 """Audit mode: results that are finite but wrong, call by call, on the training step's own inputs and gradients.
 
-    with fla_lab.audit.audit(model) as recorded:
+    with fla_lab.tools.audit.audit(model) as recorded:
         loss = model(x).float().pow(2).mean()
         loss.backward()
     print(recorded.report())        # one line per op call; recorded.wrong(): the calls beyond tolerance
 
-Inside the block every fla_lab op call is recorded (the locator's recording, `fla_lab.hunt`): the op, the module
+Inside the block every fla_lab op call is recorded (the locator's recording, `fla_lab.tools.hunt`): the op, the module
 that called it, its options, a copy of its inputs, and, during the backward, the cotangents its output and final
 state(s) received. `report()` then replays each call twice on exactly those tensors, the kernel and the float64
 reference, forward and backward, and compares every output and every gradient:
@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fla_lab import check, harness, hunt
+from fla_lab.spec import check, harness
+from fla_lab.tools import hunt
 from fla_lab.ops import contract
 
 
@@ -114,7 +115,7 @@ class Auditor:
     def _replays(self, call: hunt.Call) -> list[CallAudit]:
         results = [replay_call(call)]
         if self.kernel and call.library != "fla_lab":
-            from fla_lab import upstream
+            from fla_lab.tools import upstream
 
             results.append(replay_call(call, upstream.kernel(call.op), replayed_on="fla_lab"))
         return results
@@ -137,7 +138,7 @@ def audit(model: torch.nn.Module | None = None, fla: bool | None = None, kernel:
 
     `model` only names the module of each call; without it every fla_lab op call is still recorded. With
     flash-linear-attention imported (or `fla=True`) its op calls are recorded too and replayed against fla_lab's
-    float64 reference through `fla_lab.upstream`'s mapping (`kernel=True`: and on fla_lab's kernel).
+    float64 reference through `fla_lab.tools.upstream`'s mapping (`kernel=True`: and on fla_lab's kernel).
     """
     return Auditor(model, fla=fla, kernel=kernel)
 

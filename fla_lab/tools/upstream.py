@@ -36,7 +36,7 @@ import torch
 
 CHECKED_ON = ("0.5.2", "0.6.0")
 INSTALL = ("pip install flash-linear-attention fla-core (checked on " + ", ".join(CHECKED_ON) + "; the layers need "
-           "only fla-core and einops when imported through fla_lab.upstream.import_layer)")
+           "only fla-core and einops when imported through fla_lab.tools.upstream.import_layer)")
 
 # do not change the result: which kernel variant, chunk size, recomputation or assertion FLA uses
 HINTS = frozenset({"safe_gate", "chunk_size", "disable_recompute", "lower_bound", "checkpoint_level",
@@ -165,7 +165,7 @@ def recorded_options(fn: Callable, bound: dict) -> dict:
 def check_options(name: str, tensors: dict, options: dict) -> None:
     unknown = sorted(set(options) - KNOWN)
     if unknown:
-        raise UnsupportedCall(f"FLA's {name} was called with {unknown}, options fla_lab.upstream has not mapped "
+        raise UnsupportedCall(f"FLA's {name} was called with {unknown}, options fla_lab.tools.upstream has not mapped "
                               f"(checked on FLA {', '.join(CHECKED_ON)}; this is {version()})")
     given = {**options, **tensors}
     for option, harmless in REFUSED.items():
@@ -193,7 +193,7 @@ def to_ours(name: str, tensors: dict, options: dict) -> tuple[dict, dict]:
 def reference(name: str) -> Callable:
     """fla_lab's float64 reference for FLA's `name`, called with FLA's argument names (packed sequences one at a
     time, `conventions.packed_reference`; a `state_v_first` state transposed in and out)."""
-    from fla_lab import registry
+    from fla_lab.spec import registry
     from fla_lab.ops.common.conventions import packed_reference
 
     exact = registry.get(ENTRIES[name].ours).reference
@@ -225,7 +225,7 @@ def kernel(name: str) -> Callable:
 def spec(name: str, fn: Callable):
     """A registry.OpSpec for FLA's `name` (calling `fn`), so the locator and the audit treat its calls as they
     treat fla_lab's: FLA's argument names, decay name and the float64 reference through the mapping."""
-    from fla_lab import registry
+    from fla_lab.spec import registry
 
     entry = ENTRIES[name]
     return replace(registry.get(entry.ours), name=name, fn=fn, reference=reference(name), decay_name=entry.decay,

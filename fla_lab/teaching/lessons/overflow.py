@@ -14,7 +14,10 @@ import math
 
 import torch
 
-from fla_lab import check, exercises, harness, reference, runtime, viz, widgets
+from fla_lab.spec import check, harness, reference
+from fla_lab.teaching import exercises
+from fla_lab import runtime
+from fla_lab.tools import viz, widgets
 
 BUG = "exclusive_reference"
 NAMES = ("r", "k", "v", "w")
@@ -352,7 +355,7 @@ def kernel_lines(fn, needles=SPLIT_LINES) -> str:
 
 def _answer_stages() -> dict[str, tuple[str, str]]:
     """Stages whose source states an exercise's answer: name -> (the exercise, the check that opens it)."""
-    from fla_lab.lessons import gsa_padding  # here: gsa_padding imports this module
+    from fla_lab.teaching.lessons import gsa_padding  # here: gsa_padding imports this module
 
     gsa = (gsa_padding.EXERCISE, "lesson.check_padded_exponent (notebook 03b)")
     return {"reference_row": (EXERCISE, "lesson.check_reference_row (notebook 03a)"),

@@ -17,8 +17,10 @@ import matplotlib
 import torch
 from torch import nn
 
-from fla_lab import check, harness, reference, runtime, viz, widgets
-from fla_lab.exercises import Sealed, Verdict, error_fact, verdict
+from fla_lab.spec import check, harness, reference
+from fla_lab import runtime
+from fla_lab.tools import viz, widgets
+from fla_lab.teaching.exercises import Sealed, Verdict, error_fact, verdict
 from fla_lab.layers import RWKV7Attention
 from fla_lab.layers import init as official
 

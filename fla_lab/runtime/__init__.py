@@ -2,7 +2,7 @@
 
 `configure()` runs when `fla_lab` is imported, before any kernel module is, because Triton reads
 TRITON_INTERPRET when `@triton.jit` decorates a kernel, not when it launches one. The health check that runs a
-kernel (`doctor()`) lives in `fla_lab.health`, so this module never imports the kernels.
+kernel (`doctor()`) lives in `fla_lab.tools.health`, so this module never imports the kernels.
 """
 from __future__ import annotations
 

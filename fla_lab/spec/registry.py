@@ -1,6 +1,6 @@
 """What fla_lab knows about each op, in one place: its callable, float64 reference, inputs, bugs and tolerances.
 
-The tests, the lessons, `doctor()`, the stability atlas (`fla_lab.atlas`) and the NaN locator (`fla_lab.hunt`)
+The tests, the lessons, `doctor()`, the stability atlas (`fla_lab.tools.atlas`) and the NaN locator (`fla_lab.tools.hunt`)
 all draw from `OPS`. `register_fla()` adds flash-linear-attention's ops (when that package is installed) under
 the same specs, so anything that sweeps fla_lab's ops can sweep upstream's too.
 
@@ -18,7 +18,8 @@ from typing import Callable
 
 import torch
 
-from fla_lab import bugs, check, harness, reference
+from fla_lab import layers
+from fla_lab.spec import check, harness, reference
 
 FIXED = "fixed"  # the variant with every switch off (`bug=None`)
 
@@ -41,7 +42,7 @@ class OpSpec:
     """One op: how to call it, what it should compute, on which inputs, and which historical lines it can switch on.
 
     `decay_name` is the argument that holds the per-step natural-log decay (the atlas' stress knob). Which Triton
-    kernels a call launches is not listed here: `fla_lab.hunt.trace_kernels` watches them launch.
+    kernels a call launches is not listed here: `fla_lab.tools.hunt.trace_kernels` watches them launch.
     """
     name: str
     family: str
@@ -124,7 +125,7 @@ def _specs() -> dict[str, OpSpec]:
         OpSpec("chunk_rwkv7", "rwkv7", ops.chunk_rwkv7, reference.recurrent_rwkv7, _rwkv7, "w"),
         OpSpec("fused_recurrent_rwkv7", "rwkv7", ops.fused_recurrent_rwkv7, reference.recurrent_rwkv7, _rwkv7, "w"),
     ]
-    return {s.name: replace(s, bug_names=tuple(b.name for b in bugs.for_op(s.name))) for s in specs}
+    return {s.name: replace(s, bug_names=tuple(w.name for w in layers.SWITCHES if w.op == s.name)) for s in specs}
 
 
 OPS: dict[str, OpSpec] = {}  # filled on first use: building it imports the kernels

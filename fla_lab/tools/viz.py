@@ -29,7 +29,7 @@ def figures_dir() -> Path | None:
     """FLA_LAB_FIGURES_DIR if set (the browser test points it at a temp dir), else `figures/` of the repository
     this package lives in (None when installed elsewhere)."""
     override = os.environ.get("FLA_LAB_FIGURES_DIR")
-    candidate = Path(override) if override else Path(__file__).resolve().parent.parent / "figures"
+    candidate = Path(override) if override else Path(__file__).resolve().parents[2] / "figures"
     return candidate if candidate.is_dir() else None
 
 

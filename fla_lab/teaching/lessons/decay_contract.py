@@ -8,7 +8,7 @@
 - the `[B, H, T, D]` layout mix-up and the removed `head_first` keyword (#457, #853).
 
 Kernels run in fla_lab's Triton ops; state trajectories come from the float64 references
-(`fla_lab.reference`), stepped one token at a time, so they show the exact growth past fp32's range.
+(`fla_lab.spec.reference`), stepped one token at a time, so they show the exact growth past fp32's range.
 """
 from __future__ import annotations
 
@@ -23,7 +23,10 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from fla_lab import check, exercises, harness, reference, runtime, viz, widgets
+from fla_lab.spec import check, harness, reference
+from fla_lab.teaching import exercises
+from fla_lab import runtime
+from fla_lab.tools import viz, widgets
 from fla_lab.ops import contract
 
 FP32_MAX = torch.finfo(torch.float32).max

@@ -4,7 +4,7 @@ Each bug notebook has an exercise cell (tag `exercise`) where the learner writes
 helper that the shipped kernel calls through a `tl.constexpr` slot, or a PyTorch function for the layer bugs), a
 check cell (tag `check`) that runs it against the float64 reference at once, and a solution cell (tag `solution`)
 followed by the same check (tagged `solution` too). The tracked notebooks keep the solutions, so CI executes them
-and a solution that stops working fails the notebook tests; the learner's edition (`fla_lab.edition`) removes
+and a solution that stops working fails the notebook tests; the learner's edition (`fla_lab.teaching.edition`) removes
 every `solution` cell.
 
 A lesson module's `check_*` function measures and returns a `Verdict`; printing it gives a stable, rounded
@@ -19,7 +19,7 @@ Nothing on the learner's path states an answer before the attempt:
   (stopping Run All there) until the check said PASS or `verdict.hint()` has printed its last tier; in the
   learner's edition the fix in words becomes such a gate too (`verdict.reveal(explain=...)`);
 - the kernel records each exercise whose check said PASS or whose hints ran out (`is_open(name)`): the bug
-  catalogue (`fla_lab.bugs`) shows an exercise's fixed line in a learner's session only once it is recorded.
+  catalogue (`fla_lab.teaching.bugs`) shows an exercise's fixed line in a learner's session only once it is recorded.
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ PLACEHOLDER = "<sealed solution line: its exercise's last hint tier, or the fix 
 
 class Sealed(str):
     """A solution line kept out of sight. The source holds it in base64 (`seal(text)` makes that form; `python -m
-    fla_lab.exercises seal "TEXT"` prints it). As a `str` it is the line itself for the checks that compare with it
+    fla_lab.teaching.exercises seal "TEXT"` prints it). As a `str` it is the line itself for the checks that compare with it
     (`==`, `in`, hashing, `len`, str methods), but every way of displaying it (`print`, `str`, `format` and
     f-strings, `%`-formatting, `repr`, IPython's display and `x?`, `help(x)`) shows a placeholder. `.opened()`
     returns the text: the hint's last tier and the fix after a PASS call it, nothing else. `Sealed.of(text)` seals a
@@ -72,7 +72,7 @@ class Sealed(str):
         return str.__str__(self)
 
     def shown(self) -> bool:
-        """Whether display paths show the text (never, for a solution line; `fla_lab.bugs` overrides it)."""
+        """Whether display paths show the text (never, for a solution line; `fla_lab.teaching.bugs` overrides it)."""
         return False
 
     def placeholder(self) -> str:
@@ -158,7 +158,7 @@ def seal(text: str) -> str:
 # with a SHA-256 keystream keyed by this constant and a per-text nonce; `unlock` (what `reveal` calls) undoes it.
 # Reading it early takes this module's key and algorithm: deliberate digging, not a glance.
 LOCK_PREFIX = "fla-lock1:"
-_LOCK_KEY = b"fla_lab.exercises: the fix in words stays behind verdict.reveal() until the check says PASS"
+_LOCK_KEY = b"fla_lab.teaching.exercises: the fix in words stays behind verdict.reveal() until the check says PASS"
 
 
 def _keystream(nonce: bytes, n: int) -> bytes:
@@ -309,4 +309,4 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["seal"] and len(sys.argv) == 3:
         print(seal(sys.argv[2]))
     else:
-        print('usage: python -m fla_lab.exercises seal "TEXT"')
+        print('usage: python -m fla_lab.teaching.exercises seal "TEXT"')

@@ -24,7 +24,9 @@ from pathlib import Path
 
 import torch
 
-from fla_lab import check, harness, registry, runtime, viz
+from fla_lab.spec import check, harness, registry
+from fla_lab import runtime
+from fla_lab.tools import viz
 
 DECAYS = (1e-3, 1e-1, 1.0, 10.0, 30.0, 100.0, 1e3, 1e4)
 STATUSES = ("right", "wrong", "nonfinite", "raises")  # finite and within tolerance / finite, beyond / NaN or inf / error
@@ -173,8 +175,8 @@ def source_hash(label: str) -> str:
     name, library = _split(label)
     if library != "fla_lab":
         return "flash-linear-attention " + _version("flash-linear-attention")
-    package = Path(__file__).resolve().parent
-    files = sorted((package / "ops").rglob("*.py")) + [package / n for n in ("reference.py", "harness.py", "check.py")]
+    package = Path(__file__).resolve().parents[1]
+    files = sorted((package / "ops").rglob("*.py")) + [package / "spec" / n for n in ("reference.py", "harness.py", "check.py")]
     digest = hashlib.sha256()
     for path in files:
         digest.update(path.read_bytes())
@@ -442,7 +444,7 @@ def plot_atlas(records: list[dict]):
 # notebook shrinks to its ~900 px column, 9 pt text to 3.5 pt. These draw chosen lines one under another, each at
 # notebook width (`viz.NOTEBOOK_WIDTH`), so the figure is shown unscaled and its text stays 9 pt or more.
 
-GPU_RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "atlas_gpu.json"
+GPU_RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "atlas_gpu.json"
 
 # The GPU atlas's lines that notebook 06's "Going further" describes, in the order it names them: the three catalogued
 # bugs the run swept, upstream's fused_recurrent_rwkv6, and fla_lab's chunk_gsa (where its worst error is).
@@ -487,10 +489,10 @@ def _matching(records: list[dict], line) -> list[tuple]:
 
 
 def _bug_of(op: str, variant: str):
-    from fla_lab import bugs
+    from fla_lab import layers
 
     name, library = _split(op)
-    return next((b for b in bugs.CATALOGUE if library == "fla_lab" and b.name == variant and b.op == name), None)
+    return next((s for s in layers.SWITCHES if library == "fla_lab" and s.name == variant and s.op == name), None)
 
 
 def plot_lines(records: list[dict], chosen, title: str | None = None):
@@ -529,7 +531,7 @@ def plot_op(records: list[dict], op: str, title: str | None = None):
 def explorer(records: list[dict] | None = None, op: str | None = None):
     """A dropdown over the ops in `records` (default: the GPU run's, `load()`) that draws `plot_op` for the one
     chosen. Reads saved records only: it redraws at once, on any machine."""
-    from fla_lab import widgets
+    from fla_lab.tools import widgets
 
     records = load() if records is None else records
     ops = sorted({_split(r["op"])[0] for r in records})

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fla_lab import check, runtime
+from fla_lab.spec import check
+from fla_lab import runtime
 
 
 def log_decay(shape, magnitude: float, generator: torch.Generator) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """Notebook 06, "Beyond the workbook": the audit on a model built from flash-linear-attention's own layers.
 
-On a GPU with FLA installed the report is run live (`fla_lab.fla_audit`, the `python -m fla_lab audit` command);
+On a GPU with FLA installed the report is run live (`fla_lab.tools.fla_audit`, the `python -m fla_lab audit` command);
 elsewhere it is read from the saved GPU run, `benchmarks/results/fla_audit_rwkv6_fused.json`, and says so. The
 atlas's (initial state, final-state cotangent) axis for FLA's op is read from the GPU atlas's result file.
 
@@ -17,8 +17,10 @@ from pathlib import Path
 
 import torch
 
-from fla_lab import check, exercises, harness, reference, upstream
-from fla_lab.lessons import gsa_padding
+from fla_lab.spec import check, harness, reference
+from fla_lab.teaching import exercises
+from fla_lab.tools import upstream
+from fla_lab.teaching.lessons import gsa_padding
 from fla_lab.ops import fused_recurrent_rwkv6
 
 SAVED = gsa_padding.GPU_ATLAS.parent / "fla_audit_rwkv6_fused.json"

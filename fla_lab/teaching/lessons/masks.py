@@ -25,8 +25,11 @@ import torch
 import triton
 import triton.language as tl
 
-from fla_lab import check, exercises, harness, reference, runtime, viz, widgets
-from fla_lab.exercises import Verdict
+from fla_lab.spec import check, harness, reference
+from fla_lab.teaching import exercises
+from fla_lab import runtime
+from fla_lab.tools import viz, widgets
+from fla_lab.teaching.exercises import Verdict
 from fla_lab.ops import fused_recurrent_rwkv6
 from fla_lab.ops.common.fused_recurrent import fused_recurrent_bwd_dq_kernel
 from fla_lab.ops.common.utils import state_tile
