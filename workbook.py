@@ -330,8 +330,8 @@ def ensure_chromium() -> tuple[str | None, str | None]:
 
 
 def notebooks() -> list[Path]:
-    """The tracked notebooks (the links that keep old notebook names working are left out)."""
-    return sorted(p for p in (ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb") if not p.is_symlink())
+    """The tracked notebooks."""
+    return sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
 
 
 def same_numbers_on_every_cpu(env: dict) -> dict:
@@ -411,7 +411,8 @@ def plan_phases(gpu: bool, browser_problem: str | None = None, extra: list[str] 
     if gpu:
         phases += [Phase("unit-cuda", "pytest", "gpu", unit),
                    Phase("notebooks-gpu", "execute", "gpu", tuple(map(str, nbs)), out=GPU_NOTEBOOKS)]
-    phases.append(Phase("browser", "pytest", "cpu", ("tests/browser", "-q"), skip=browser_problem))
+    # each notebook's Run All keeps one core busy with its kernel: two workers, each with its own server and browser
+    phases.append(Phase("browser", "pytest", "cpu", ("tests/browser", "-n", n_workers, "-q"), skip=browser_problem))
     return phases
 
 
@@ -420,7 +421,7 @@ def describe_phase(phase: Phase) -> str:
     where = ("CUDA hidden (CUDA_VISIBLE_DEVICES=''), Triton interpreter" if phase.device == "cpu"
              else "CUDA visible, compiled kernels")
     what = (f"pytest {' '.join(a for a in phase.args if not a.endswith('.ipynb'))}" if phase.kind == "pytest"
-            else f"every notebook in a Jupyter kernel (benchmarks/notebook_times.py) into {phase.out}/ (outputs not "
+            else f"every notebook in a Jupyter kernel (python -m dev.notebook_times) into {phase.out}/ (outputs not "
                  "compared)")
     n_nb = sum(a.endswith(".ipynb") for a in phase.args)
     what += f" [{n_nb} notebooks]" if n_nb else ""
@@ -457,10 +458,11 @@ def execute_phase(phase: Phase, env: dict) -> tuple[int, dict]:
         target = phase.out / nb.name
         say(f"executing {nb.name} -> {target.relative_to(ROOT) if target.is_relative_to(ROOT) else target}")
         start = time.perf_counter()
-        # benchmarks/notebook_times.py: nbclient, as nbconvert, but it waits on the kernel's sockets in short polls
-        # (a widget cell's reply is otherwise read only when the cell's timeout runs out) and prints per-cell times
-        done = run([PY, ROOT / "benchmarks" / "notebook_times.py", "--timeout", GPU_CELL_TIMEOUT, "--out", phase.out, "--widgets",
-                    "--cells", "3", nb], check=False, env=env, cwd=nb.parent)
+        # dev/notebook_times.py: nbclient, as nbconvert, but it waits on the kernel's sockets in short polls
+        # (a widget cell's reply is otherwise read only when the cell's timeout runs out) and prints per-cell times;
+        # it runs from the repository root (its kernel starts in the notebook's folder)
+        done = run([PY, "-m", "dev.notebook_times", "--timeout", GPU_CELL_TIMEOUT, "--out", phase.out, "--widgets",
+                    "--cells", "3", nb], check=False, env=env)
         seconds = time.perf_counter() - start
         if done.returncode != 0:
             counts["failures"] += 1
@@ -655,7 +657,7 @@ def reset(names: list[str]) -> int:
 
 def bench(extra: list[str]) -> int:
     setup()
-    return run([PY, "benchmarks/bench.py", *extra], check=False).returncode
+    return run([PY, "-m", "benchmarks.scaling", "--ref-only", "--bugs", *extra], check=False).returncode
 
 
 def main(argv: list[str]) -> int:

@@ -1,6 +1,6 @@
 #!/bin/bash
 # The audit on flash-linear-attention's own layers, on a CUDA machine, from the repository root:
-#     OUT=/some/folder bash benchmarks/fla_audit_gpu.sh
+#     OUT=/some/folder bash benchmarks/fla_audit_gpu.sh        ($OUT defaults to artifacts/fla_audit/)
 # Installs the wheels in .whl/ (FLA, einops, pytest; no network), runs the CUDA and CPU tests of the FLA audit, the
 # fused_recurrent_rwkv6 final-state repro, and `python -m fla_lab audit` on rwkv6, rwkv7 and GSA models (2 layers,
 # bf16, two truncated-BPTT segments) plus rwkv6 in fused_recurrent mode (the op the repro is about). Eight files in
@@ -8,7 +8,7 @@
 # STEPS (default "repro models fused tests") and FAMILIES (default "rwkv6 rwkv7 gsa") choose; MODEL_S (default 90)
 # is each model audit's limit: FLA's cold autotuning of its chunk kernels takes minutes on a fresh machine.
 set -u
-OUT=${OUT:-/tmp/fla_audit_out}
+OUT=${OUT:-$PWD/artifacts/fla_audit}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     > "$OUT/install.log" 2>&1 || { echo "wheel install failed"; tail -5 "$OUT/install.log"; }
@@ -29,7 +29,7 @@ step() {  # name, seconds, command...: run it, log its exit status
 
 STEPS=" ${STEPS:-repro models fused tests} "
 want() { [[ "$STEPS" == *" $1 "* ]]; }
-want repro && step repro 150 python3 benchmarks/repro/fused_recurrent_rwkv6_dht.py --json "$OUT/repro.json" >> "$LOG" 2>&1
+want repro && step repro 150 python3 -m benchmarks.repro.fused_recurrent_rwkv6_dht --json "$OUT/repro.json" >> "$LOG" 2>&1
 for family in ${FAMILIES:-rwkv6 rwkv7 gsa}; do
     want models || break
     step "audit $family" "${MODEL_S:-90}" python3 -m fla_lab audit --fla "$family" --layers 2 --T 2048 --tbptt 2 --dtype bf16 \

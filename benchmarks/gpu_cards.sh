@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # One device call per card (issue 35): the `unit-cuda` phase, the fused recurrent forwards beside FLA 0.6.0, the
-# FLA audit (benchmarks/fla_audit_gpu.sh) and FLA's own op tests at FLA's sizes (benchmarks/fla_tests.py --gpu).
+# FLA audit (benchmarks/fla_audit_gpu.sh) and FLA's own op tests at FLA's sizes (python -m dev.fla_tests --gpu).
 # With two GPUs the phase runs on the first while the rest runs on the second (their timings are each GPU's own; the
 # CPU cores are shared); with one, one after the other. Logs and JSON go to $OUT as one archive plus a summary;
-# the summary table comes last.
-#     OUT=/some/folder FLA_SRC=.flasrc bash benchmarks/gpu_cards.sh [unit] [recurrent] [safeguards] [audit] [fla_tests]
+# the summary table comes last ($OUT defaults to artifacts/gpu_cards/; run from the repository root).
+#     OUT=/some/folder FLA_SOURCE=.flasrc bash benchmarks/gpu_cards.sh \
+#         [unit] [recurrent] [safeguards] [audit] [fla_tests]
 # safeguards: tests/test_safeguards.py on the compiled kernels, then each naive form applied to an export of the tree
 # (made a git repository first when it is not one) and its test run there (FLA_LAB_SAFEGUARD_MUTATIONS=1).
 # Needs: .whl/ (the Jupyter stack, pytest-xdist, pytest-timeout, hypothesis, tqdm, numpy, FLA 0.6.0, einops) and,
-# for fla_tests, FLA_SRC: a directory holding FLA's tests/ops files and its fla/ package (one commit's).
+# for fla_tests, FLA_SOURCE (default .flasrc): a directory holding FLA's tests/ops files and its fla/ package (one
+# commit's).
 set -uo pipefail
-OUT=${OUT:-/tmp/out}
+OUT=${OUT:-$PWD/artifacts/gpu_cards}
 LOGS=$(mktemp -d)
 export PYTHONUNBUFFERED=1
 steps=${*:-unit recurrent audit fla_tests}
@@ -38,8 +40,8 @@ lane0() {  # the test phase (a venv of its own, as the README sets one up), then
     timed unit-cuda "${UNIT_S:-330}" python3 workbook.py test --phase unit-cuda -v  # names as they finish
   fi
   if wants fla_tests; then
-    PYTHONPATH=$PWD:/tmp/site timed fla_tests "${FLA_TESTS_S:-150}" python3 benchmarks/fla_tests.py --gpu \
-      --fla "${FLA_SRC:-.flasrc}" --fla-package commit --site /tmp/site --workers 4 --out "$LOGS/fla_tests_gpu.md"
+    PYTHONPATH=$PWD:/tmp/site timed fla_tests "${FLA_TESTS_S:-150}" python3 -m dev.fla_tests --gpu \
+      --fla "${FLA_SOURCE:-.flasrc}" --fla-package commit --site /tmp/site --workers 4 --out "$LOGS/fla_tests_gpu.md"
   fi
 }
 
@@ -54,11 +56,11 @@ lane1() {  # the fused recurrent forwards beside FLA, the safeguards on the card
       -n 6 tests/test_safeguards.py -k naive_form_fails -rA
     # the GPU-only naive forms through the mutation check (tests, atlas over their range, locator/audit)
     ids=$(python3 -c 'from fla_lab.spec import safeguards as s; print(*[g.id for g in s.REGISTRY if g.gpu_only])')
-    timed safeguards-mutations "${GPU_MUT_S:-240}" python3 benchmarks/mutation_check.py --only $ids --jobs 4
+    timed safeguards-mutations "${GPU_MUT_S:-240}" python3 -m dev.mutation_check --only $ids --jobs 4
     cp benchmarks/results/mutations.json "$LOGS/mutations_gpu.json"
   fi
   if wants recurrent; then
-    OUT=$LOGS timed recurrent 150 python3 benchmarks/tune_kernels.py fused_recurrent_rwkv6 fused_recurrent_rwkv7 \
+    OUT=$LOGS timed recurrent 150 python3 -m benchmarks.tune fused_recurrent_rwkv6 fused_recurrent_rwkv7 \
       --no-sweep --upstream --shapes 8x4096 64x1024 2x16384
   fi
   if wants audit; then

@@ -1,39 +1,29 @@
 """On a GPU: fla_lab's float64 references against flash-linear-attention 0.6.0's kernels, fp32.
 
 Forward output, final state and every input gradient, relative Frobenius error (fla_lab.spec.check), over a few
-shapes and decay strengths. Run: `python benchmarks/upstream_agreement.py` (needs CUDA and `fla` importable).
+shapes and decay strengths. Run: `python -m benchmarks.upstream_agreement` (needs CUDA and `fla` importable); it
+writes benchmarks/results/upstream_agreement.json (`--out`) and a copy to $OUT.
 Upstream's fp32 dots default to TF32; like upstream's own tests we set TRITON_F32_DEFAULT=ieee.
 """
-import datetime
-import json
+import argparse
 import os
-import sys
 import time
 
 os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from benchmarks import common  # noqa: E402
 from fla_lab.spec import harness, reference  # noqa: E402
 
-
-def pin_autotune_to_first_config():
-    """Accuracy, not speed, is measured here: skip upstream's autotuning (minutes of compiling per op)."""
-    from triton.runtime import autotuner
-
-    autotuner.Autotuner._bench = lambda self, *args, **kwargs: [1.0, 1.0, 1.0]
+OPS = ("chunk_gla", "fused_recurrent_gla", "chunk_gsa", "chunk_rwkv6", "fused_recurrent_rwkv6", "chunk_rwkv7")
 
 
 def fla_ops():
-    pin_autotune_to_first_config()
-    from fla.ops.gla import chunk_gla, fused_recurrent_gla
-    from fla.ops.gsa import chunk_gsa
-    from fla.ops.rwkv6 import chunk_rwkv6, fused_recurrent_rwkv6
-    from fla.ops.rwkv7 import chunk_rwkv7
-    return {"chunk_gla": chunk_gla, "fused_recurrent_gla": fused_recurrent_gla, "chunk_gsa": chunk_gsa,
-            "chunk_rwkv6": chunk_rwkv6, "fused_recurrent_rwkv6": fused_recurrent_rwkv6, "chunk_rwkv7": chunk_rwkv7}
+    """FLA's ops, autotuning pinned: accuracy, not speed, is measured here."""
+    common.pin_autotune_to_first_config()
+    return common.upstream_ops(OPS)
 
 
 def gsa_pair(op):
@@ -59,7 +49,11 @@ def gsa_inputs(B, T, H, K, V, M, decay, gen):
             "hk0": torch.randn(B, H, K, M, generator=gen), "hv0": torch.randn(B, H, M, V, generator=gen)}
 
 
-def main():
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=str(common.RESULTS / "upstream_agreement.json"))
+    args = p.parse_args(argv)
+    common.require_cuda("upstream_agreement")
     ops = fla_ops()
     rows = []
     first = True
@@ -82,21 +76,12 @@ def main():
         first = False
         run_cases(cases, rows, (B, T, H, K, V), decay)
     run_cases(extra, rows, (1, 128, 2, 64, 64), 1.0)
-    report(rows)
-
-
-def environment():
-    """Device, versions and date, recorded in every row (docs/performance.md names them beside each number)."""
-    import fla
-    import triton
-
-    return {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
-            "fla_version": getattr(fla, "__version__", "?"), "date": datetime.date.today().isoformat()}
+    report(rows, args.out)
 
 
 def run_cases(cases, rows, shape, decay):
     B, T, H, K, V = shape
-    env = environment()
+    env = common.environment(fla=True)  # in every row: docs/performance.md names them beside each number
     for name, op, ref, inputs in cases:
         start = time.time()
         result = harness.compare(op, ref, inputs, dtype=torch.float32, state_grad="no dht" not in name)
@@ -105,10 +90,8 @@ def run_cases(cases, rows, shape, decay):
               f"  {result}  ({time.time() - start:.0f}s)", flush=True)
 
 
-def report(rows):
-    out = os.environ.get("OUT", ".")
-    with open(os.path.join(out, "upstream_agreement.json"), "w") as f:
-        json.dump(rows, f, indent=1)
+def report(rows, path):
+    common.write_json(rows, path)
     worst = {}
     for row in rows:
         worst[row["op"]] = max(worst.get(row["op"], 0.0), max(row["errors"].values()))

@@ -39,19 +39,6 @@ def _fresh_edition_session():
     edition.reset_session()
 
 
-def benchmark_script(name: str):
-    """`benchmarks/<name>.py` as a module in this process (its sibling scripts importable, as when it runs)."""
-    import importlib.util
-    folder = os.path.join(ROOT, "benchmarks")
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
-    spec = importlib.util.spec_from_file_location(name, os.path.join(folder, f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(name, module)  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
 def run_python(code: str, env_overrides: dict | None = None, drop=("TRITON_INTERPRET",)):
     """Run `code` in a fresh interpreter (the runtime switch happens at import, once per process)."""
     import subprocess

@@ -1,4 +1,4 @@
-"""benchmarks/bench_scaling.py on the CPU: the dry run writes a row, a table and a figure; the plot works from a JSON
+"""benchmarks/scaling.py on the CPU: the dry run writes a row, a table and a figure; the plot works from a JSON
 alone (a synthetic one here, with an error row like FLA's fused_recurrent_rwkv7 without a backward)."""
 import json
 import os
@@ -7,26 +7,21 @@ import sys
 
 import pytest
 
-from conftest import ROOT, benchmark_script
+from benchmarks import scaling
+from conftest import ROOT
 
-SCRIPT = os.path.join(ROOT, "benchmarks", "bench_scaling.py")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def run_script(*args):
-    return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    return subprocess.run([sys.executable, "-m", "benchmarks.scaling", *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=120)
 
 
 @pytest.fixture(autouse=True)
 def _no_copies_to_out(monkeypatch):
     """On the GPU machine $OUT is set: the script would copy these test files there."""
     monkeypatch.delenv("OUT", raising=False)
-
-
-@pytest.fixture(scope="module")
-def bench_scaling():
-    """The script as a module, in this process (no kernel runs in the tests that use it)."""
-    return benchmark_script("bench_scaling")
 
 
 def assert_figure(path):
@@ -74,10 +69,10 @@ def test_dry_run_writes_row_table_and_figure(tmp_path):
     assert_figure(tmp_path / "scaling.png")
 
 
-def test_plot_from_json_alone(tmp_path, bench_scaling):
+def test_plot_from_json_alone(tmp_path):
     with open(tmp_path / "scaling.json", "w") as f:
         json.dump(synthetic_result(), f)
-    bench_scaling.main(["--plot", "--out-dir", str(tmp_path)])
+    scaling.main(["--plot", "--out-dir", str(tmp_path)])
     table = (tmp_path / "scaling.md").read_text()
     # fla_lab / FLA: fwd 0.2 / 0.25, fwd+bwd 0.8 / 0.7, peak 1000 / 1200 MiB, checks 0.8 / 0.79
     assert "| chunk_gla | H200 | scaling | 64 | 1024 | 0.200 | 0.250 | 0.80x | 0.800 | 0.700 | 1.14x | 1000 | 1200 | 0.83x " \
@@ -90,14 +85,14 @@ def test_plot_from_json_alone(tmp_path, bench_scaling):
     assert_figure(tmp_path / "scaling.png")
 
 
-def test_merge_joins_runs(tmp_path, bench_scaling):
+def test_merge_joins_runs(tmp_path):
     first, second = synthetic_result(), synthetic_result()
     first["rows"] = first["rows"][:2]
     second["rows"] = second["rows"][1:3]
     for name, result in (("a.json", first), ("b.json", second)):
         with open(tmp_path / name, "w") as f:
             json.dump(result, f)
-    bench_scaling.main(["--merge", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--out-dir", str(tmp_path)])
+    scaling.main(["--merge", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--out-dir", str(tmp_path)])
     with open(tmp_path / "scaling.json") as f:
         assert [(r["op"], r["T"]) for r in json.load(f)["rows"]] == [("chunk_gla", 1024), ("chunk_gla", 4096),
                                                                        ("chunk_gla", 65536)]
@@ -105,28 +100,39 @@ def test_merge_joins_runs(tmp_path, bench_scaling):
     assert_figure(tmp_path / "scaling.png")
 
 
-def test_resume_keeps_rows_and_skips_them(tmp_path, bench_scaling, capsys):
+def test_resume_keeps_rows_and_skips_them(tmp_path, capsys):
     row = synthetic_row("chunk_gla", 1, 32, fla=False)
     row["H"] = 2
     result = synthetic_result()
     result["rows"].append(row)
     with open(tmp_path / "scaling.json", "w") as f:
         json.dump(result, f)
-    bench_scaling.main(["--dry-run", "--only", "chunk_gla", "--resume", "--out-dir", str(tmp_path)])
+    scaling.main(["--dry-run", "--only", "chunk_gla", "--resume", "--out-dir", str(tmp_path)])
     assert "[chunk_gla B=1 T=32] in " in capsys.readouterr().out
     with open(tmp_path / "scaling.json") as f:
         assert len(json.load(f)["rows"]) == len(result["rows"])
 
 
-def test_a_failing_op_is_a_row_with_its_error(tmp_path, bench_scaling, monkeypatch):
+def test_a_failing_op_is_a_row_with_its_error(tmp_path, monkeypatch):
     def out_of_memory(*args, **kwargs):
         raise RuntimeError("CUDA out of memory (raised by the test)")
 
-    monkeypatch.setattr(bench_scaling.ops, "chunk_gla", out_of_memory)
-    bench_scaling.main(["--dry-run", "--only", "chunk_gla", "--out-dir", str(tmp_path)])
+    monkeypatch.setattr(scaling.ops, "chunk_gla", out_of_memory)
+    scaling.main(["--dry-run", "--only", "chunk_gla", "--out-dir", str(tmp_path)])
     with open(tmp_path / "scaling.json") as f:
         (row,) = json.load(f)["rows"]
     assert row["errors"]["fla_lab"] == {"at": "fla_lab fwd_ms", "error": "RuntimeError: CUDA out of memory (raised by "
                                                                            "the test)"}
     assert "CUDA out of memory" in (tmp_path / "scaling.md").read_text()
     assert_figure(tmp_path / "scaling.png")
+
+
+def test_bugs_are_timed_beside_the_fixed_op(tmp_path):
+    """`--bugs`: the catalogued bug a fix replaced is timed in the same case as the fixed op, and the table gives the
+    fixed / buggy ratios; `--ref-only` keeps the reference shape alone."""
+    scaling.main(["--dry-run", "--only", "chunk_rwkv6", "--bugs", "--out-dir", str(tmp_path)])
+    with open(tmp_path / "scaling.json") as f:
+        (row,) = json.load(f)["rows"]
+    assert row["errors"] == {} and row["fla_lab bug=exclusive_reference"]["fwd_bwd_ms"] > 0
+    assert "| chunk_rwkv6 | scaling | 1 | 32 | exclusive_reference |" in (tmp_path / "scaling.md").read_text()
+    assert scaling.shapes([1024, 2048], 65536, reference=True, ref_only=True) == [scaling.REFERENCE_SHAPE]

@@ -19,7 +19,7 @@ import torch
 
 import fla_lab
 from fla_lab.teaching import bugs
-from fla_lab.spec import check, harness, reference
+from fla_lab.spec import check, harness, markers, reference
 from fla_lab import ops
 from fla_lab.layers import RWKV6Attention, RWKV7Attention
 from fla_lab.ops import chunk_rwkv6, fused_recurrent_rwkv6
@@ -172,8 +172,10 @@ def exclusive_reference_control():
 
 
 def _rwkv6_backward(bug, tiles, h0=True, K=32, V=64):
+    from fla_lab.teaching.lessons.masks import dq_launch
+
     x = harness.gated_inputs(1, 8, 1, K, V, initial_state=h0, bonus=True, names=RWKV6_NAMES)
-    return harness.compare(lambda **kw: fused_recurrent_rwkv6(**kw, bug=bug, dq_tiles=tiles),
+    return harness.compare(lambda **kw: fused_recurrent_rwkv6(**kw, bug=bug, launch=dq_launch(*tiles)),
                            reference.recurrent_rwkv6, x)
 
 
@@ -326,10 +328,11 @@ def test_control_is_fixed(name):
 
 @pytest.mark.parametrize("bug", bugs.CATALOGUE, ids=lambda b: b.name)
 def test_entry_points_at_its_switch(bug):
-    where = bugs.locate(bug.name)
+    where = bugs.locate(bug.name)  # the line that `# bug: <name>` marks
     path, line = where.rsplit(":", 1)
     text = (pathlib.Path(bugs.__file__).parents[2] / path).read_text().splitlines()[int(line) - 1]
-    assert bug.anchor[1] in text and not text.lstrip().startswith("#")  # the switch itself, not a comment
+    assert path == f"fla_lab/{bug.switch_file}"
+    assert f"upstream #{bug.issue}" in text and not text.lstrip().startswith("#")  # the historical line, not a comment
     assert bug.issue > 0 and bug.fix and bug.trigger and bug.symptom
 
 
@@ -353,24 +356,24 @@ def test_index_names_every_entry_by_its_symptom_without_giving_the_cause_away(ca
 
 
 def test_a_bug_switch_and_a_slot_helper_together_are_refused():
-    """Each slot-carrying op resolves (switch, learner's helper, shipped) in one place: `utils.slot_helper`."""
+    """Each slot-carrying op declares its slot (`utils.Slot`) and resolves (switch, learner's `helper=`, shipped) by
+    it: the historical helper under the switch, the caller's, else the shipped one; both at once is refused."""
     from fla_lab.ops.common import chunk as common_chunk
     from fla_lab.ops.common import fused_recurrent
-    from fla_lab.ops.common.utils import slot_helper
-    from fla_lab.ops.gsa.chunk import padded_rows_exponent
+    from fla_lab.ops.gsa.chunk import EXPONENT_SLOT
+    from fla_lab.ops.rwkv6.fused_recurrent import H0_MASK_SLOT
+    from fla_lab.ops.rwkv7.chunk import END_DECAY_SLOT, end_decay, end_decay_alt
 
-    assert common_chunk.pick_reference_row() is common_chunk.reference_row
-    assert common_chunk.pick_reference_row(True) is common_chunk.reference_row_inclusive
-    inclusive = common_chunk.reference_row_inclusive
-    assert common_chunk.pick_reference_row(False, inclusive) is inclusive
-    assert padded_rows_exponent("unmasked_padding") is common_chunk.later_rows_exponent_unmasked
-    assert padded_rows_exponent() is common_chunk.later_rows_exponent
-    for resolve in (lambda: common_chunk.pick_reference_row(True, common_chunk.reference_row),
-                    lambda: padded_rows_exponent("unmasked_padding", common_chunk.later_rows_exponent),
-                    lambda: slot_helper("fused_recurrent_rwkv6", "H0_MASK", True, fused_recurrent.h0_mask_transposed,
-                                        fused_recurrent.h0_mask, fused_recurrent.h0_mask)):
-        with pytest.raises(ValueError, match="the switch or a helper, not both"):
-            resolve()
+    slots = {common_chunk.REFERENCE_ROW_SLOT: (common_chunk.reference_row, common_chunk.reference_row_inclusive),
+             EXPONENT_SLOT: (common_chunk.later_rows_exponent, common_chunk.later_rows_exponent_unmasked),
+             H0_MASK_SLOT: (fused_recurrent.h0_mask, fused_recurrent.h0_mask_transposed),
+             END_DECAY_SLOT: (end_decay, end_decay_alt)}
+    for slot, (shipped, historical) in slots.items():
+        switch = slot.switch or "any accepted bug"  # chunk_rwkv7's only switch is unlisted: any bug is it
+        assert slot.pick() is shipped and slot.pick(switch) is historical
+        assert slot.pick(None, historical) is historical  # a caller's helper
+        with pytest.raises(ValueError, match="pass bug= or helper=, not both"):
+            slot.pick(switch, shipped)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -434,7 +437,8 @@ def test_in_a_learner_session_no_display_path_shows_an_unopened_entry(session):
     for bug in bugs.CATALOGUE:
         assert not [line for line in fixed[bug.name].splitlines() if line in shown], bug.name
         assert not [text for text in causes[bug.name] if text in shown], bug.name
-        assert bug.anchor[1] not in shown and bug.located[2] not in shown and bug.component not in shown, bug.name
+        switch = markers.shipped(markers.find("bug", bug.name))  # the historical line, as the catalogue prints it
+        assert switch not in shown and bug.located[2] not in shown and bug.component not in shown, bug.name
         assert f"notebook {bug.notebook.split('_')[0]}'s exercise" in shown
         for reach in (bugs.switch_lines, bugs.locate):
             with pytest.raises(exercises_NotRevealed(), match="PASS or verdict.hint"):

@@ -140,15 +140,15 @@ def test_unknown_bug_is_rejected():
 def test_state_tiles_narrow_until_the_state_passes_fill_the_gpu(B, width):
     """`ChunkLaunch(state_BV=None)`: 16 heads, V = 64, an H200's 132 SMs; the widths measured fastest there
     (chunk_gla and chunk_gsa, 65536 tokens: B = 1 -> 16, B = 4 -> 32, B = 16 -> 64)."""
-    from fla_lab.ops.common.chunk import filling_width
+    from fla_lab.ops.common.launch import filling_width
     assert filling_width(64, 64, B * 16, 132) == width
 
 
 def test_a_packed_batch_counts_as_its_tokens_over_its_longest_sequence():
-    from fla_lab.ops.common.chunk import parallel_sequences, state_width
     from fla_lab.ops.common.conventions import packed
+    from fla_lab.ops.common.launch import parallel_sequences
     assert parallel_sequences(1, 4096, packed([(0, 1024), (1024, 4096)], 64, "cpu")) == 4096 / 3072
     assert parallel_sequences(8, 4096, None) == 8
     x = torch.empty(1, 4096, 16, 64)
-    assert state_width(ChunkLaunch(state_BV=32), x, 64, 16, None) == 32  # a given width is kept
-    assert state_width(ChunkLaunch(), x, 64, 16, None) == 64  # off the GPU: the widest tile
+    assert ChunkLaunch(state_BV=32).state_width(x, 64, 16, None) == 32  # a given width is kept
+    assert ChunkLaunch().state_width(x, 64, 16, None) == 64  # off the GPU: the widest tile

@@ -10,6 +10,7 @@ import torch
 from fla_lab.spec import check, harness, reference
 from fla_lab import runtime
 from fla_lab.ops import RWKV7ChunkLaunch, chunk_rwkv7, default_launch, fused_recurrent_rwkv7
+from fla_lab.ops.common import launch as launch_module
 from fla_lab.ops.rwkv7 import chunk as chunk_module
 
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
@@ -20,8 +21,9 @@ DECAYS = [1e-3, 1.0, 30.0, 100.0, 1e3, 1e4]
 @pytest.mark.parametrize("decay", DECAYS)
 def test_exact_over_the_decay_range(decay, dtype):
     """Per-step log-decay -m * U(0.05, 1) from m = 1e-3 to 1e4: no exponent is ever positive, so nothing to
-    promise and no fast path to fall out of. Odd T (a partial last chunk), K != V, an initial state."""
-    inputs = harness.rwkv7_inputs(1, 37, 2, 32, 48, decay=decay, initial_state=True, seed=int(decay * 10) % 97)
+    promise and no fast path to fall out of. Odd T (a partial last chunk), K != V, an initial state; one head (the
+    heads' offsets: `test_rwkv7.py`'s cases)."""
+    inputs = harness.rwkv7_inputs(1, 37, 1, 32, 48, decay=decay, initial_state=True, seed=int(decay * 10) % 97)
     result = harness.compare(chunk_rwkv7, reference.recurrent_rwkv7, inputs, dtype=dtype)
     assert result.ok, f"{result.failures()} | {result}"
 
@@ -88,8 +90,8 @@ def test_state_tiles_narrow_until_the_passes_fill_every_sm(monkeypatch, B, width
     pass keeps the SMs, the forward's at most 32 columns; off the GPU 32."""
     x = torch.empty(B, 4096, 16, 64)
     launch, per_call = default_launch("rwkv7_chunk", x), RWKV7ChunkLaunch()
-    assert chunk_module._state_block(x, 64, launch, backward=True) == chunk_module._state_block(x, 64, launch) == 32
-    assert chunk_module._state_block(x, 64, per_call) == 32
-    monkeypatch.setattr(chunk_module, "gpu_sms", lambda _: 132)
-    assert chunk_module._state_block(x, 64, per_call, backward=True) == width
-    assert chunk_module._state_block(x, 64, per_call) == min(width, 32)
+    assert launch.state_width(x, 64, backward=True) == launch.state_width(x, 64) == 32
+    assert per_call.state_width(x, 64) == 32
+    monkeypatch.setattr(launch_module, "gpu_sms", lambda _: 132)
+    assert per_call.state_width(x, 64, backward=True) == width
+    assert per_call.state_width(x, 64) == min(width, 32)

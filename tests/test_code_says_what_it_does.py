@@ -19,7 +19,6 @@ from conftest import ROOT
 
 PACKAGE = Path(ROOT) / "fla_lab"
 PAGE = Path(ROOT) / "docs" / "performance.md"
-SCRIPT = Path(ROOT) / "benchmarks" / "performance_page.py"
 
 NUMBER = r"\d+(?:\.\d+)?(?:e[-+]?\d+)?"
 FORBIDDEN = {
@@ -78,8 +77,8 @@ def test_no_measurement_in_comments_or_docstrings():
 
 
 def test_performance_page_is_up_to_date():
-    result = subprocess.run([sys.executable, str(SCRIPT), "--check"], capture_output=True, text=True, cwd=ROOT,
-                            timeout=120)
+    result = subprocess.run([sys.executable, "-m", "dev.performance_page", "--check"], capture_output=True, text=True,
+                            cwd=ROOT, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
 
 

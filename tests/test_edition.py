@@ -38,7 +38,6 @@ def learner(tmp_path_factory) -> dict[str, dict]:
 
 def test_every_tracked_notebook_has_a_learner_copy(learner):
     assert set(learner) == {p.name for p in NOTEBOOKS} and len(learner) >= 8
-    assert not any(p.is_symlink() for p in NOTEBOOKS)  # old names are links to these, not copies
 
 
 @pytest.mark.parametrize("name", [p.name for p in NOTEBOOKS])
@@ -187,10 +186,9 @@ def test_resolve_names_one_notebook_by_prefix():
         edition.resolve("0")
 
 
-def test_old_notebook_names_still_open_the_renamed_notebooks():
-    links = [p for p in (edition.NOTEBOOKS).glob("*.ipynb") if p.is_symlink()]
-    assert {p.name for p in links} >= {"04_initial_state_mask.ipynb", "03b_gsa_padded_rows.ipynb"}
-    assert all(p.resolve().exists() and p.resolve().parent == edition.NOTEBOOKS for p in links)
+def test_each_notebook_has_one_name():
+    """notebooks/ holds no links: an old name would give away the cause that the symptom name hides."""
+    assert not [p.name for p in edition.NOTEBOOKS.iterdir() if p.is_symlink()]
 
 
 # On a GPU the notebooks-gpu phase runs every notebook, its stubs' checks included, top to bottom: the learner's

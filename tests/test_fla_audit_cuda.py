@@ -14,7 +14,8 @@ import sys
 import pytest
 import torch
 
-from fla_lab.tools import audit, fla_audit, upstream
+from fla_lab.spec import upstream
+from fla_lab.tools import audit, fla_audit
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="FLA's kernels need a CUDA device"),

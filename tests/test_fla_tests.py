@@ -1,9 +1,7 @@
-"""benchmarks/fla_tests.py without FLA or a network: the size-shrinking rules and the JUnit table parser."""
+"""dev/fla_tests.py without FLA or a network: the size-shrinking rules and the JUnit table parser."""
 import pytest
 
-from conftest import benchmark_script
-
-ft = benchmark_script("fla_tests")
+from dev import fla_tests as ft
 
 
 def test_lengths_keep_a_partial_last_chunk_partial_and_short_ones_whole():

@@ -8,7 +8,7 @@ kernel) fails there instead of staying in the notebook unchecked:
   non-finite, per dtype and chunk size, bisected on the GPU;
 - `amp.CUDA_AUTOCAST_BF16` (notebook 05): the result dtype of each op under CUDA autocast;
 - the GPU atlas's bf16 `dg` of the fixed `chunk_gsa` at weak decay (notebooks 03b and 06, read from
-  `benchmarks/results/atlas_gpu.json`): one setting of `benchmarks/atlas_gpu.py`, measured again.
+  `fla_lab/tools/gpu_runs/atlas_gpu.json`): one setting of `python -m benchmarks.atlas_gpu`, measured again.
 """
 import math
 

@@ -13,6 +13,7 @@ import fla_lab
 from fla_lab.teaching import bugs
 from fla_lab.spec import harness, registry
 from fla_lab.tools import hunt
+from fla_lab.tools.hunt import diagnose, locator
 from fla_lab.teaching.lessons import hunting
 from fla_lab.ops.common import utils
 
@@ -152,7 +153,7 @@ def _overflow_advice(scores):
     spec = registry.get("chunk_rwkv6")
     stats = {"log-decay max": -0.1, "log-decay min": -150.0, "decay dtype": "float32", "T": 80}
     d = hunt.Diagnosis("chunk_rwkv6", "forward", "none", kernel="gated_scores_kernel", scores=scores)
-    cause, _ = hunt._classify(spec, stats, {"state max": 1.0}, d, {})
+    cause, _ = diagnose._classify(spec, stats, {"state max": 1.0}, d, {})
     return cause, d.advice
 
 
@@ -177,7 +178,7 @@ def test_a_failure_of_the_locators_own_hook_is_reported_as_its_own(monkeypatch):
             raise KeyError("planted")
         return store
 
-    monkeypatch.setattr(hunt, "_store_state_grad", broken)
+    monkeypatch.setattr(locator, "_store_state_grad", broken)  # where Locator looks it up
     x = harness.leaves(registry.get("chunk_gla").inputs(registry.Shape(1, 16, 1, 16, 16)), torch.float32,
                        fla_lab.device())
     with pytest.raises(hunt.LocatorError, match="own backward hook failed .*KeyError"):

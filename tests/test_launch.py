@@ -1,5 +1,6 @@
 """One launch mechanism: every family's tiles and warps are a frozen, validated launch object passed per call
-(`fla_lab.ops.common.launch`), the defaults chosen per device in one place, and no launch state at module level.
+(`fla_lab.ops.common.launch`), the defaults chosen per device model in one place, the chunk kernels' precision one
+object resolved per call, and no launch state at module level.
 Also the package's import graph (no cycles between its packages) and, on a GPU, the shared memory of every kernel
 compiled with the launch choices for a card with 99 KB of shared memory per block."""
 from __future__ import annotations
@@ -91,6 +92,86 @@ def test_off_the_gpu_one_config():
     assert L.default_launch("rwkv7_chunk", torch.empty(1)) == L.RWKV7ChunkLaunch(state_BV=32)
     assert L.default_launch("recurrent", "cpu") == L.RecurrentLaunch()
     assert L.default_launch("chunk") is L.default_launch("chunk", torch.device("cpu"))  # cached
+
+
+@pytest.mark.parametrize("name, model", [
+    ("NVIDIA H100 80GB HBM3", "H100"),  # the H100 measured here (SXM)
+    ("NVIDIA H100 PCIe", "H100"),
+    ("NVIDIA H200", "H200"),  # the H200 measured here (SXM)
+    ("NVIDIA H200 NVL", "H200"),
+    ("NVIDIA GH200 480GB", None),  # another model: the shared-memory rule
+    ("NVIDIA A100-SXM4-80GB", None),
+    ("NVIDIA GeForce RTX 4090", None),
+])
+def test_a_card_runs_its_models_entry_else_the_shared_memory_rule(name, model):
+    """TUNED is keyed by GPU model, so an H100 PCIe runs the H100's entry and an H200 NVL the H200's; a card of a model
+    TUNED does not hold runs the measured settings shrunk to its shared memory (`launch_for`)."""
+    assert L.tuned_model(name) == model
+    for family in L.FAMILIES:
+        expected = L.measured(family, model) if model else L.launch_for(family, SMALL_CARD_SMEM)
+        assert L.card_launch(family, name, SMALL_CARD_SMEM) == expected, (name, family)
+    h100, h200 = (L.card_launch("rwkv7_recurrent", card, SMALL_CARD_SMEM) for card in ("NVIDIA H100 PCIe",
+                                                                                        "NVIDIA H200 NVL"))
+    assert h100 != h200  # the two models' entries differ: the lookup picks between them
+
+
+# --- precision: one object, resolved per call -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("field, value", [("dot_dtype", torch.float64), ("split_states", 0), ("solve", "tf64")])
+def test_a_bad_precision_is_refused_by_name(field, value):
+    with pytest.raises(ValueError, match=rf"Precision\.{field}="):
+        L.Precision(**{field: value})
+    with pytest.raises(ValueError, match=r"ChunkLaunch\.precision="):
+        L.ChunkLaunch(precision=torch.float32)
+
+
+def test_the_precision_resolves_per_call(monkeypatch):
+    """The interpreter or a GPU is asked when a call resolves its precision, not when the package is imported."""
+    x16 = torch.empty(1, dtype=torch.bfloat16)
+    monkeypatch.setattr(runtime, "interpreting", lambda: True)
+    assert L.Precision().dot(x16) == L.tl.float32 and L.Precision().solve_precision() == "ieee"
+    monkeypatch.setattr(runtime, "interpreting", lambda: False)
+    assert L.Precision().dot(x16) == L.tl.bfloat16 and L.Precision().solve_precision() == "tf32x3"
+    assert L.Precision(dot_dtype=torch.float32).dot(x16) == L.tl.float32
+    assert L.Precision(solve="ieee").solve_precision() == "ieee"
+
+
+class _Stop(Exception):
+    pass
+
+
+def _first_launch_of(module, kernel_name: str, monkeypatch) -> dict:
+    """Replace `module.kernel_name` by a recorder: the constexprs of its first launch, then `_Stop`."""
+    seen = {}
+
+    def launch(*args, **kwargs):
+        seen.update(kwargs)
+        raise _Stop
+
+    monkeypatch.setattr(module, kernel_name, type("Recorder", (), {"__getitem__": lambda self, grid: launch})())
+    return seen
+
+
+def test_the_launchs_precision_is_what_the_kernels_get(monkeypatch):
+    """`split_states` reaches the kernels that call `mma_split` as SPLIT_STATES, `solve` RWKV-7's solve as
+    SOLVE_PRECISION, and DOT is the precision's, for the call's inputs."""
+    from fla_lab.ops import chunk_gla, chunk_rwkv7
+    from fla_lab.ops.common import chunk as common_chunk
+    from fla_lab.ops.rwkv7 import chunk as rwkv7_chunk
+    from fla_lab.spec import harness
+
+    precision = L.Precision(split_states=False, solve="tf32")
+    x = harness.on_device(harness.gated_inputs(1, 20, 1, 16, 16, initial_state=False))
+    seen = _first_launch_of(common_chunk, "chunk_fwd_h_kernel", monkeypatch)
+    with pytest.raises(_Stop):
+        chunk_gla(**x, launch=L.ChunkLaunch(precision=precision))
+    assert seen["SPLIT_STATES"] is False and seen["DOT"] == precision.dot(x["q"])
+    y = harness.on_device(harness.rwkv7_inputs(1, 20, 1, 16, 16, initial_state=False))
+    seen = _first_launch_of(rwkv7_chunk, "dplr_intra_kernel", monkeypatch)
+    with pytest.raises(_Stop):
+        chunk_rwkv7(**y, launch=L.RWKV7ChunkLaunch(precision=precision))
+    assert seen["SOLVE_PRECISION"] == "tf32"
 
 
 # --- no launch state at module level ---------------------------------------------------------------------------

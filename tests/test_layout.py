@@ -71,4 +71,5 @@ def test_h0_mask_kernel_is_two_calls_from_fused_recurrent_rwkv6():
 
 @pytest.mark.parametrize("name", [b.name for b in bugs.CATALOGUE])
 def test_every_switch_is_found_in_the_file_the_catalogue_names(name):
-    assert bugs.locate(name).startswith("fla_lab/")
+    """`bugs.locate` reads the file the entry names for the line its `# bug: <name>` marker marks."""
+    assert bugs.locate(name).startswith(f"fla_lab/{bugs.get(name).switch_file}:")

@@ -396,8 +396,8 @@ def test_the_slot_carries_the_learners_helper_into_chunk_gsa():
         assert torch.equal(default[name], shipped[name]), name  # the default is the shipped helper, bit for bit
         assert torch.equal(historical[name].nan_to_num(7.0), switch[name].nan_to_num(7.0)), name
     assert nonfinite(switch["ds"]).any()
-    with pytest.raises(ValueError, match="the switch or a helper, not both"):
-        chunk_gsa(**harness.on_device(x), bug=BUG, later_rows_exponent=stages.later_rows_exponent)
+    with pytest.raises(ValueError, match="pass bug= or helper=, not both"):
+        chunk_gsa(**harness.on_device(x), bug=BUG, helper=stages.later_rows_exponent)
 
 
 def test_hints_follow_the_mistake():

@@ -106,8 +106,8 @@ def test_the_switch_enters_through_a_slot_helper_and_no_name_says_what_it_does()
     assert not [path for path, text in sources.items() if re.search(rf"(?<![\w]){re.escape(CARRY)}(?![\w])", text)]
     assert "END_DECAY" in rwkv7_chunk.dplr_fwd_h_kernel.arg_names
     assert not any("carry" in name.lower() for name in rwkv7_chunk.dplr_fwd_h_kernel.arg_names)
-    assert rwkv7_chunk.end_decay_helper(None) is rwkv7_chunk.end_decay
-    assert rwkv7_chunk.end_decay_helper(CARRY) is rwkv7_chunk.end_decay_alt
+    assert rwkv7_chunk.END_DECAY_SLOT.pick(None) is rwkv7_chunk.end_decay
+    assert rwkv7_chunk.END_DECAY_SLOT.pick(CARRY) is rwkv7_chunk.end_decay_alt
 
     model = hunting.mystery_model()
     held = repr({name: vars(module) for name, module in model.named_modules()}) + repr(model)
@@ -305,7 +305,7 @@ def _installed_sources() -> dict[str, str]:
     """Every .py file of the fla_lab that `import fla_lab` loads (located by importlib, not by the checkout)."""
     root = Path(next(iter(importlib.util.find_spec("fla_lab").submodule_search_locations)))
     sources = {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("*.py"))}
-    assert "lessons/hunting.py" in sources and len(sources) > 20
+    assert "teaching/lessons/hunting.py" in sources and len(sources) > 20
     return sources
 
 

@@ -18,7 +18,7 @@ from fla_lab.teaching.lessons import safeguard_removal as removal
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "06_nan_hunting.ipynb"
 SOLUTION_ID = "gsa_softmax_max_first"
-SHIPPED = next(g.code for g in safeguards.REGISTRY if g.id == SOLUTION_ID)
+SHIPPED = safeguards.shipped_line(safeguards.locate(safeguards.get(SOLUTION_ID)))  # its code and comment
 
 
 def _cells(tag: str) -> list[str]:
@@ -67,8 +67,8 @@ def test_removing_the_slot_softmax_maximum_is_noticed_only_in_its_range(solution
 
 
 def test_the_installed_package_is_untouched(solution_run):
-    guard = next(g for g in safeguards.REGISTRY if g.id == SOLUTION_ID)
-    assert safeguards.source(guard.path).count(SHIPPED) == 1 and guard.naive not in safeguards.source(guard.path)
+    entry = safeguards.locate(safeguards.get(SOLUTION_ID))
+    assert safeguards.shipped_line(entry) == SHIPPED and entry.guard.naive not in safeguards.source(entry)
 
 
 def test_a_padded_rows_mask_is_noticed_only_at_a_padded_length():
@@ -80,7 +80,7 @@ def test_a_padded_rows_mask_is_noticed_only_at_a_padded_length():
 
 def test_the_learners_line_runs_in_the_copy_not_in_the_installed_package():
     """A name that exists nowhere in the installed package: the kernel that raises is the copy's."""
-    run = removal.remove(SOLUTION_ID, 'b_missing, float("-inf"))')
+    run = removal.remove(SOLUTION_ID, 'b_x = tl.where(m, b_missing, float("-inf"))')
     assert "raises" in run.problem and "b_missing" in run.problem, run.problem
 
 
@@ -93,8 +93,8 @@ def test_the_worker_refuses_a_package_that_is_not_the_copy(tmp_path):
 
 @pytest.mark.parametrize("safeguard, naive, says", [
     (SOLUTION_ID, SHIPPED, "removes nothing"),
-    (SOLUTION_ID, 'b_x - tl.max(b_x,  axis=1)[:, None], float("-inf"))  # mine', "removes nothing"),
-    (SOLUTION_ID, 'b_x, float("-inf")', "not valid Python"),
+    (SOLUTION_ID, SHIPPED.replace(", ", ",  ") + "  # mine", "removes nothing"),
+    (SOLUTION_ID, 'b_x = tl.where(m, b_x, float("-inf")', "not valid Python"),
     (SOLUTION_ID, 3, "must be a string"),
     ("gsa_write_expm1", None, "a layer's line"),
     ("banana", None, "no safeguard 'banana'"),

@@ -1,32 +1,31 @@
-"""The mutation check's mechanics only (no kernel runs): every mutation applies exactly once at HEAD."""
-import subprocess
-from pathlib import Path
+"""The mutation check's mechanics only (no kernel runs): every mutation's marker marks exactly one line of the package,
+and its edit changes that line only, and what the file computes."""
+from dataclasses import replace
 
-from conftest import benchmark_script
+import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-mc = benchmark_script("mutation_check")
+from dev import mutation_check as mc
+from fla_lab.spec import markers
 
-
-def _head(path: str) -> str:
-    return subprocess.run(["git", "show", f"HEAD:{path}"], cwd=ROOT, capture_output=True, text=True,
-                          check=True).stdout
+ROOT = markers.PACKAGE.parent
 
 
-def test_every_old_snippet_occurs_exactly_once_and_the_edit_changes_the_file():
+def test_every_mutation_applies_to_exactly_its_marked_line_and_changes_the_file():
     for m in mc.MUTATIONS:
-        text = _head(m.path)
-        assert text.count(m.old) == 1, (m.id, text.count(m.old))
-        assert text.replace(m.old, m.new) != text, m.id
-        mc.check_mutation(m, text)  # the script's own check agrees
+        text = (ROOT / m.path).read_text()
+        mutated = mc.mutated(m, text, m.path)  # the script's own check: one marked line, a change that runs
+        changed = [n for n, (a, b) in enumerate(zip(text.splitlines(), mutated.splitlines()), 1) if a != b]
+        assert changed == [markers.locate(text, m.marker, m.id)], (m.id, changed)
+        assert len(mutated.splitlines()) == len(text.splitlines()), m.id
 
 
 def test_the_mutated_kernel_is_defined_in_the_package_and_no_bug_switch_is_touched():
     shared = {"fla_lab/ops/common/chunk.py", "fla_lab/ops/gla/chunk.py"}
-    kernels = "".join(_head(p) for p in {m.path for m in mc.MUTATIONS} | shared)
+    kernels = "".join((ROOT / p).read_text() for p in {m.path for m in mc.MUTATIONS} | shared)
     for m in mc.MUTATIONS:
+        line = markers.shipped(markers.find(m.marker, m.id))
         assert f"def {m.kernel}(" in kernels, m.id
-        assert "bug" not in m.old.lower() and "END_DECAY" not in m.old, m.id  # the slot chunk_rwkv7's switch fills
+        assert "bug" not in line.lower() and "END_DECAY" not in line, m.id  # the slot chunk_rwkv7's switch fills
 
 
 def test_ids_are_unique_and_there_are_at_least_ten_across_four_ops():
@@ -36,11 +35,14 @@ def test_ids_are_unique_and_there_are_at_least_ten_across_four_ops():
     assert all(m.op in mc.TESTS and m.what for m in mc.MUTATIONS)
 
 
-def test_a_snippet_that_does_not_occur_once_fails_loudly():
+def test_a_marker_that_does_not_mark_one_line_or_an_edit_that_changes_nothing_fails_loudly():
     m = mc.MUTATIONS[0]
-    import pytest
-
-    with pytest.raises(SystemExit, match="occurs 0 times"):
-        mc.check_mutation(m, "nothing here")
-    with pytest.raises(SystemExit, match="occurs 2 times"):
-        mc.check_mutation(m, m.old + m.old)
+    marked = f"x = 1  # mutation: {m.id}\n"
+    with pytest.raises(SystemExit, match="marks 0 lines"):
+        mc.mutated(m, "nothing here\n")
+    with pytest.raises(SystemExit, match="marks 2 lines"):
+        mc.mutated(m, marked + marked)
+    with pytest.raises(SystemExit, match="the marked line's code"):
+        mc.mutated(replace(m, new="x = 1  # respaced"), marked)
+    with pytest.raises(SystemExit, match="invalid syntax|was never closed"):
+        mc.mutated(replace(m, new="x = (1"), marked)

@@ -1,5 +1,5 @@
 """Notebook times come from one file, benchmarks/results/notebook_times.json (written by
-`benchmarks/notebook_times.py --record`): the guide's and the README's time passages are made from it
+`python -m dev.notebook_times --record`): the guide's and the README's time passages are made from it
 (`--render --write`), every notebook's header states the file's time for it, and every run in it names its device,
 versions and date. Nothing here runs a notebook."""
 import json
@@ -8,12 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import benchmark_script
+from dev import notebook_times_data as times
 
-times = benchmark_script("notebook_times_data")
 DATA = times.load()
 BLOCKS = [(path, name, body) for path, passages in times.blocks(DATA).items() for name, body in passages.items()]
-REGENERATE = "python benchmarks/notebook_times.py --render --write"
+REGENERATE = "python -m dev.notebook_times --render --write"
 
 # a time as prose states it: "40 s", "35-40 minutes", "about a minute and a half", "2 min 10 s", "half an hour"
 NUMBER = r"\d+(?:[.,]\d+)?(?:\s*(?:-|–|to)\s*\d+(?:[.,]\d+)?)?"
@@ -110,7 +109,7 @@ def test_every_notebook_has_a_reading_time_with_its_source():
 
 
 def _tracked():
-    return [p for p in (times.ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb") if not p.is_symlink()]
+    return list((times.ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
 
 
 def test_record_replaces_the_run_of_the_same_device():

@@ -7,7 +7,8 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-OURS = {"fla_lab", "conftest"}
+TOOLS = ("benchmarks", "dev")  # the repository's tool packages: python -m benchmarks.<name>, python -m dev.<name>
+OURS = {"fla_lab", "conftest", *TOOLS}
 
 
 def requirement_names(requirements: list[str]) -> set[str]:
@@ -41,38 +42,67 @@ def test_the_test_extra_lists_every_third_party_package_the_tests_import():
 OPTIONAL = {
     "fla": "flash-linear-attention, only beside upstream on a GPU (benchmarks, the FLA audit's CUDA tests: skipped "
            "without it)",
+    "psutil": "a kernel's CPU time in dev/notebook_times.py (the GPU notebook phase runs it), read from /proc "
+              "without it",
 }
-BENCHMARKS = ROOT / "benchmarks"
+
+
+def tool_modules(path: Path) -> set[Path]:
+    """The files of the benchmarks/ and dev/ modules that `path` imports (`from benchmarks import scaling`,
+    `from dev.mutation_check import export_head`, `import benchmarks.tune`)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module.split(".")[0] in TOOLS:
+            names |= {f"{node.module}.{a.name}" for a in node.names} if node.module in TOOLS else {node.module}
+        elif isinstance(node, ast.Import):
+            names |= {a.name for a in node.names if a.name.split(".")[0] in TOOLS}
+    return {p for p in (ROOT.joinpath(*name.split(".")).with_suffix(".py") for name in names) if p.exists()}
 
 
 def scripts_the_tests_load() -> set[Path]:
-    """benchmarks/*.py that tests import (`benchmark_script("name")`) or run (`"benchmarks", "name.py"`), with the
-    sibling scripts those import in turn."""
-    text = "\n".join(p.read_text() for p in (ROOT / "tests").glob("*.py"))
-    names = set(re.findall(r'benchmark_script\("(\w+)"\)', text)) | set(re.findall(r'"benchmarks", "(\w+)\.py"', text))
-    found, todo = set(), [BENCHMARKS / f"{n}.py" for n in names]
+    """benchmarks/ and dev/ modules that tests import or run (`"-m", "benchmarks.scaling"`), with the tool modules
+    those import in turn."""
+    tests = list((ROOT / "tests").glob("*.py"))
+    run = re.findall(r'"-m", "((?:benchmarks|dev)\.\w+)"', "\n".join(p.read_text() for p in tests))
+    todo = [ROOT.joinpath(*name.split(".")).with_suffix(".py") for name in run]
+    todo += set().union(*(tool_modules(p) for p in tests))
+    found = set()
     while todo:
         path = todo.pop()
-        if path in found or not path.exists():
-            continue
-        found.add(path)
-        todo += [BENCHMARKS / f"{n}.py" for n in imported_top_level(path)]
+        if path not in found and path.exists():
+            found.add(path)
+            todo += tool_modules(path)
     return found
 
 
 def test_every_module_the_tests_reach_comes_from_a_declared_distribution():
-    """tests/*.py, the package they test and the benchmark scripts they load: each third-party import maps (by
+    """tests/*.py, the package they test and the benchmark and dev tools they load: each third-party import maps (by
     importlib.metadata.packages_distributions, in this environment) to a distribution that pyproject declares, so a
     fresh `pip install -e .[test]` has it. tests/browser is optional (skipped without JupyterLab and Chromium)."""
     from importlib.metadata import packages_distributions
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     declared = requirement_names(project["dependencies"]) | requirement_names(project["optional-dependencies"]["test"])
-    files = [*(ROOT / "tests").glob("*.py"), *(ROOT / "fla_lab").rglob("*.py"), *scripts_the_tests_load()]
-    local = OURS | {p.stem for p in BENCHMARKS.glob("*.py")} | {"benchmarks", "workbook"}
+    scripts = scripts_the_tests_load()
+    assert {"common.py", "scaling.py", "fla_tests.py"} <= {p.name for p in scripts}  # the scan follows tool imports
+    files = [*(ROOT / "tests").glob("*.py"), *(ROOT / "fla_lab").rglob("*.py"), *scripts]
+    local = OURS | {"workbook"}
     modules = set().union(*(imported_top_level(p) for p in files)) - set(sys.stdlib_module_names) - local
     assert {"torch", "nbformat", "nbconvert", "pytest"} <= modules  # the scan reaches fla_lab.teaching.edition and tests
     distributions = packages_distributions()
     missing = {m: distributions.get(m) for m in modules - set(OPTIONAL)
                if not requirement_names(distributions.get(m, [m])) & declared}
     assert not missing, f"imported where the tests reach, in no dependency list (module: distributions): {missing}"
+
+
+def test_the_gpu_runs_the_lessons_show_ship_as_package_data():
+    """Every file of `fla_lab.tools.gpu_runs` (and only those) matches the package data pyproject declares for it, so
+    an installed package, not only this repository, has what the lessons read."""
+    from fnmatch import fnmatch
+
+    from fla_lab.tools import gpu_runs
+
+    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    shipped = patterns[gpu_runs.__name__]
+    assert {p.stem for p in gpu_runs.FOLDER.glob("*.json")} == set(gpu_runs.FILES)
+    assert all(any(fnmatch(gpu_runs.path(name).name, pattern) for pattern in shipped) for name in gpu_runs.FILES)

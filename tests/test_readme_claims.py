@@ -1,12 +1,14 @@
-"""The README's GPU, accuracy and performance numbers against the result files they come from.
+"""The GPU, accuracy and performance numbers of docs/gpu-results.md against the result files they come from.
 
-Each claim block of the README (the GPU phases, what was measured on a GPU, the locator's and the audit's cost, the
-mutation check, the GPU atlas, the value checks' cost) is compared with the JSON (or generated table) in
-benchmarks/results that names its device and date: the numbers a sentence quotes are recomputed from the data and
-rendered as the README prints them, and every other number in the block must be one of those or a stated constant
-of the text (a shape, a tolerance, a count of layers). A number no result file backs fails here, naming the block.
-The scaling table itself is rendered by benchmarks/performance_page.py (`--check` in test_code_says_what_it_does).
-The per-notebook times (between the `times:notebooks` markers) are not checked here: they come from their own file.
+The README sends its readers to docs/gpu-results.md for these numbers (they were the README's until issue 45). Each
+passage of that page (the GPU phases, what was measured on a GPU, the value checks' cost, the locator's and the
+audit's cost, the mutation check, the GPU atlas, the audit of an FLA model) is compared with the JSON (or generated
+table) in benchmarks/results that names its device and date: the numbers a sentence quotes are recomputed from the
+data and rendered as the page prints them, and every other number in the passage must be one of those or a stated
+constant of the text (a shape, a tolerance, a count of layers). A number no result file backs fails here, naming the
+passage. One table drives it: CHECKS maps each passage to where it lies on the page and to the function that
+recomputes it. The scaling table itself is rendered by dev/performance_page.py; the per-notebook times (between
+the `times:notebooks` markers) come from their own file (tests/test_notebook_times.py).
 """
 import json
 import math
@@ -15,35 +17,47 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, benchmark_script
+from conftest import ROOT
+from dev import performance_page
+from fla_lab.tools import gpu_runs
 
-README = (Path(ROOT) / "README.md").read_text(encoding="utf-8")
+PAGE = Path(ROOT) / "docs" / "gpu-results.md"
+TEXT = PAGE.read_text(encoding="utf-8")
 RESULTS = Path(ROOT) / "benchmarks" / "results"
 
 
 def load(name):
+    """A result file: from benchmarks/results/, or one of the GPU runs the package ships (fla_lab.tools.gpu_runs)."""
+    stem = name.removesuffix(".json")
+    if stem in gpu_runs.FILES:
+        return gpu_runs.load(stem)
     return json.loads((RESULTS / name).read_text(encoding="utf-8"))
 
 
-@pytest.fixture(scope="module")
-def page():
-    return benchmark_script("performance_page")
+# --- where a passage lies -------------------------------------------------------------------------------------
+
+def at(phrase: str, text: str, pos: int = 0) -> int:
+    """Where `phrase` first stands in `text` from `pos`, however the page wraps it (a space: any whitespace)."""
+    found = re.compile(r"\s+".join(map(re.escape, phrase.split(" ")))).search(text, pos)
+    if found is None:
+        raise ValueError(f"the page has no {phrase!r}")
+    return found.start()
 
 
-def block(start: str, end: str, fold: bool = True) -> str:
-    """The README text from `start` up to (not including) `end`, whitespace folded to single spaces."""
-    i = README.index(start)
-    text = README[i:README.index(end, i)]
-    return " ".join(text.split()) if fold else text
+def block(text: str, start: str, end: str | None, fold: bool = True) -> str:
+    """`text` from `start` up to (not including) `end` (None: to the end), whitespace folded to single spaces."""
+    i = at(start, text)
+    part = text[i:] if end is None else text[i:at(end, text, i)]
+    return " ".join(part.split()) if fold else part
 
 
-def bullet(start: str) -> str:
+def bullet(text: str, start: str) -> str:
     """The bullet of the section 'What was measured on a GPU' that starts with `start`, whitespace folded."""
-    section = block("## What was measured on a GPU", "![Time and peak", fold=False)
+    section = block(text, "## What was measured on a GPU", "![Time and peak", fold=False)
     return " ".join(next(b for b in section.split("\n- ") if b.startswith(start)).split())
 
 
-# --- numbers as the README prints them -------------------------------------------------------------------------
+# --- numbers as the page prints them --------------------------------------------------------------------------
 
 IGNORED = [
     re.compile(r"`[^`]*`"),  # code: names, shapes of tiles, file names
@@ -73,7 +87,7 @@ def unbacked(text: str, backed, constants=()) -> list[str]:
 
 
 def short(value: float) -> str:
-    """Errors as the README prints them: 3.3e-3 below 0.01, else two significant digits (0.11, 0.093)."""
+    """Errors as the page prints them: 3.3e-3 below 0.01, else two significant digits (0.11, 0.093)."""
     if value >= 0.01:
         return f"{value:.2g}"
     mantissa, exponent = f"{value:.1e}".split("e")
@@ -81,7 +95,7 @@ def short(value: float) -> str:
 
 
 def knob(m: float) -> str:
-    """A decay knob as the README writes it: 1e-3, 0.1, 30, 1e3, 1e4."""
+    """A decay knob as the page writes it: 1e-3, 0.1, 30, 1e3, 1e4."""
     if m < 0.01 or m >= 1000:
         mantissa, exponent = f"{m:.0e}".split("e")
         return f"{mantissa}e{int(exponent)}"
@@ -93,7 +107,7 @@ def pct(on, off) -> str:
 
 
 def environment_quoted(text: str, env: dict, device_words: str):
-    """The block names the record's card, its torch and triton (as far as it quotes them) and its date."""
+    """The passage names the record's card, its torch and triton (as far as it quotes them) and its date."""
     assert device_words in text and device_words.split()[-1] in env["device"], (device_words, env["device"])
     for name in ("torch", "triton"):
         quoted = re.search(rf"\b{name} (\d+(?:\.\d+)*(?:\+\w+)?)", text)
@@ -102,15 +116,14 @@ def environment_quoted(text: str, env: dict, device_words: str):
     assert env["date"] in text, (env["date"], text[:200])
 
 
-# --- the blocks -----------------------------------------------------------------------------------------------
+# --- the passages: each function asserts what its passage quotes and returns the (text, backed, constants) -------
+# --- whose numbers must all be backed ----------------------------------------------------------------------------
 
-def test_gpu_phases_match_gpu_phases_json():
+def gpu_phases(text, table):
     run = load("gpu_phases.json")
-    text = block("**What has run on a GPU machine**", "\n\n|")
-    table = README[README.index("| phase | result on the H200 | wall time |"):]
-    table = table[:table.index("\n\n")]
     environment_quoted(text, run, "NVIDIA H200")
     assert f"{run['cpu_cores']} cores" in text and f"Python {run['python']}" in text and "no network" in text
+    rows = []
     for phase in run["phases"]:
         row = next(line for line in table.splitlines() if line.startswith(f"| `{phase['phase']}` |"))
         if not phase["ran"]:
@@ -124,39 +137,57 @@ def test_gpu_phases_match_gpu_phases_json():
         if "notebooks" in phase:
             assert f"{phase['notebooks_finished']} of {phase['notebooks']} notebooks" in row
             assert f"{phase['exercise_checks_passed']} of {phase['exercise_checks']} exercise checks" in row
-        assert not unbacked(row, facts.values(), ["2.11", "3.6"]), row  # the versions the row names (masked)
+        rows.append((row, facts.values(), ["2.11", "3.6"]))  # the versions the row names (masked)
+    return rows
 
 
-def test_unit_cuda_bullet(page):
+def latest_unit_cuda_run() -> dict:
+    """The newest `unit-cuda` row of gpu_phases.md's session tables (its card, commit and counts), and whether that
+    session left a failure open."""
+    md = (RESULTS / "gpu_phases.md").read_text(encoding="utf-8")
+    parts = re.split(r"^## (\d{4}-\d\d-\d\d)", md, flags=re.M)
+    row = re.compile(r"^\| \d+ \| (NVIDIA [^|]+?) \| `unit-cuda`[^|]*commit (\w+) \| "
+                     r"\*\*(\d+) passed, (\d+) failed, (\d+) skipped\*\*", re.M)
+    runs = [dict(zip(("date", "card", "commit", "passed", "failed", "skipped"), (date, *m.groups())),
+                 open="**open**" in body)
+            for date, body in zip(parts[1::2], parts[2::2]) for m in row.finditer(body)]
+    return max(runs, key=lambda r: r["date"])
+
+
+def unit_cuda(text):
     run = load("gpu_phases.json")
     cuda = next(p for p in run["phases"] if p["phase"] == "unit-cuda")
-    text = bullet("Every unit test passed on CUDA")
     assert f"on the H200, {run['date']}: {cuda['passed']} passed, {cuda['skipped']} CPU-only skips" in text
-    assert "not kept as result files" in text  # the later partial runs are said to be unbacked
+    assert f"That run is of commit {run['commit']}." in text
+    latest = latest_unit_cuda_run()
+    assert (f"The latest `unit-cuda` run, on an {latest['card']} on {latest['date']} (commit {latest['commit']}), "
+            f"had {latest['passed']} passed, {latest['failed']} failed, {latest['skipped']} skipped") in text
+    assert ("one of them still open" in text) == latest["open"]
     final_state = (Path(ROOT) / "tests" / "test_final_state_flag.py").read_text(encoding="utf-8")
     recurrent = (Path(ROOT) / "tests" / "test_recurrent.py").read_text(encoding="utf-8")
     assert "else 4  # see the module docstring" in final_state and "4 fp32 ulps" in text  # the tests' bounds
     assert "diff <= 1e-6 * float(grad.abs().max())" in recurrent and "1e-6 of the gradient's scale" in text
-    assert not unbacked(text, [cuda["passed"], cuda["skipped"], 4, "1e-6", 4096, 16384])
+    backed = [cuda["passed"], cuda["skipped"], latest["passed"], latest["failed"], latest["skipped"]]
+    return [(text, backed, [4, "1e-6", 4096, 16384])]
 
 
-def test_upstream_agreement_errors(page):
+def upstream_agreement(text):
     rows = load("upstream_agreement.json")
-    text = bullet("The float64 references agree")
     environment_quoted(text, rows[0], "H200")
-    worst = page.worst_agreement(rows)
+    worst = performance_page.worst_agreement(rows)
     quoted = dict(re.findall(r"(chunk_\w+|fused_recurrent_\w+) (\d\.\de-\d)", text))
     assert quoted == {op: short(err) for op, err in worst.items() if op in quoted} and len(quoted) == 5, quoted
     assert f"agrees ({short(worst['fused_recurrent_rwkv6 (no dht)'])})" in text
     with_dht = max(max(r["errors"][g] for g in ("k", "v", "w")) for r in rows if r["op"] == "fused_recurrent_rwkv6")
     assert f"off by up to {with_dht:.1g}" in text
-    assert not unbacked(text, [*quoted.values(), short(worst["fused_recurrent_rwkv6 (no dht)"]), f"{with_dht:.1g}"])
+    return [(text, [*quoted.values(), short(worst["fused_recurrent_rwkv6 (no dht)"]), f"{with_dht:.1g}"], [])]
 
 
-def test_scaling_table_is_the_rendered_one(page):
-    rendered = "\n".join("  " + line for line in page.reference_table(load("scaling.json")))
-    begin, end = page.README_BLOCK
-    assert begin + rendered + "\n" + end in README, "run python benchmarks/performance_page.py"
+def scaling_table(text):
+    rendered = "\n".join("  " + line for line in performance_page.reference_table(load("scaling.json")))
+    begin, end = performance_page.README_BLOCK
+    assert begin + rendered + "\n" + end in text, "run python -m dev.performance_page"
+    return []
 
 
 def ratio_of(row, key):
@@ -168,10 +199,9 @@ def kilo(T: int) -> str:
     return f"{T // 1024}k"
 
 
-def test_scaling_prose(page):
+def scaling_prose(text):
     scaling = load("scaling.json")
     rows, meta = scaling["rows"], scaling["meta"]
-    text = bullet("Speed and memory beside upstream")
     environment_quoted(text, rows[0], "NVIDIA H200")
     assert len({(r["device"], r["date"]) for r in rows}) == 1 and f"fla {rows[0]['fla_version']}" in text
     over_t = [r for r in rows if r["shape"] == "scaling"]
@@ -207,10 +237,10 @@ def test_scaling_prose(page):
               *meta["reference"], *(v for _, _, v, _ in worst), "0.999", "1.000", "1.002"]
     constants = [meta["H"], meta["K"], meta["M"], 16, 32, 2, 8, 1]  # tiles, warps, the B range of the tuning
     prose = re.sub(r"<!-- scaling:reference:begin -->.*<!-- scaling:reference:end -->", " ", text)  # rendered
-    assert not unbacked(prose, backed, constants), unbacked(prose, backed, constants)
+    return [(prose, backed, constants)]
 
 
-def test_varlen_bullet_matches_varlen_md():
+def varlen(text):
     table = (RESULTS / "varlen.md").read_text(encoding="utf-8")
     assert "NVIDIA H200" in table and "2026-11-27" in table  # the file names its card and date
     cells = [c.strip() for line in table.splitlines() if line.startswith("| chunk_") for c in line.split("|")[3:-2]]
@@ -222,16 +252,14 @@ def test_varlen_bullet_matches_varlen_md():
             continue
         backed |= {cell, f"{value:#.3g}".rstrip("."), f"{value:.3g}"}
     header = table[:table.index("| op |")]
-    text = bullet("Packed variable-length batches")
     assert "H200, 2026-11-27" in text
     lengths = re.findall(r"(\d[\d,]*) to (\d[\d,]*)", header)
     backed |= {n.replace(",", "") for pair in lengths for n in pair}
-    assert not unbacked(text, backed, [1, 32768, 16, 64, 8]), unbacked(text, backed, [1, 32768, 16, 64, 8])
+    return [(text, backed, [1, 32768, 16, 64, 8])]
 
 
-def test_long_accuracy_numbers():
+def long_accuracy(text):
     rows = load("long_accuracy.json")
-    text = bullet("Accuracy at training length")
     environment_quoted(text, rows[0], "H200")
     shipped = [r for r in rows if "note" not in r and r["split_states"]]
 
@@ -248,13 +276,12 @@ def test_long_accuracy_numbers():
              f"chunk_rwkv6 against upstream's {dg('chunk_gla', 'fla', 1.0)} and {dg('chunk_rwkv6', 'fla', 1.0)}"
     assert strong in text
     backed = [dg(op, lib, m) for op in ops for lib in ("fla_lab", "fla") for m in (1e-3, 1.0)]
-    assert not unbacked(text, backed, [4096, "1e-3", 1, 16384])
+    return [(text, backed, [4096, "1e-3", 1, 16384])]
 
 
-def test_chunk_gsa_decay_gradient_bullet():
+def chunk_gsa_decay_gradient(text):
     atlas = load("atlas_gpu.json")
     records = [r for r in atlas["records"] if r["dtype"] == "bf16"]
-    text = bullet("`chunk_gsa`'s bf16 decay gradient")
     decays = sorted({r["decay"] for r in records})
     ours = [r for r in records if r["op"] == "chunk_gsa" and r["variant"] == "fixed"]
     assert max(r["errors"]["dg"] for r in ours) < 2e-2 and "2e-2" in text
@@ -269,28 +296,54 @@ def test_chunk_gsa_decay_gradient_bullet():
     assert declared in text
     quoted = text[text.index("(Notebook 03b quotes"):]
     before = text[:text.index("(Notebook 03b quotes")]
-    assert not unbacked(before, [weak, f"{plain[30]:.2g}", f"{plain[100]:.2g}", "2e-2", "1e-3", "1e4", 512, 4096],
-                        [1, "0.05", 30, 100])
     assert set(numbers(quoted)) <= {"0.28", "30", "16.5", "100", "128..512", "128", "512"}, numbers(quoted)
+    return [(before, [weak, f"{plain[30]:.2g}", f"{plain[100]:.2g}", "2e-2", "1e-3", "1e4", 512, 4096],
+             [1, "0.05", 30, 100])]
 
 
-def test_fla_tests_bullet():
+def fla_tests(text):
     md = (RESULTS / "fla_tests.md").read_text(encoding="utf-8")
-    text = bullet("flash-linear-attention's own op tests")
     total = re.search(r"\| \*\*total\*\* \| \*\*(\d+)\*\* \| \*\*(\d+)\*\*", md)
     passed, failed = int(total.group(1)), int(total.group(2))
     assert f"{passed} of {passed + failed} pass" in text and "2026-11-27" in md and "CPU" in md
-    varlen = re.search(r"\*\*(\d+) passed, 0\s+failed\*\*", md)
-    assert f"FLA's {varlen.group(1)} varlen tests pass" in text
+    varlen_tests = re.search(r"\*\*(\d+) passed, 0\s+failed\*\*", md)
+    assert f"FLA's {varlen_tests.group(1)} varlen tests pass" in text
     ratio = re.search(r"error ratio (0\.\d+) > (0\.\d+)", md)
     assert f"(error ratio {float(ratio.group(1)):.2e}".replace("e-03", "e-3") in text
-    assert not unbacked(text, [passed, passed + failed, varlen.group(1), "4.19e-3", "4e-3"], [512])
+    return [(text, [passed, passed + failed, varlen_tests.group(1), "4.19e-3", "4e-3"], [512])]
 
 
-def test_locator_and_audit_cost():
+def value_check_costs(text):
+    scaling = load("scaling.json")
+    ref = {r["op"]: r["fla_lab"] for r in scaling["rows"] if r["shape"] == "ref"}
+    over_t = [r for r in scaling["rows"] if r["shape"] == "scaling"]
+    for op, ours in ref.items():
+        assert f"+{pct(ours['fwd_bwd_ms'], ours['fwd_bwd_checks_off_ms'])}% {op}" in text, op
+
+    def span(ops):
+        costs = [float(pct(r["fla_lab"]["fwd_bwd_ms"], r["fla_lab"]["fwd_bwd_checks_off_ms"])) for r in over_t
+                 if r["op"] in ops]
+        return f"{min(costs)}-{max(costs)}% over T"
+
+    assert span({"chunk_gla", "chunk_rwkv6"}) in text and span({"chunk_rwkv7"}) in text
+    runs = [load("checks.json"), load("checks_h100.json")]
+    now = [100 * (r["now_ms"] / r["off_ms"] - 1) for run in runs for r in run["rows"]
+           if r["op"] in ("chunk_gla", "chunk_rwkv6")]
+    assert f"chunk_gla and chunk_rwkv6 {min(now):.0f}-{max(now):.0f}%" in text
+    host = next(m for m in load("launch_choices.json")["measurements"] if m["op"] == "chunk_rwkv6")
+    (_, on, gpu), (_, off, _) = host["rows"]
+    assert f"about {on - off:.2f} ms" in text and f"({on} against {off} ms" in text and f"takes {gpu};" in text
+    syncs = {s["mode"]: s["syncs"] for s in runs[0]["sync_count"]}
+    assert f"pays {syncs['deferred']} host syncs for them ({syncs['now']} in the sync-per-call mode" in text
+    backed = [pct(o["fwd_bwd_ms"], o["fwd_bwd_checks_off_ms"]) for o in ref.values()] + [
+        *re.findall(r"[\d.]+", span({"chunk_gla", "chunk_rwkv6"}) + span({"chunk_rwkv7"})),
+        f"{min(now):.0f}", f"{max(now):.0f}", f"{on - off:.2f}", on, off, gpu, syncs["deferred"], syncs["now"]]
+    constants = [8, 4096, 16, 64, 12, 3]  # the shape; 12 layers; `call #3` in the quoted message
+    return [(text, backed, constants)]
+
+
+def locator_and_audit_cost(locator, audit_cost):
     run = load("bench_hunt.json")
-    locator = block("The locator is off until you enter the block.", "**Wrong but finite")
-    audit_cost = block("Cost, on the H200 with `benchmarks/bench_hunt.py`", "Notebook 06 finds")
     environment_quoted(locator, run, "H200")
     assert (f"{run['located_ms']:.1f} ms against {run['plain_ms']:.1f} ms without it, "
             f"**{run['ratio']:.2f}x**") in locator
@@ -302,12 +355,11 @@ def test_locator_and_audit_cost():
     backed = [f"{run[k]:.1f}" for k in ("located_ms", "plain_ms", "audited_ms")] + [
         f"{run['ratio']:.2f}", f"{run['audit_ratio']:.2f}", f"{run['audit_report_s']:.0f}", run["depth"],
         run["hidden"], run["T"], run["audit_calls"]]
-    assert not unbacked(locator + audit_cost, backed, [5, 3])  # median of 5 (bench_hunt.py's repeat), 3 layers
+    return [(locator + audit_cost, backed, [5, 3])]  # median of 5 (benchmarks.hunt_cost's repeat), 3 layers
 
 
-def test_mutation_check_counts():
-    rows = [r for r in load("mutations.json") if r.get("kind", "slip") == "slip"]  # the safeguards: their own test
-    text = block("**Who catches what: the mutation check.**", "`tests/test_final_state_flag.py` exists.")
+def mutation_check_counts(text):
+    rows = [r for r in load("mutations.json") if r.get("kind", "slip") == "slip"]  # the safeguards: their own check
     caught = sum(r["tests"]["verdict"] == "caught" for r in rows)
     flagged = sum(r["atlas"]["verdict"] == "flagged" for r in rows)
     audited = sum(r["locate"]["audit_op"] for r in rows)
@@ -318,16 +370,14 @@ def test_mutation_check_counts():
     assert f"applies {len(rows)} plausible" in text and f"{seconds} s, {days[0]}/{days[-1][-2:]}" in text
     assert f"the tests catch {caught} of {len(rows)} (the {len(rows)}th is an equivalent mutant)" in text
     assert f"the atlas flags {flagged} and the audit {audited}" in text and located == 1 and "for the one" in text
-    assert not unbacked(text, [len(rows), caught, flagged, audited, seconds])
+    return [(text, [len(rows), caught, flagged, audited, seconds], [])]
 
 
-def test_safeguard_mutation_counts():
-    from conftest import benchmark_script
+def safeguard_mutation_counts(text):
+    from dev import mutation_check as mc
 
-    mc = benchmark_script("mutation_check")
     rows = {r["id"]: r for r in load("mutations.json")}
     s = mc.safeguard_summary(rows)
-    text = block("**Every safeguard is load-bearing.**", "What fla_lab knows about each op")
     gpu = [r for r in rows.values() if r.get("kind") == "safeguard" and not r["device"].startswith("CPU")]
     assert not s["missed"] and not s["not_run"] and s["ran"] == s["entries"]
     assert f"lists the kernels' and layers' {s['entries']} numerical safeguards" in text
@@ -337,15 +387,14 @@ def test_safeguard_mutation_counts():
     assert f"flags {s['audit']}. The other {s['entries'] - s['op_level']} act" in text
     days = sorted({r["finished"][:10] for r in rows.values() if r.get("kind") == "safeguard"})
     assert f"H200, {days[-1]})" in text
-    assert not unbacked(text, [s["entries"], s["ran"] - len(gpu), len(gpu), s["tests"], s["ran"], s["op_level"],
-                               s["atlas"], s["atlas_only_in_range"], s["audit"], s["entries"] - s["op_level"],
-                               days[-1]], [88, 100, 16, 32, 4096])
+    backed = [s["entries"], s["ran"] - len(gpu), len(gpu), s["tests"], s["ran"], s["op_level"], s["atlas"],
+              s["atlas_only_in_range"], s["audit"], s["entries"] - s["op_level"], days[-1]]
+    return [(text, backed, [88, 100, 16, 32, 4096])]
 
 
-def test_gpu_atlas_table_and_findings():
+def gpu_atlas(text):
     atlas = load("atlas_gpu.json")
     env, records = atlas["environment"], atlas["records"]
-    text = block("**On an H100 80GB**", "![Worst error against decay")
     environment_quoted(text, env, "H100 80GB")
     assert f"FLA {env['fla_version']}" in text
     backed = set()
@@ -387,64 +436,73 @@ def test_gpu_atlas_table_and_findings():
     backed |= {f"{m:g}" for m in decays} | {r["T"] for r in records} | {r["B"] for r in records}
     backed |= {r["H"] for r in records} | {r["K"] for r in records}
     exp_max = f"{math.log(2 ** 128):.1f}"  # log(float32 max): where exp overflows (arithmetic, not a measurement)
-    assert not unbacked(text, backed, [exp_max, 200, 16384, 64, 0.001])
+    return [(text, backed, [exp_max, 200, 16384, 64, 0.001])]
 
 
-def test_value_check_costs():
-    scaling = load("scaling.json")
-    ref = {r["op"]: r["fla_lab"] for r in scaling["rows"] if r["shape"] == "ref"}
-    over_t = [r for r in scaling["rows"] if r["shape"] == "scaling"]
-    text = block("GPU cost, forward+backward", "## Layout")
-    for op, ours in ref.items():
-        assert f"+{pct(ours['fwd_bwd_ms'], ours['fwd_bwd_checks_off_ms'])}% {op}" in text, op
-
-    def span(ops):
-        costs = [float(pct(r["fla_lab"]["fwd_bwd_ms"], r["fla_lab"]["fwd_bwd_checks_off_ms"])) for r in over_t
-                 if r["op"] in ops]
-        return f"{min(costs)}-{max(costs)}% over T"
-
-    assert span({"chunk_gla", "chunk_rwkv6"}) in text and span({"chunk_rwkv7"}) in text
-    runs = [load("checks.json"), load("checks_h100.json")]
-    now = [100 * (r["now_ms"] / r["off_ms"] - 1) for run in runs for r in run["rows"]
-           if r["op"] in ("chunk_gla", "chunk_rwkv6")]
-    assert f"chunk_gla and chunk_rwkv6 {min(now):.0f}-{max(now):.0f}%" in text
-    host = next(m for m in load("launch_choices.json")["measurements"] if m["op"] == "chunk_rwkv6")
-    (_, on, gpu), (_, off, _) = host["rows"]
-    assert f"about {on - off:.2f} ms" in text and f"({on} against {off} ms" in text and f"takes {gpu};" in text
-    syncs = {s["mode"]: s["syncs"] for s in runs[0]["sync_count"]}
-    assert f"pays {syncs['deferred']} host syncs for them ({syncs['now']} in the sync-per-call mode" in text
-    backed = [pct(o["fwd_bwd_ms"], o["fwd_bwd_checks_off_ms"]) for o in ref.values()] + [
-        *re.findall(r"[\d.]+", span({"chunk_gla", "chunk_rwkv6"}) + span({"chunk_rwkv7"})),
-        f"{min(now):.0f}", f"{max(now):.0f}", f"{on - off:.2f}", on, off, gpu, syncs["deferred"], syncs["now"]]
-    constants = [8, 4096, 16, 64, 12, 3]  # the shape; 12 layers; `call #3` in the quoted message
-    assert not unbacked(text, backed, constants), unbacked(text, backed, constants)
-
-
-@pytest.mark.parametrize("broken", ["1.37x", "742 passed"])
-def test_a_changed_number_is_caught(broken, monkeypatch):
-    """Sanity: with one quoted number changed, the block's check fails."""
-    import sys
-
-    module = sys.modules[__name__]
-    monkeypatch.setattr(module, "README", README.replace(broken, broken.replace("7", "9", 1), 1))
-    check = test_locator_and_audit_cost if broken == "1.37x" else test_gpu_phases_match_gpu_phases_json
-    with pytest.raises(AssertionError):
-        check()
-
-
-def test_fla_model_audit_numbers():
+def fla_model_audit(text):
     run = load("fla_audit_rwkv6_fused.json")
     repro = json.loads((RESULTS.parent / "repro" / "fused_recurrent_rwkv6_dht.json").read_text(encoding="utf-8"))
-    text = block("On an H200 (FLA 0.6.0", "## Hunting NaNs")
     assert run["device"] == "NVIDIA H200" == repro["device"] and run["fla_version"] == "0.6.0" == repro["fla"]
     wrong = [c for c in run["calls"] if not c["ok"]]
     assert len(wrong) == run["wrong"] == run["calls_with_final_state_cotangent"]
     assert all(c["final_state_cotangent"] for c in wrong), "a wrong call without a final-state cotangent"
     dht = next(r["errors"] for r in repro["rows"] if r["case"] == "with dht")
     none = next(r["errors"] for r in repro["rows"] if r["case"] == "no dht")
-    assert f"flagged {run['wrong']} of its {len(run['calls'])} calls" in " ".join(text.split())
+    assert f"flagged {run['wrong']} of its {len(run['calls'])} calls" in text
     backed = [run["wrong"], len(run["calls"]), f"{max(c['errors']['dk'] for c in wrong):.2f}",
               f"{run['step_s'] * 1e3:.1f}", f"{run['recorded_step_s'] * 1e3:.1f}",
               f"{run['replay_s'] / len(run['calls']) * 1e3:.0f}", f"{dht['dk']:.2f}", f"{dht['dv']:.2f}",
               f"{dht['dw']:.2f}", short(max(none.values()))]
-    assert not unbacked(text, backed), text
+    return [(text, backed, [])]
+
+
+# --- the table: each passage, where it lies on the page, and the function that recomputes it -------------------
+
+def passage(start, end=None):
+    return lambda text: block(text, start, end)
+
+
+def measured(start):
+    return lambda text: bullet(text, start)
+
+
+CHECKS = {
+    "the GPU phases": (gpu_phases, passage("**What has run on a GPU machine**", "\n\n|"),
+                       lambda text: block(text, "| phase | result on the H200 | wall time |", "\n\n", fold=False)),
+    "unit-cuda": (unit_cuda, measured("The unit tests on CUDA")),
+    "agreement with FLA": (upstream_agreement, measured("The float64 references agree")),
+    "the scaling table": (scaling_table, lambda text: text),
+    "speed and memory": (scaling_prose, measured("Speed and memory beside upstream")),
+    "packed batches": (varlen, measured("Packed variable-length batches")),
+    "accuracy at training length": (long_accuracy, measured("Accuracy at training length")),
+    "chunk_gsa's decay gradient": (chunk_gsa_decay_gradient, measured("`chunk_gsa`'s bf16 decay gradient")),
+    "FLA's own op tests": (fla_tests, measured("flash-linear-attention's own op tests")),
+    "the value checks' cost": (value_check_costs, passage("GPU cost of the input value checks", "\n\n## ")),
+    "the locator's and the audit's cost": (locator_and_audit_cost, passage("The locator (", "\n\nThe audit's cost ("),
+                                           passage("The audit's cost (", "Notebook 06 finds")),
+    "the mutation check": (mutation_check_counts, passage("## The mutation check: who catches what",
+                                                          "`tests/test_final_state_flag.py` exists.")),
+    "the safeguards": (safeguard_mutation_counts, passage("**Every safeguard is load-bearing.**", "\n\n## ")),
+    "the GPU atlas": (gpu_atlas, passage("**On an H100 80GB**", "![Worst error against decay")),
+    "the audit of an FLA model": (fla_model_audit, passage("On an H200 (FLA 0.6.0")),
+}
+
+
+def check(name: str, text: str = TEXT):
+    """Run the check of passage `name` on the page `text`: its own assertions, then every number backed."""
+    recompute, *where = CHECKS[name]
+    for part, backed, constants in recompute(*(find(text) for find in where)):
+        assert not unbacked(part, backed, constants), (name, unbacked(part, backed, constants))
+
+
+@pytest.mark.parametrize("name", CHECKS)
+def test_passage_matches_its_result_file(name):
+    check(name)
+
+
+@pytest.mark.parametrize("broken,name", [("1.37x", "the locator's and the audit's cost"),
+                                         ("742 passed", "the GPU phases")])
+def test_a_changed_number_is_caught(broken, name):
+    """Sanity: with one quoted number changed, the passage's check fails."""
+    with pytest.raises(AssertionError):
+        check(name, TEXT.replace(broken, broken.replace("7", "9", 1), 1))

@@ -16,6 +16,7 @@ import torch
 from fla_lab.spec import check, harness, reference
 from fla_lab import runtime
 from fla_lab.ops import RWKV7RecurrentLaunch, default_launch
+from fla_lab.ops.common import launch as launch_module
 from fla_lab.ops.rwkv7 import fused_recurrent as rwkv7
 from fla_lab.ops.rwkv7 import chunk_rwkv7, fused_recurrent_rwkv7
 
@@ -165,13 +166,13 @@ def test_launch_follows_how_full_the_gpu_is(monkeypatch, B, forward, backward):
     narrowest tile (the shortest step), many take one warp per program (`forward_launch`, `backward_launch`)."""
     x, launch = torch.empty(B, 65536 // B, 16, 64), RWKV7RecurrentLaunch()
     assert default_launch("rwkv7_recurrent", x) == launch  # off the GPU the rules are the device's
-    assert rwkv7.forward_launch(x, 64, 16, None, launch) == (64, 4)  # off the GPU: one value tile
-    assert rwkv7.backward_launch(x, 64, launch) == (64, 4)
-    monkeypatch.setattr(rwkv7, "gpu_sms", lambda _: 132)
-    assert rwkv7.forward_launch(x, 64, 16, None, launch) == forward
-    assert rwkv7.backward_launch(x, 64, launch) == backward
+    assert launch.forward_launch(x, 64, 16, None) == (64, 4)  # off the GPU: one value tile
+    assert launch.backward_launch(x, 64) == (64, 4)
+    monkeypatch.setattr(launch_module, "gpu_sms", lambda _: 132)
+    assert launch.forward_launch(x, 64, 16, None) == forward
+    assert launch.backward_launch(x, 64) == backward
     fixed = replace(launch, fwd_launch=(32, 2))  # a tuner's setting wins
-    assert rwkv7.forward_launch(x, 64, 16, None, fixed) == (32, 2)
+    assert fixed.forward_launch(x, 64, 16, None) == (32, 2)
 
 
 def test_checkpoints_only_where_autograd_records_the_call(monkeypatch):

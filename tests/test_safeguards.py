@@ -6,6 +6,7 @@ one subprocess per safeguard) applies each naive form to an export of HEAD with 
 and runs `test_<id>` there: it must fail.
 The tests of a safeguard import `fla_lab.spec.safeguards` lazily: they also run against a copy where it is absent.
 """
+import ast
 import functools
 import os
 import shutil
@@ -50,7 +51,8 @@ def _close(x, ref, rtol):
 
 # --- the inventory ---------------------------------------------------------------------------------------------------
 
-def test_every_entry_locates_its_line_and_every_marker_names_an_entry():
+def test_every_entry_locates_its_marked_line_and_its_naive_form_changes_that_line_only():
+    """(tests/test_markers.py: each id marks exactly one line, and every safeguard marker is an entry's.)"""
     from fla_lab.spec import safeguards
 
     entries = safeguards.inventory()
@@ -59,16 +61,12 @@ def test_every_entry_locates_its_line_and_every_marker_names_an_entry():
     for e in entries:
         g = e.guard
         assert g.protects in safeguards.PROTECTS and g.ops and g.what, g.id
-        assert g.path.startswith(safeguards.SCANNED), g.id
-        text = safeguards.source(g.path)
-        assert text.count(g.code) == 1 and g.code != g.naive, g.id
+        text = safeguards.source(e)
         assert g.bug is None or g.naive in text, g.id  # a bug switch's naive form is its helper, in the same file
-        changed = [a for a, b in zip(text.splitlines(), text.replace(g.code, g.naive).splitlines()) if a != b]
+        naive = safeguards.with_naive(e)
+        changed = [a for a, b in zip(text.splitlines(), naive.splitlines()) if a != b]
         assert changed == [text.splitlines()[e.line - 1]], (g.id, changed)  # exactly one line: the entry's
-    for marker, places in safeguards.markers().items():
-        assert marker in ids and len(places) == 1, (marker, places)
-        entry = entries[ids.index(marker)]
-        assert places[0] == (entry.guard.path, entry.line) and entry.marked, marker
+        assert ast.dump(ast.parse(naive)) != ast.dump(ast.parse(text)), g.id  # and it changes what runs
 
 
 def test_each_safeguard_without_a_bug_switch_has_its_test_here_or_a_mutation():
@@ -83,14 +81,15 @@ def test_each_safeguard_without_a_bug_switch_has_its_test_here_or_a_mutation():
 
 
 def test_the_mutation_check_reverts_each_safeguard_that_is_not_a_bug_switch():
-    from conftest import benchmark_script
-    from fla_lab.spec import safeguards
+    from dev import mutation_check
+    from fla_lab.spec import markers, safeguards
 
-    by_id = {m.id: m for m in benchmark_script("mutation_check").MUTATIONS}
+    by_id = {m.id: m for m in mutation_check.MUTATIONS}
     for g in safeguards.REGISTRY:
         if g.bug is None:
             m = by_id[g.mutation or g.id]
-            assert g.code in m.old and g.naive in m.new and m.path == g.path, g.id
+            line = markers.find(m.marker, m.id)
+            assert m.new == g.naive and line.where == markers.find("safeguard", g.id).where, g.id
 
 
 def test_the_guide_section_is_current():
@@ -341,10 +340,10 @@ def test_gsa_slot_scores_fp32():
     from dataclasses import replace
 
     from fla_lab.ops import chunk_gsa
-    from fla_lab.ops.common.launch import resolve
+    from fla_lab.ops.common.launch import Precision, resolve
 
     # IEEE fp32 dots, as under the interpreter: on a GPU, bf16 operands would round the logits' terms as well
-    launch = replace(resolve(None, "chunk", torch.zeros(1, device=DEV)), dot_dtype=torch.float32)
+    launch = replace(resolve(None, "chunk", torch.zeros(1, device=DEV)), precision=Precision(dot_dtype=torch.float32))
     _gsa_bf16_large_logits(functools.partial(chunk_gsa, chunk_size=64, launch=launch))
 
 
@@ -463,9 +462,8 @@ def _own_mutations():
                     reason="opt-in (about 20 s a safeguard): FLA_LAB_SAFEGUARD_MUTATIONS=1")
 @pytest.mark.parametrize("guard", _own_mutations())
 def test_the_naive_form_fails_its_test(guard):
-    from conftest import benchmark_script
+    from dev import mutation_check as mc
 
-    mc = benchmark_script("mutation_check")
     m = next(m for m in mc.MUTATIONS if m.id == guard)
     copy = mc.export_copy(m)
     try:

@@ -1,4 +1,4 @@
-"""The FLA adapter (`fla_lab.tools.upstream`), the recording of FLA op calls by the locator and the audit, and the
+"""The FLA adapter (`fla_lab.spec.upstream`), the recording of FLA op calls by the locator and the audit, and the
 `audit` command's argument and availability checks, on the CPU.
 
 FLA's own kernels autotune on a CUDA device and do not run under the Triton interpreter, so here FLA's op entry
@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from fla_lab import __main__ as cli
-from fla_lab.tools import audit, hunt, upstream
+from fla_lab.spec import upstream
+from fla_lab.tools import audit, hunt
 from fla_lab.spec import harness, reference
 
 

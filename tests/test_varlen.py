@@ -13,9 +13,10 @@ from fla_lab import runtime
 from fla_lab.ops import RecurrentLaunch, contract
 from fla_lab.ops.common import conventions
 from fla_lab.ops.common.conventions import packed_reference, per_sequence
+from fla_lab.ops.rwkv7 import chunk as rwkv7_chunk
 
-# A sequence shorter than a chunk, one an exact multiple of the chunk (64), one with a partial last chunk.
-LENGTHS = {"chunk": (5, 64, 19), "fused_recurrent": (5, 16, 19)}
+# A sequence shorter than a chunk, one an exact multiple of the chunk (64), a single row, one with a partial last chunk.
+LENGTHS = {"chunk": (5, 64, 1, 19), "fused_recurrent": (5, 16, 1, 19)}
 
 
 def _lengths(name: str) -> tuple[int, ...]:
@@ -54,10 +55,16 @@ def test_packed_sequences_match_the_reference_per_sequence(name):
 # Ops whose packed batch runs as one launch per kernel (the rest call the op once per sequence, `per_sequence`).
 ONE_LAUNCH = ["chunk_gla", "chunk_rwkv6", "chunk_gsa", "chunk_rwkv7", "fused_recurrent_gla", "fused_recurrent_rwkv6",
               "fused_recurrent_gsa", "fused_recurrent_rwkv7"]
-# Chunked ops: shorter than a chunk, empty, a multiple of the chunk (64), two chunks and a part, a part. Recurrent
-# ops (a program walks its sequence one step at a time): a few steps, empty, one step, several of RWKV-7's
-# 16-step checkpoint segments and a part, a part.
-ONE_LAUNCH_LENGTHS = {"chunk": (5, 0, 64, 130, 19), "fused_recurrent": (5, 0, 1, 37, 19)}
+
+
+def _one_launch_lengths(name: str) -> tuple[int, ...]:
+    """Chunked ops, in their chunks C (64; chunk_rwkv7's 16): shorter than a chunk, empty, one chunk, two chunks
+    and a part, one sub-chunk of 16 and a part. Recurrent ops (a program walks its sequence one step at a time): a
+    few steps, empty, one step, several of RWKV-7's 16-step checkpoint segments and a part, a part."""
+    if not name.startswith("chunk"):
+        return (5, 0, 1, 37, 19)
+    C = rwkv7_chunk.CHUNK if name == "chunk_rwkv7" else 64
+    return (5, 0, C, 2 * C + 2, 19)
 
 
 def _run_with_grads(fn, x, seed=0) -> harness.Run:
@@ -68,11 +75,11 @@ def _run_with_grads(fn, x, seed=0) -> harness.Run:
 
 
 def _check_one_launch(name, drop=(), u_tol=(1e-6, 1e-7), **options):
-    """`name` on a packed batch (`ONE_LAUNCH_LENGTHS`) against the op on each sequence alone, bit for bit but for
+    """`name` on a packed batch (`_one_launch_lengths`) against the op on each sequence alone, bit for bit but for
     the bonus gradient `u` (to `u_tol`, (rtol, atol); see `test_one_launch_is_the_op_called_per_sequence`).
     `drop`: inputs left out."""
     spec = registry.get(name)
-    lengths = ONE_LAUNCH_LENGTHS["chunk" if name.startswith("chunk") else "fused_recurrent"]
+    lengths = _one_launch_lengths(name)
     x = {n: t for n, t in _packed_inputs(spec, lengths).items() if n not in drop}
     cu = torch.tensor(_offsets(lengths), dtype=torch.int32, device=runtime.device())
 
@@ -267,15 +274,26 @@ def test_the_tables_of_a_recent_offsets_tensor_are_reused():
     assert torch.equal(o, o_fresh)
 
 
-# flash-linear-attention's varlen grids (tests/ops at bc3b101d: test_gla.py, test_rwkv6.py, test_gsa.py,
-# test_dplr_delta.py): the offsets and head sizes its varlen tests pack, H = 4, GSA M = 64; a fact list, not their code.
-FLA_VARLEN = [([0, 15], 64), ([0, 0, 16], 64), ([0, 256, 500, 1000], 64), ([0, 15, 100, 300, 1200, 2000], 100),
-              ([0, 1, 100, 300, 1200, 2048], 64), ([0, 200, 512, 1200, 2048], 128), ([0, 64, 128, 192], 64),
-              ([0, 15, 100, 300, 1111, 1599, 2000], 100)]
+# flash-linear-attention's varlen grids (tests/ops at bc3b101d), per op here: the (offsets, head size) pairs that
+# FLA's varlen tests of the same kernels pack, H = 4, GSA M = 64; a fact list, not their code. chunk_gla stands for
+# chunk_rwkv6's kernels (test_gla.py and test_rwkv6.py, test_chunk_varlen), fused_recurrent_rwkv6 for GLA's and GSA's
+# fused ones (test_gla.py and test_gsa.py, test_fused_recurrent_varlen), chunk_gsa: test_gsa.py, test_chunk_varlen,
+# chunk_rwkv7: test_dplr_delta.py. The ops sharing kernels are checked against each other on packed batches by
+# `test_one_launch_is_the_op_called_per_sequence`, every op with a one-row sequence against the reference by
+# `test_packed_sequences_match_the_reference_per_sequence`, and with an empty one by the two tests above.
+FLA_VARLEN = {
+    "chunk_gla": [([0, 15], 64), ([0, 0, 16], 64), ([0, 256, 500, 1000], 64), ([0, 15, 100, 300, 1200, 2000], 100)],
+    "fused_recurrent_rwkv6": [([0, 15], 64), ([0, 256, 500, 1000], 64), ([0, 15, 100, 300, 1200, 2000], 100),
+                              ([0, 1, 100, 300, 1200, 2048], 64), ([0, 200, 512, 1200, 2048], 128)],
+    "chunk_gsa": [([0, 15], 64), ([0, 256, 500, 1000], 64), ([0, 15, 100, 300, 1200, 2000], 100)],
+    "chunk_rwkv7": [([0, 15], 64), ([0, 256, 500, 1000], 64), ([0, 64, 128, 192], 64),
+                    ([0, 15, 100, 300, 1111, 1599, 2000], 100)],
+}
+FLA_VARLEN_CASES = [(name, offsets, D) for name, grid in FLA_VARLEN.items() for offsets, D in grid]
 
 
 def _interpreter_size(offsets, D):
-    """On the CPU, FLA's sizes shrunk as benchmarks/fla_tests.py shrinks them: each length L kept up to 128, else
+    """On the CPU, FLA's sizes shrunk as dev/fla_tests.py shrinks them: each length L kept up to 128, else
     128 if a multiple of 64, else 64 + L % 64 (a partial last chunk stays partial), D 128 -> 64, H 4 -> 1."""
     if runtime.device() == "cuda":
         return offsets, D, 4
@@ -284,13 +302,11 @@ def _interpreter_size(offsets, D):
     return _offsets(lengths), 64 if D == 128 else D, 1
 
 
-@pytest.mark.parametrize("offsets, D", FLA_VARLEN, ids=[f"{o}-D{d}" for o, d in FLA_VARLEN])
-@pytest.mark.parametrize("name", ["chunk_gla", "fused_recurrent_rwkv6", "chunk_gsa", "chunk_rwkv7"])
+@pytest.mark.parametrize("name, offsets, D", FLA_VARLEN_CASES, ids=[f"{n}-{o}-D{d}" for n, o, d in FLA_VARLEN_CASES])
 def test_flash_linear_attentions_varlen_grids(name, offsets, D):
-    """Each of FLA's packed batches against the float64 reference on each sequence alone (outputs, final states,
-    every gradient), with one initial state per sequence; at FLA's sizes on a GPU. chunk_gla stands for
-    chunk_rwkv6's kernels, fused_recurrent_rwkv6 for GLA's and GSA's fused ones (the ops sharing kernels are
-    checked against each other by `test_one_launch_is_the_op_called_per_sequence`)."""
+    """Each of FLA's packed batches for the op's kernels (`FLA_VARLEN`) against the float64 reference on each
+    sequence alone (outputs, final states, every gradient), with one initial state per sequence; at FLA's sizes on a
+    GPU."""
     offsets, D, H = _interpreter_size(offsets, D)
     spec = registry.get(name)
     shape = dict(H=H, K=D, V=D, M=64)

@@ -43,7 +43,7 @@ def test_cpu_plan_is_ci(wb):
     assert "--nbval" in nbval.args and "--nbval-current-env" in nbval.args and "--dist" in nbval.args
     assert wb.PROSE_TEST in nbval.args and (ROOT / wb.PROSE_TEST).exists()  # the prose beside the outputs
     assert [a for a in nbval.args if a.endswith(".ipynb")] == list(map(str, NBS))
-    assert browser.args == ("tests/browser", "-q")
+    assert browser.args == ("tests/browser", "-n", "2", "-q")
 
 
 def test_gpu_plan_adds_cuda_unit_tests_and_gpu_notebook_run(wb):
@@ -141,10 +141,10 @@ def test_execute_phase_runs_each_notebook_in_a_kernel_without_comparing(wb, monk
     code, counts = wb.execute_phase(phase, {"X": "1"})
     assert code == 1 and counts == {"tests": 2, "failures": 1, "errors": 0, "skipped": 0}
     cmd, kw = calls[0]
-    assert cmd[1].endswith("benchmarks/notebook_times.py") and cmd[-1] == str(NBS[0])
+    assert cmd[1:3] == ["-m", "dev.notebook_times"] and cmd[-1] == str(NBS[0])
     assert "--inplace" not in cmd and cmd[cmd.index("--out") + 1] == str(tmp_path / "gpu")
     assert cmd[cmd.index("--timeout") + 1] == str(wb.GPU_CELL_TIMEOUT)
-    assert kw["env"] == {"X": "1"} and kw["cwd"] == NBS[0].parent
+    assert kw["env"] == {"X": "1"} and "cwd" not in kw  # the repository root: `python -m dev.notebook_times`
     assert (tmp_path / "gpu" / "figures").is_dir()  # where phase_env points FLA_LAB_FIGURES_DIR
 
 
@@ -320,11 +320,10 @@ def test_venv_with_a_finished_setup_is_never_removed(wb, tmp_path):
 
 
 # ------------------------------------------------------------------ the learner's edition
-def test_notebooks_leaves_out_the_links_that_keep_old_names(wb):
-    found = wb.notebooks()
-    assert found and not any(p.is_symlink() for p in found)
-    assert (ROOT / "notebooks" / "04_initial_state_mask.ipynb").is_symlink()
-    assert "04_initial_state_mask.ipynb" not in {p.name for p in found}
+def test_notebooks_are_the_editions_sources(wb):
+    from fla_lab.teaching import edition
+
+    assert wb.notebooks() == edition.sources() and len(wb.notebooks()) >= 8
 
 
 def test_lab_opens_the_learner_edition_with_its_own_figures(wb, monkeypatch):

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """FLA's `test_gla.py::test_chunk[B1-T128-H4-D512-gate_logit_normalizer1-bfloat16]` case, each side measured
-against float64: FLA's test compares chunk_gla with fused_recurrent_gla (both fla_lab's under benchmarks/fla_tests.py)
+against float64: FLA's test compares chunk_gla with fused_recurrent_gla (both fla_lab's under dev/fla_tests.py)
 by FLA's error ratio (RMS of the difference over the RMS of the reference) with a 0.005 limit. Here each op's output,
 final state and gradients get the same ratio against the float64 recurrence on the same bf16 inputs and
 cotangents, so a miss of the pair's limit is traced to the side that carries it.

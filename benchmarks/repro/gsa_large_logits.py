@@ -50,7 +50,7 @@ def measure(q_scale: float, T: int) -> dict:
                                                        cot)}
     for name, run in runs.items():
         try:
-            result = atlas._compare(run(), exact, torch.float32)
+            result = atlas.measurement._compare(run(), exact, torch.float32)
             row[name] = {"status": result["status"], **{k: float(v) for k, v in result["errors"].items()}}
         except Exception as exc:  # a run that fails is reported, the others still run
             row[name] = {"status": "raises", "message": f"{type(exc).__name__}: {exc}"[:200]}
@@ -106,7 +106,7 @@ def stages(q_scale: float = 100.0, T: int = 64) -> list[str]:
             run = harness.run(gsa.op(chunk_size=BT), harness.leaves(rounded), cot)
         finally:
             gsa_chunk.slot_softmax_backward = shipped
-        errors = atlas._compare(run, exact, torch.float32)["errors"]
+        errors = atlas.measurement._compare(run, exact, torch.float32)["errors"]
         lines.append(f"  chunk {BT}, exact d(scores): " + ", ".join(f"{k} {errors[k]:.1e}" for k in
                                                                   ("dq", "dk", "ds", "dg")))
     return lines

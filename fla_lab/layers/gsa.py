@@ -133,15 +133,15 @@ class GatedSlotAttention(nn.Module):
         cancellation that zeroes small writes. The projection may come out in bf16 (autocast); everything after it
         is fp32.
         """
-        x = self.f_proj(hidden_states).float()
+        x = self.f_proj(hidden_states).float()  # safeguard: gsa_gate_fp32
         if self.gate_fn == "piecewise":
             f = torch.where(x < LOGSIGMOID_LINEAR_BELOW, x, torch.log(torch.sigmoid(x))) / self.gate_logit_normalizer
         else:
-            f = F.logsigmoid(x) / self.gate_logit_normalizer
+            f = F.logsigmoid(x) / self.gate_logit_normalizer  # safeguard: gsa_gate_logsigmoid
         if self.gate_clamp is not None:
             f = f.clamp(min=-self.gate_clamp)
         f = split_heads(f, self.num_slots)
-        return f, -torch.expm1(f)
+        return f, -torch.expm1(f)  # safeguard: gsa_write_expm1
 
     def forward(self, hidden_states: torch.Tensor, attention_mask=None, past_key_values=None, use_cache=False,
                 output_attentions=False, **kwargs):

@@ -152,6 +152,7 @@ class RWKV6Attention(nn.Module):
     def log_decay(self, xw: torch.Tensor) -> torch.Tensor:
         # fp32 whatever autocast did to the LoRA's output: the kernels take an fp32 decay beside bf16 r, k, v
         w_raw = self.w_lora(xw).float()  # safeguard: rwkv6_decay_fp32
+        # bug: sigmoid_decay
         if self.bug == "sigmoid_decay":  # upstream #11: a decay in (0, 1) where a log-decay belongs
             return torch.sigmoid(w_raw)
         return -torch.exp(w_raw)

@@ -68,9 +68,9 @@ def state_removal(kk: torch.Tensor, gate: torch.Tensor) -> tuple[torch.Tensor, t
 def log_decay_from_lora(w_raw: torch.Tensor, bug: str | None = None) -> torch.Tensor:
     """RWKV-7's log-decay from its decay-LoRA output, `-exp(-0.5) * sigmoid(w_raw)`; `bug="bf16_decay"` computes it
     as upstream #181 did (notebook 05: what that changes under autocast, and writing the fix)."""
-    if bug == "bf16_decay":  # upstream #181 (and 0.6.0 again): sigmoid rounded to bf16
+    if bug == "bf16_decay":  # upstream #181 (and 0.6.0 again): sigmoid rounded to bf16  # bug: bf16_decay
         return -DECAY_SCALE * w_raw.sigmoid()
-    return -DECAY_SCALE * w_raw.float().sigmoid()
+    return -DECAY_SCALE * w_raw.float().sigmoid()  # safeguard: rwkv7_decay_fp32
 
 
 class RWKV7Attention(nn.Module):
@@ -108,6 +108,7 @@ class RWKV7Attention(nn.Module):
         self.v_low_rank_dim = v_low_rank_dim or init.lora_rank(C, 1.7, scale)
         self.gate_low_rank_dim = gate_low_rank_dim or init.lora_rank(C, 5.0)
 
+        # bug: uninitialized_params
         legacy = bug == "uninitialized_params"  # upstream #150: torch.empty + an init that never reaches them
         self._make_vector_parameters(garbage=legacy)
         self.r_proj = nn.Linear(C, C, bias=False)
@@ -201,7 +202,7 @@ class RWKV7Attention(nn.Module):
             v = torch.lerp(v, v_first, self.v_lora(xv).sigmoid())
         a = self.a_lora(xa).sigmoid()
         g = self.g_lora(xg)
-        kk = F.normalize(split_heads(k * self.k_k, self.head_dim), dim=-1)
+        kk = F.normalize(split_heads(k * self.k_k, self.head_dim), dim=-1)  # safeguard: rwkv7_key_norm_eps
         k = k.addcmul(k * (a - 1), self.k_a)
         r, w, k, a = (split_heads(t, self.head_dim) for t in (r, w, k, a))
         v = split_heads(v, self.head_v_dim)

@@ -1,38 +1,35 @@
-"""The inventory of the kernels' and layers' numerical safeguards, read from the sources.
+"""The inventory of the kernels' and layers' numerical safeguards, found in the sources by their markers.
 
 Each safeguard is one line of `fla_lab/ops` or `fla_lab/layers` whose naive form computes the same number in exact
-arithmetic but not in floating point. `REGISTRY` names it: the file, the shipped code (a text that occurs exactly
-once in that file), its naive form (the replacement the mutation check applies), what it protects against, the ops
-that run it and the tests that fail with the naive form. A line that has room for it, and that no notebook prints,
-carries a trailing marker comment, `# safeguard: <id>`; `inventory()` finds each entry's line (by its code, and
-checks the marker agrees) and its enclosing function by parsing the file, without importing the kernels.
+arithmetic but not in floating point. The line carries the marker `# safeguard: <id>` (`fla_lab.spec.markers`: at
+its end, or on a comment line of its own above it). `REGISTRY` names it by that id and holds its naive form (the
+code that replaces the marked line's code, its indentation kept: what the mutation check and notebook 06's removal
+put in), what it protects against, the ops that run it and the tests that fail with the naive form; the shipped
+line itself is read from the source. `inventory()` finds each entry's file, line and enclosing function through its
+marker, without importing the kernels.
 
 Entries with `bug` are catalogued bugs (`python -m fla_lab bugs`): their naive form is the bug switch's helper,
 tested through that switch; entries with `mutation` are reverted by an existing mutation of the mutation check. The
-others are reverted by a mutation of their own id (`mutations()`, used by `benchmarks/mutation_check.py`).
+others are reverted by a mutation of their own id (`mutations()`, used by `dev/mutation_check.py`).
 
     python -m fla_lab safeguards [--write]  # the table (Markdown); --write: into docs/onboarding.md
 """
 from __future__ import annotations
 
-import ast
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from fla_lab.spec import markers
+
 ROOT = Path(__file__).resolve().parents[2]
-SCANNED = ("fla_lab/ops", "fla_lab/layers")
-MARKER = re.compile(r"#\s*safeguard:\s*([a-z0-9_]+)")
 PROTECTS = ("overflow", "cancellation", "inf-inf", "0*inf", "precision", "padded rows")
 TESTS = "tests/test_safeguards.py"
 
 
 @dataclass(frozen=True)
 class Safeguard:
-    id: str
-    path: str        # relative to the repository root
-    code: str        # the shipped text: occurs exactly once in `path`
-    naive: str       # what replaces `code` in the naive form
+    id: str          # the id of its marker, `# safeguard: <id>`
+    naive: str       # the code that replaces the marked line's code in the naive form
     protects: str    # one of PROTECTS
     ops: tuple
     what: str
@@ -51,16 +48,12 @@ class Safeguard:
 @dataclass(frozen=True)
 class Entry:
     guard: Safeguard
+    path: str      # relative to the repository root
     line: int
     function: str  # the enclosing function: the Triton kernel or helper, or the layer's method
-    marked: bool   # the line carries its marker comment
 
 
-CC = "fla_lab/ops/common/chunk.py"
-GSA = "fla_lab/ops/gsa/chunk.py"
-R7 = "fla_lab/ops/rwkv7/chunk.py"
 CHUNK_OPS = ("chunk_gla", "chunk_rwkv6", "chunk_gsa")
-UTILS = "fla_lab/ops/common/utils.py"
 ALL_CHUNK_OPS = (*CHUNK_OPS, "chunk_rwkv7")
 GSA_OPS = ("chunk_gsa", "fused_recurrent_gsa")
 STRONG_DECAY = {"decays": (100.0,)}     # a chunk's cumulative log-decay far past exp's 88
@@ -72,260 +65,208 @@ FP32_DOTS = {"dtypes": ("fp32",)}       # fp32 inputs on a GPU, where a dot may 
 # bf16 on a GPU at training length and weak decay (tests/test_training_length.py); the interpreter's dots are fp32
 TRAINING_LENGTH = {"dtypes": ("bf16",), "lengths": (4096,), "decays": (0.001,)}
 
-GLA = "fla_lab/ops/gla/chunk.py"
 
-
-def one_exponent(id: str, path: str, code: str, naive: str, ops: tuple, what: str) -> Safeguard:
+def one_exponent(id: str, naive: str, ops: tuple, what: str) -> Safeguard:
     """A decay factor taken as one exponent G_later - G_earlier <= 0, whose naive form splits it in two,
     exp(G_later) * exp(-G_earlier): 0 * inf once a cumulative log-decay passes -88 (the atlas's strong decay)."""
     what = f"{what}: one exponent <= 0, not exp(G_later) * exp(-G_earlier)"
-    return Safeguard(id, path, code, naive, "0*inf", ops, what, atlas=STRONG_DECAY)
+    return Safeguard(id, naive, "0*inf", ops, what, atlas=STRONG_DECAY)
 
 
-def rounding(id: str, path: str, code: str, naive: str, ops: tuple, atlas: dict, what: str,
-             gpu_only: bool = False) -> Safeguard:
+def rounding(id: str, naive: str, ops: tuple, atlas: dict, what: str, gpu_only: bool = False) -> Safeguard:
     """A value kept in fp32, or a product at fp32's accuracy, where the naive form rounds to 16 bits (or TF32)."""
-    return Safeguard(id, path, code, naive, "precision", ops, what, atlas=atlas, gpu_only=gpu_only)
+    return Safeguard(id, naive, "precision", ops, what, atlas=atlas, gpu_only=gpu_only)
 
 
 REGISTRY = (
-    Safeguard("gsa_softmax_max_first", GSA,
-              'b_x - tl.max(b_x, axis=1)[:, None], float("-inf"))  # max first: exp(x - max) <= 1',
-              'b_x, float("-inf"))', "overflow", ("chunk_gsa",),
+    Safeguard("gsa_softmax_max_first", 'b_x = tl.where(m, b_x, float("-inf"))', "overflow", ("chunk_gsa",),
               "slot softmax: the row maximum is subtracted before exp (exp(x) overflows for logits above 88)",
               atlas=LARGE_LOGITS),
-    Safeguard("gsa_softmax_bwd_max_first", GSA,
-              'b_x - tl.max(b_x, axis=1)[:, None], float("-inf"))\n    b_e = tl.where(m, tl.exp(b_x), 0)\n'
-              "    b_p = b_e / tl.maximum(tl.sum(b_e, axis=1), 1e-30)[:, None]\n    b_dp",
-              'b_x, float("-inf"))\n    b_e = tl.where(m, tl.exp(b_x), 0)\n'
-              "    b_p = b_e / tl.maximum(tl.sum(b_e, axis=1), 1e-30)[:, None]\n    b_dp", "overflow", ("chunk_gsa",),
+    Safeguard("gsa_softmax_bwd_max_first", 'b_x = tl.where(m, b_x, float("-inf"))', "overflow", ("chunk_gsa",),
               "slot softmax backward: the recomputed probabilities subtract the row maximum before exp",
               atlas=LARGE_LOGITS),
-    Safeguard("state_key_decay_to_chunk_end", CC, "b_kt *= tl.exp(tl.where(m_kt, b_glast[:, None] - b_gt, 0))",
-              "b_kt *= tl.exp(b_glast[:, None]) * tl.exp(-b_gt)", "0*inf", CHUNK_OPS,
+    Safeguard("state_key_decay_to_chunk_end", "b_kt *= tl.exp(b_glast[:, None]) * tl.exp(-b_gt)", "0*inf", CHUNK_OPS,
               "state pass, key side: one exponent G_last - G_t <= 0, not exp(G_last) * exp(-G_t) (0 * inf once "
               "a chunk's decay passes 88)",
               atlas=STRONG_DECAY),
-    Safeguard("state_value_decay_to_chunk_end", CC, "b_v *= tl.exp(tl.where(m_tv, b_glast[None, :] - b_g, 0))",
-              "b_v *= tl.exp(b_glast[None, :]) * tl.exp(-b_g)", "0*inf", ("chunk_gsa",),
+    Safeguard("state_value_decay_to_chunk_end", "b_v *= tl.exp(b_glast[None, :]) * tl.exp(-b_g)", "0*inf",
+              ("chunk_gsa",),
               "state pass, value side (GSA's keys -> slots): the same single exponent G_last - G_t <= 0",
               atlas=STRONG_DECAY),
-    Safeguard("rwkv7_state_decay_to_chunk_end", R7,
-              "b_gend = tl.exp(tl.where(m_kt, b_glast[:, None] - load_cols(gi, o_t, o_k, m_kt, HK), 0))",
+    Safeguard("rwkv7_state_decay_to_chunk_end",
               "b_gend = tl.exp(b_glast[:, None]) * tl.exp(-load_cols(gi, o_t, o_k, m_kt, HK))", "0*inf",
               ("chunk_rwkv7",),
               "RWKV-7 state pass: b and k decayed to the chunk end with one exponent G_last - G_t <= 0",
               atlas=STRONG_DECAY),
-    Safeguard("gla_dk_decay_to_chunk_end", "fla_lab/ops/gla/chunk.py",
-              "b_dk += b_dkh * tl.exp(tl.where(m_ik, b_glast[None, :] - b_gk, 0))",
-              "b_dk += b_dkh * tl.exp(b_glast[None, :]) * tl.exp(-b_gk)", "0*inf", ("chunk_gla", "chunk_rwkv6"),
+    Safeguard("gla_dk_decay_to_chunk_end", "b_dk += b_dkh * tl.exp(b_glast[None, :]) * tl.exp(-b_gk)", "0*inf",
+              ("chunk_gla", "chunk_rwkv6"),
               "dk's state term: one exponent G_last - G_t <= 0, not exp(G_last) * exp(-G_t)",
               atlas=STRONG_DECAY),
-    Safeguard("rwkv7_reader_weight_masked_before_exp", R7,
-              "b_w = tl.where(causal, tl.exp(tl.where(causal, b_g - b_gj[None, :], 0)), 0)",
-              "b_w = tl.exp(b_g - b_gj[None, :]) * causal.to(tl.float32)", "0*inf", ("chunk_rwkv7",),
+    Safeguard("rwkv7_reader_weight_masked_before_exp", "b_w = tl.exp(b_g - b_gj[None, :]) * causal.to(tl.float32)",
+              "0*inf", ("chunk_rwkv7",),
               "RWKV-7 backward, dr and da: the exponent is masked before exp (pairs s > t: exp(+large) * 0)",
               atlas=STRONG_DECAY),
-    Safeguard("rwkv7_writer_weight_masked_before_exp", R7,
-              "b_w = tl.where(causal, tl.exp(tl.where(causal, b_gj[None, :] - b_g, 0)), 0)",
-              "b_w = tl.exp(b_gj[None, :] - b_g) * causal.to(tl.float32)", "0*inf", ("chunk_rwkv7",),
+    Safeguard("rwkv7_writer_weight_masked_before_exp", "b_w = tl.exp(b_gj[None, :] - b_g) * causal.to(tl.float32)",
+              "0*inf", ("chunk_rwkv7",),
               "RWKV-7 backward, db and dk: the exponent is masked before exp",
               atlas=STRONG_DECAY),
-    Safeguard("gsa_dv_state_decay_to_chunk_end", GSA,
-              "b_out = b_xh * tl.exp(tl.where(m_iv, b_glast[None, :] - b_g, 0))",
-              "b_out = b_xh * tl.exp(b_glast[None, :]) * tl.exp(-b_g)", "0*inf", ("chunk_gsa",),
+    Safeguard("gsa_dv_state_decay_to_chunk_end", "b_out = b_xh * tl.exp(b_glast[None, :]) * tl.exp(-b_g)", "0*inf",
+              ("chunk_gsa",),
               "GSA backward, the state term of a slot pass's dv: one exponent G_last - G_t <= 0",
               atlas=STRONG_DECAY),
-    Safeguard("plain_rows_decay_to_chunk_end", CC, "b_y *= tl.exp(tl.where(m_ty, b_glast[None, :] - b_g, 0))",
-              "b_y *= tl.exp(b_glast[None, :]) * tl.exp(-b_g)", "0*inf", CHUNK_OPS,
+    Safeguard("plain_rows_decay_to_chunk_end", "b_y *= tl.exp(b_glast[None, :]) * tl.exp(-b_g)", "0*inf", CHUNK_OPS,
               "backward rows decayed to the chunk end (GLA's dv, GSA's dk): one exponent G_last - G_t <= 0",
               atlas=STRONG_DECAY),
-    Safeguard("gsa_gate_logsigmoid", "fla_lab/layers/gsa.py", "f = F.logsigmoid(x) / self.gate_logit_normalizer",
-              "f = torch.log(torch.sigmoid(x)) / self.gate_logit_normalizer", "overflow", ("chunk_gsa",),
+    Safeguard("gsa_gate_logsigmoid", "f = torch.log(torch.sigmoid(x)) / self.gate_logit_normalizer", "overflow",
+              ("chunk_gsa",),
               "GSA layer's forget gate: logsigmoid, not log(sigmoid(x)) (sigmoid underflows to 0 below -88: "
               "log gives -inf)"),
-    Safeguard("gsa_write_expm1", "fla_lab/layers/gsa.py", "return f, -torch.expm1(f)",
-              "return f, 1 - torch.exp(f)", "cancellation", ("chunk_gsa",),
+    Safeguard("gsa_write_expm1", "return f, 1 - torch.exp(f)", "cancellation", ("chunk_gsa",),
               "GSA layer's slot write 1 - exp(f) as -expm1(f): small writes are not rounded to 0"),
-    Safeguard("gsa_gate_fp32", "fla_lab/layers/gsa.py", "x = self.f_proj(hidden_states).float()",
-              "x = self.f_proj(hidden_states)", "precision", ("chunk_gsa",),
+    Safeguard("gsa_gate_fp32", "x = self.f_proj(hidden_states)", "precision", ("chunk_gsa",),
               "GSA layer's gates computed in fp32 from a bf16 projection (upstream #181's lesson)"),
-    Safeguard("rwkv6_decay_fp32", "fla_lab/layers/rwkv6.py", "w_raw = self.w_lora(xw).float()",
-              "w_raw = self.w_lora(xw)", "precision", ("chunk_rwkv6", "fused_recurrent_rwkv6"),
+    Safeguard("rwkv6_decay_fp32", "w_raw = self.w_lora(xw)", "precision", ("chunk_rwkv6", "fused_recurrent_rwkv6"),
               "RWKV6 layer's log-decay -exp(w_raw) computed in fp32 from a bf16 LoRA output"),
-    Safeguard("gla_diagonal_masked_before_exp", CC,
-              "return tl.where(causal, tl.exp(tl.where(causal, b_gq - b_gk, 0)), 0)",
-              "return tl.exp(b_gq - b_gk) * causal.to(tl.float32)", "0*inf", ("chunk_gla", "chunk_gsa"),
+    Safeguard("gla_diagonal_masked_before_exp", "return tl.exp(b_gq - b_gk) * causal.to(tl.float32)", "0*inf",
+              ("chunk_gla", "chunk_gsa"),
               "diagonal blocks: the exponent is masked before exp, so pairs above the diagonal give 0, not inf * 0",
               tests=("tests/test_chunk.py::test_chunk_gla[B1-T64-H1-K64-V64-float16-m10-h0-c64]",),
               mutation="gla_diag_mask_after_exp",
               atlas=STRONG_DECAY),
-    Safeguard("gsa_later_rows_masked", CC, "return tl.where((o_j < T)[:, None] & m_d[None, :], b_gq - b_gn, 0)",
-              "return b_gq - b_gn", "padded rows", ("chunk_gsa", "chunk_gla", "chunk_rwkv6"),
+    Safeguard("gsa_later_rows_masked", "return b_gq - b_gn", "padded rows", ("chunk_gsa", "chunk_gla", "chunk_rwkv6"),
               "rows past T (loaded as 0) are masked in the exponent: exp(0 - gn) would overflow and meet a zero",
               tests=("tests/test_gsa.py::test_unmasked_padding_gives_nan_in_ds_and_dg_with_a_partial_last_chunk",
                      "tests/test_gsa.py::test_fixed_path_is_finite_where_the_bug_fires"),
               bug="chunk_gsa:unmasked_padding",
               atlas=STRONG_DECAY),
-    Safeguard("reference_row_exclusive", CC, "return gi + (i_start - 1) * HK + o_k",
-              "return gi + i_start * HK + o_k", "0*inf", ("chunk_rwkv6", "chunk_gla"),
+    Safeguard("reference_row_exclusive", "return gi + i_start * HK + o_k", "0*inf", ("chunk_rwkv6", "chunk_gla"),
               "sub-chunk reference row gi[start - 1]: both factors exp(gq - gn) and exp(gn - gk) stay <= 1",
               tests=("tests/test_lesson_overflow.py::test_buggy_kernel_fails_exactly_where_the_reference_row_is_used",
                      "tests/test_lesson_overflow.py::test_fixed_kernel_matches_the_spec_at_extreme_decay"),
               bug="chunk_rwkv6:exclusive_reference",
               atlas=STRONG_DECAY),
-    Safeguard("rwkv7_decay_fp32", "fla_lab/layers/rwkv7.py", "return -DECAY_SCALE * w_raw.float().sigmoid()",
-              "return -DECAY_SCALE * w_raw.sigmoid()", "precision", ("chunk_rwkv7", "fused_recurrent_rwkv7"),
+    Safeguard("rwkv7_decay_fp32", "return -DECAY_SCALE * w_raw.sigmoid()", "precision",
+              ("chunk_rwkv7", "fused_recurrent_rwkv7"),
               "RWKV-7 layer's log-decay in fp32 (the fix of upstream #181)",
               tests=("tests/test_layers_autocast.py::"
                      "test_bf16_decay_switch_rounds_the_decay_inside_a_real_autocast_step",),
               bug="rwkv7:bf16_decay"),
     # a decay factor as one exponent around the sub-chunks' reference row gn, or per pair
-    one_exponent("earlier_rows_key_decay", CC, "b_acc += mma(b_s, b_y * tl.exp(b_gn[None, :] - b_gj), DOT)",
-                 "b_acc += mma(b_s, b_y * tl.exp(b_gn[None, :]) * tl.exp(-b_gj), DOT)", CHUNK_OPS,
-                 "rows from earlier sub-chunks (GLA's dq, GSA's slot output), key factor exp(gn - G_s)"),
-    one_exponent("earlier_rows_query_decay", CC,
-                 "b_acc *= tl.exp(tl.where(m_i[:, None] & m_d[None, :], b_gq - b_gn[None, :], 0))",
-                 "b_acc *= tl.exp(b_gq) * tl.exp(-b_gn[None, :])", CHUNK_OPS,
+    one_exponent("earlier_rows_key_decay", "b_acc += mma(b_s, b_y * tl.exp(b_gn[None, :]) * tl.exp(-b_gj), DOT)",
+                 CHUNK_OPS, "rows from earlier sub-chunks (GLA's dq, GSA's slot output), key factor exp(gn - G_s)"),
+    one_exponent("earlier_rows_query_decay", "b_acc *= tl.exp(b_gq) * tl.exp(-b_gn[None, :])", CHUNK_OPS,
                  "rows from earlier sub-chunks, query factor exp(G_t - gn)"),
-    one_exponent("later_rows_key_decay", CC,
-                 "b_acc *= tl.exp(tl.where(m_i[:, None] & m_d[None, :], b_gn[None, :] - b_gk, 0))",
-                 "b_acc *= tl.exp(b_gn[None, :]) * tl.exp(-b_gk)", CHUNK_OPS,
+    one_exponent("later_rows_key_decay", "b_acc *= tl.exp(b_gn[None, :]) * tl.exp(-b_gk)", CHUNK_OPS,
                  "columns from later sub-chunks (GLA's dk, GSA's slot dv), key factor exp(gn - G_s)"),
-    one_exponent("later_rows_query_decay", CC,
-                 "b_acc += mma(b_st, b_w * tl.exp(EXPONENT(b_gq, b_gn[None, :], o_j, m_d, T)), DOT)",
-                 "b_acc += mma(b_st, b_w * tl.exp(b_gq) * tl.exp(-b_gn[None, :]), DOT)", CHUNK_OPS,
+    one_exponent("later_rows_query_decay", "b_acc += mma(b_st, b_w * tl.exp(b_gq) * tl.exp(-b_gn[None, :]), DOT)",
+                 CHUNK_OPS,
                  "columns from later sub-chunks, the later rows' factor exp(G_t - gn) (the EXPONENT helper, which "
                  "also masks rows past T)"),
-    one_exponent("gated_scores_query_decay", GLA, "b_qg = b_q * tl.exp(tl.where(m_ik, b_gq - b_gn[None, :], 0))",
-                 "b_qg = b_q * tl.exp(b_gq) * tl.exp(-b_gn[None, :])", CHUNK_OPS,
+    one_exponent("gated_scores_query_decay", "b_qg = b_q * tl.exp(b_gq) * tl.exp(-b_gn[None, :])", CHUNK_OPS,
                  "intra-chunk scores, a block of an earlier key sub-chunk, query factor exp(gq - gn)"),
-    one_exponent("gated_scores_key_decay", GLA, "b_A += mma(b_qg, b_kt * tl.exp(b_gn[:, None] - b_gkt), DOT)",
-                 "b_A += mma(b_qg, b_kt * tl.exp(b_gn[:, None]) * tl.exp(-b_gkt), DOT)", CHUNK_OPS,
-                 "intra-chunk scores, a block of an earlier key sub-chunk, key factor exp(gn - gk)"),
-    one_exponent("folded_diagonal_decay", GLA,
-                 "b_a += tl.sum(b_q * b_k * tl.exp(tl.where(m, b_gq - b_gk, 0)), axis=1)  # masked before exp",
-                 "b_a += tl.sum(b_q * b_k * tl.exp(b_gq) * tl.exp(-b_gk), axis=1)", CHUNK_OPS,
+    one_exponent("gated_scores_key_decay", "b_A += mma(b_qg, b_kt * tl.exp(b_gn[:, None]) * tl.exp(-b_gkt), DOT)",
+                 CHUNK_OPS, "intra-chunk scores, a block of an earlier key sub-chunk, key factor exp(gn - gk)"),
+    one_exponent("folded_diagonal_decay", "b_a += tl.sum(b_q * b_k * tl.exp(b_gq) * tl.exp(-b_gk), axis=1)",
+                 CHUNK_OPS,
                  "intra-chunk scores, diagonal block, each pair's exp(G_t - G_s) (both the chunk's cumulative "
                  "decays, far past -88 in a late sub-chunk)"),
-    Safeguard("rwkv6_diagonal_masked_before_exp", CC,
-              "return tl.where(diag, b_u, tl.where(below, tl.exp(tl.where(below, b_gq - b_gk, 0)), 0))",
+    Safeguard("rwkv6_diagonal_masked_before_exp",
               "return tl.where(diag, b_u, tl.exp(b_gq - b_gk) * below.to(tl.float32))", "0*inf", ("chunk_rwkv6",),
               "RWKV6's diagonal blocks (backward): the exponent masked before exp, so pairs s > t, where "
               "G_{t-1} - G_s >= 0, give 0, not inf * 0",
               atlas=STRONG_DECAY),
-    one_exponent("gsa_slot_diagonal_decay", GSA, "b_e = tl.exp(tl.where(causal, b_g - b_gj[None, :], 0))",
-                 "b_e = tl.exp(b_g) * tl.exp(-b_gj[None, :])", ("chunk_gsa",),
+    one_exponent("gsa_slot_diagonal_decay", "b_e = tl.exp(b_g) * tl.exp(-b_gj[None, :])", ("chunk_gsa",),
                  "GSA's slot output, diagonal block, each pair's exp(G_t - G_j)"),
-    one_exponent("rwkv7_pair_weight_decay", R7,
-                 "b_w = tl.exp(tl.where(m, tl.load(gi + rows_t[:, None] * HK + o_k[None, :], mask=m, other=0)",
+    # the first line of a two-line statement, whose second line (`- G_s, 0))`) stays: exp(G_t) * exp(0 - G_s)
+    one_exponent("rwkv7_pair_weight_decay",
                  "b_w = tl.exp(tl.load(gi + rows_t[:, None] * HK + o_k[None, :], mask=m, other=0)) * "
                  "tl.exp(tl.where(m, 0", ("chunk_rwkv7",),
                  "RWKV-7's four scores, the weight exp(G_t - G_s) of each pair and channel"),
     # the slot softmax's padded slots (M not a power of two), fp32 slot scores, ABC's gates
-    *(Safeguard(f"gsa_softmax{kernel}_pad_neg_inf", GSA, f'b_x = tl.load({pointer}, mask=m, other=float("-inf"))',
-                f"b_x = tl.load({pointer}, mask=m, other=0)", "padded rows", GSA_OPS,
+    *(Safeguard(f"gsa_softmax{kernel}_pad_neg_inf", f"b_x = tl.load({pointer}, mask=m, other=0).to(tl.float32)",
+                "padded rows", GSA_OPS,
                 f"slot softmax{what}: padded slots (M below its power of two) load -inf, so the row maximum is a "
                 "real logit's; with 0 a row of logits all below -88 subtracts 0 and exp underflows to a 0 / 0 row")
       for kernel, pointer, what in (("", "x + o_r[:, None] * M + o_m[None, :]", ""),
                                     ("_bwd", "x + p_rm", " backward (the probabilities recomputed)"))),
-    rounding("gsa_slot_scores_fp32", GSA, "o = empty_f32(q, B, T, H, V)",
-             "o = torch.empty(B, T, H, V, dtype=q.dtype, device=q.device)", ("chunk_gsa",), BF16_LARGE_LOGITS,
+    rounding("gsa_slot_scores_fp32", "o = torch.empty(B, T, H, V, dtype=q.dtype, device=q.device)", ("chunk_gsa",),
+             BF16_LARGE_LOGITS,
              "GSA's slot scores (pass 1's output) kept fp32 for the softmax: in bf16 a logit of 30 is rounded by up "
              "to 0.06, and the slot weights move by up to 6%"),
-    rounding("gsa_fused_slot_scores_fp32", "fla_lab/ops/gsa/fused_recurrent.py", "o_dtype=torch.float32, seqs=seqs)",
-             "o_dtype=q.dtype, seqs=seqs)", ("fused_recurrent_gsa",), BF16_LARGE_LOGITS,
+    # the last line of a call: its other arguments stay
+    rounding("gsa_fused_slot_scores_fp32", "o_dtype=q.dtype, seqs=seqs)", ("fused_recurrent_gsa",), BF16_LARGE_LOGITS,
              "fused GSA's slot scores (pass 1's output) kept fp32 for the softmax, as the chunked op's"),
-    Safeguard("abc_gates_logcumsumexp", GSA, "z = s.float().logcumsumexp(1)", "z = s.float().exp().cumsum(1).log()",
-              "overflow", GSA_OPS,
+    Safeguard("abc_gates_logcumsumexp", "z = s.float().exp().cumsum(1).log()", "overflow", GSA_OPS,
               "ABC's gates (g=None): the running normaliser as a log-cumulative-sum-exp, not log(cumsum(exp(s))) "
               "(exp overflows for slot writes above 88: inf - inf in the log-decay)"),
-    Safeguard("abc_gates_fp32", GSA, "z = s.float().logcumsumexp(1)", "z = s.logcumsumexp(1)", "cancellation",
-              GSA_OPS,
+    Safeguard("abc_gates_fp32", "z = s.logcumsumexp(1)", "cancellation", GSA_OPS,
               "ABC's gates: the normaliser z in fp32, whose log-decay z_{t-1} - z_t subtracts two nearly equal "
               "values (a bf16 z of 4 is rounded by up to 0.016, as large as a late step's decay)"),
     # fp32 where a 16-bit form rounds
-    rounding("chunk_cumsum_fp32", CC, "b_g = tl.load(g + p, mask=m, other=0).to(tl.float32)",
-             "b_g = tl.load(g + p, mask=m, other=0)", ALL_CHUNK_OPS, FP16,
+    rounding("chunk_cumsum_fp32", "b_g = tl.load(g + p, mask=m, other=0)", ALL_CHUNK_OPS, FP16,
              "the chunk's cumulative log-decay summed in fp32: an fp16 g summed in fp16 rounds G by 2^-11 of its size "
              "at every row (tl.cumsum promotes bf16 only)"),
-    rounding("state_products_split", UTILS,
-             "return tl.dot(a, b_hi, input_precision=PRECISION) + tl.dot(a, b_lo, input_precision=PRECISION)",
-             "return tl.dot(a, b_hi, input_precision=PRECISION)", ("chunk_gsa", "chunk_gla", "chunk_rwkv6",
-                                                                    "chunk_rwkv7"), TRAINING_LENGTH,
+    rounding("state_products_split", 'return tl.dot(a, b_hi, input_precision="ieee")',
+             ("chunk_gsa", "chunk_gla", "chunk_rwkv6", "chunk_rwkv7"), TRAINING_LENGTH,
              "products with an fp32 state in 16-bit dots take the state as hi + lo halves, not one rounding "
              "(GPU only: the interpreter's dots are fp32); the rounding reaches dg", gpu_only=True),
-    rounding("gsa_state_pass_split", CC, "b_h = b_h * tl.exp(b_glast)[None, :] + mma_split(b_kt, b_v, DOT)",
-             "b_h = b_h * tl.exp(b_glast)[None, :] + mma(b_kt, b_v, DOT)", ("chunk_gsa",), TRAINING_LENGTH,
+    rounding("gsa_state_pass_split", "b_h = b_h * tl.exp(b_glast)[None, :] + mma(b_kt, b_v, DOT)", ("chunk_gsa",),
+             TRAINING_LENGTH,
              "GSA's slot pass (value-side state) splits its decayed operand: the slot softmax magnifies one bf16 "
              "rounding per term of h into dg at weak decay (GPU only)", gpu_only=True),
-    rounding("dot_precision_ieee", UTILS, "return tl.dot(a.to(DOT), b.to(DOT), input_precision=PRECISION)",
-             "return tl.dot(a.to(DOT), b.to(DOT))", ALL_CHUNK_OPS, FP32_DOTS,
-             "fp32 dots at PRECISION, IEEE fp32, not tl.dot's default, TF32 on a GPU (10 mantissa bits; GPU only)",
+    rounding("dot_precision_ieee", "return tl.dot(a.to(DOT), b.to(DOT))", ALL_CHUNK_OPS, FP32_DOTS,
+             'fp32 dots in IEEE fp32 (input_precision="ieee"), not the default of tl.dot, TF32 on a GPU (10 mantissa '
+             "bits; GPU only)",
              gpu_only=True),
-    rounding("rwkv7_solve_tf32x3", R7, "return tl.dot(x, y, input_precision=SOLVE_PRECISION)", "return tl.dot(x, y)",
-             ("chunk_rwkv7",), FP32_DOTS,
+    rounding("rwkv7_solve_tf32x3", "return tl.dot(x, y)", ("chunk_rwkv7",), FP32_DOTS,
              "RWKV-7's fp32 chunk products (the solve's, W, U0) at SOLVE_PRECISION, three TF32 products on a GPU, "
              "about fp32's accuracy, not tl.dot's default, one TF32 product (GPU only)", gpu_only=True),
-    Safeguard("rwkv7_key_norm_eps", "fla_lab/layers/rwkv7.py",
-              "kk = F.normalize(split_heads(k * self.k_k, self.head_dim), dim=-1)",
+    Safeguard("rwkv7_key_norm_eps",
               "kk = split_heads(k * self.k_k, self.head_dim); kk = kk / kk.norm(dim=-1, keepdim=True)",
               "padded rows", ("chunk_rwkv7", "fused_recurrent_rwkv7"),
               "RWKV-7 layer's removal key normalised with an eps (F.normalize): a zero key, e.g. a zero-padded "
               "token, gives 0, not 0 / 0 = NaN in a and b"),
 )
 
-
-def source(path: str) -> str:
-    return (ROOT / path).read_text()
-
-
-def enclosing_function(text: str, line: int) -> str:
-    """The innermost function whose body spans `line` (1-based)."""
-    best = None
-    for node in ast.walk(ast.parse(text)):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.lineno <= line <= node.end_lineno:
-            if best is None or node.lineno > best.lineno:
-                best = node
-    return best.name if best else "<module>"
-
-
-def locate(guard: Safeguard, text: str) -> Entry:
-    count = text.count(guard.code)
-    if count != 1:
-        raise ValueError(f"safeguard {guard.id}: its code occurs {count} times in {guard.path} (must be once)")
-    line = text[:text.index(guard.code)].count("\n") + 1
-    found = MARKER.search(text.splitlines()[line - 1])
-    if found and found.group(1) != guard.id:
-        raise ValueError(f"safeguard {guard.id}: {guard.path}:{line} carries the marker of {found.group(1)}")
-    return Entry(guard, line, enclosing_function(text, line), bool(found))
+def locate(guard: Safeguard, found: dict[str, markers.Marker] | None = None) -> Entry:
+    """The entry of `guard`: the file, line and enclosing function its marker names (`found`: an index of the
+    safeguard markers, `markers.index("safeguard")`, when several are located at once)."""
+    found = markers.index("safeguard") if found is None else found
+    if guard.id not in found:
+        raise LookupError(f"safeguard {guard.id}: no line is marked `# safeguard: {guard.id}`")
+    m = found[guard.id]
+    return Entry(guard, m.path, m.line, markers.enclosing_function(markers.source(m), m.line))
 
 
 def inventory() -> list[Entry]:
-    return [locate(g, source(g.path)) for g in REGISTRY]
+    found = markers.index("safeguard")
+    return [locate(g, found) for g in REGISTRY]
 
 
-def markers() -> dict[str, list[tuple[str, int]]]:
-    """Every `# safeguard: <id>` marker in the scanned folders: id -> [(path, line)]."""
-    found: dict[str, list[tuple[str, int]]] = {}
-    for folder in SCANNED:
-        for file in sorted((ROOT / folder).rglob("*.py")):
-            for i, text in enumerate(file.read_text().splitlines(), 1):
-                for m in MARKER.finditer(text):
-                    found.setdefault(m.group(1), []).append((str(file.relative_to(ROOT)), i))
-    return found
+def get(id: str) -> Safeguard | None:
+    return next((g for g in REGISTRY if g.id == id), None)
+
+
+def source(entry: Entry) -> str:
+    """The text of the file that holds the entry's line."""
+    return (ROOT / entry.path).read_text()
+
+
+def shipped_line(entry: Entry) -> str:
+    """The shipped line, as it reads without its markers."""
+    return markers.strip_line(source(entry).splitlines()[entry.line - 1]).strip()
+
+
+def with_naive(entry: Entry, naive: str | None = None) -> str:
+    """The text of the entry's file with the marked line's code replaced by `naive` (default: the registry's naive
+    form)."""
+    return markers.replace(source(entry), "safeguard", entry.guard.id, entry.guard.naive if naive is None else naive,
+                           entry.path)
 
 
 def mutations() -> list[Safeguard]:
     """The safeguards reverted by a mutation of their own id (not a bug switch, not an existing mutation)."""
     return [g for g in REGISTRY if g.bug is None and g.mutation is None]
-
-
-def naive_line(entry: Entry) -> str:
-    """The line as the naive form writes it (stripped, without the marker)."""
-    g = entry.guard
-    mutated = source(g.path).replace(g.code, g.naive).splitlines()[entry.line - 1]
-    return MARKER.sub("", mutated).strip()
 
 
 def caught_by(g: Safeguard) -> str:
@@ -361,8 +302,8 @@ def table(lines: bool = True) -> str:
             "|---|---|---|---|---|---|---|"]
     for e in inventory():
         g = e.guard
-        where = g.path.removeprefix("fla_lab/") + (f":{e.line}" if lines else "")
-        naive = naive_line(e).replace("|", "\\|")
+        where = e.path.removeprefix("fla_lab/") + (f":{e.line}" if lines else "")
+        naive = g.naive.replace("|", "\\|")
         rows.append(f"| `{g.id}` | `{where}` `{e.function}` | {g.protects}: {g.what} | {', '.join(g.ops)} | "
                     f"`{naive}` | {range_text(g)} | {caught_by(g)} |")
     return "\n".join(rows)

@@ -1,8 +1,9 @@
 """The catalogue: every upstream bug fla_lab reproduces, in one place.
 
-Each entry says where the switch is (`locate(name)` gives file:line of the historical line), how to trigger
-it, what it does, and which notebook teaches it. Tests reproduce every entry; notebooks read their headers
-from here. `python -m fla_lab bugs` (or `show()`) prints every entry with its buggy and fixed lines.
+Each entry says where the switch is (`locate(name)` gives file:line of the historical line, the line that the
+marker `# bug: <name>` marks, `fla_lab.spec.markers`), how to trigger it, what it does, and which notebook teaches
+it. Tests reproduce every entry; notebooks read their headers from here. `python -m fla_lab bugs` (or `show()`)
+prints every entry with its buggy and fixed lines.
 
 Each entry belongs to the exercise whose answer its fixed line is (`Bug.exercise`, the name its check's verdict
 carries). In a learner's session (`fla_lab.teaching.edition.learner_session()`: the lab that `workbook.py lab` starts, or a
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 
 from fla_lab import layers
 from fla_lab.ops.common.switches import Switch, check_switch
+from fla_lab.spec import markers
 from fla_lab.teaching import edition, exercises
 
 UPSTREAM = "fla-org/flash-linear-attention"
@@ -71,7 +73,7 @@ class Bug:
     trigger: str       # what makes it show
     symptom: str       # what the user sees
     notebook: str
-    anchor: tuple[str, str]  # (file relative to the package, text on the switch line)
+    switch_file: str   # the file (relative to the package) whose `# bug: <name>` marker marks the switch line
     exercise: str      # the exercise whose answer the fixed line is (its verdict's name): gates fix, trigger, symptom
 
     def __post_init__(self) -> None:
@@ -123,14 +125,14 @@ CATALOGUE: tuple[Bug, ...] = (
             "YW55IGZvcndhcmQgcGFzczogeF94LCBrX2ssIGtfYSwgcl9rIGNvbWUgZnJvbSB0b3JjaC5lbXB0eSBhbmQgTW9kdWxlLmFwcGx5IG5l"
             "dmVyIHZpc2l0cyB0aGVt"),
         symptom="all-NaN (or garbage) layer output, depending on what the uninitialised memory holds",
-        notebook="01_all_nan_output", anchor=("layers/rwkv7.py", 'bug == "uninitialized_params"'),
+        notebook="01_all_nan_output", switch_file="layers/rwkv7.py",
         exercise="the initialisation #150 skipped"),
     Bug(name="sigmoid_decay", title="gradients grow uncontrollably (RWKV6 layer)",
         component="RWKV6Attention.forward (decay parametrisation)",
         fix="none needed in the kernel: pass log-space decays (logsigmoid / -exp)",
         trigger="sigmoid(w) passed where the kernel expects a log-decay",
         symptom="the state grows like exp(0.5 t); output and every gradient except du turn non-finite",
-        notebook="02_gradients_blow_up", anchor=("layers/rwkv6.py", 'bug == "sigmoid_decay"'),
+        notebook="02_gradients_blow_up", switch_file="layers/rwkv6.py",
         exercise="#11: the log of a sigmoid gate, as a @triton.jit helper"),
     Bug(name="exclusive_reference", title="NaN gradients of RWKV6 under strong decay",
         component="chunk intra-chunk scores and dq (RWKV6 path)",
@@ -139,7 +141,7 @@ CATALOGUE: tuple[Bug, ...] = (
         trigger="per-step log-decay <= about -90 (w = -exp(w_raw), w_raw >= 4.5)",
         symptom="inf * 0 = NaN in the output and dq, starting at the first query row of a sub-chunk",
         notebook="03a_nan_under_strong_decay",
-        anchor=("ops/common/chunk.py", "upstream #77 (de4235fd "),
+        switch_file="ops/common/chunk.py",
         exercise="the reference row gn of chunk_rwkv6"),
     Bug(name="unmasked_padding", title="NaN gradients of a GSA layer that come and go",
         component="GSA slot pass, backward intra-chunk dv kernel (slot_rows_kernel, BACKWARD)",
@@ -148,7 +150,7 @@ CATALOGUE: tuple[Bug, ...] = (
                 "first row to a sub-chunk's last valid row below about -88.7 (fp32)",
         symptom="forward finite; NaN in the gradients of s and g (exp(0 - gn) = inf times a zero-padded do)",
         notebook="03b_nan_gradients_that_come_and_go",
-        anchor=("ops/common/chunk.py", "upstream #77, GSA (before 737550ff)"),
+        switch_file="ops/common/chunk.py",
         exercise="the exponent of the later rows in chunk_gsa's slot-gradient kernel"),
     Bug(name="transposed_h0_mask", title="the backward fails when an initial state is passed",
         component="fused_recurrent_bwd_dq_kernel",
@@ -156,7 +158,7 @@ CATALOGUE: tuple[Bug, ...] = (
         trigger="backward with an initial_state and non-square dq tiles (BK=16, BV=64)",
         symptom="Triton refuses the initial-state load: mask [16, 64] against pointers [64, 16]",
         notebook="04_backward_fails_with_initial_state",
-        anchor=("ops/common/fused_recurrent.py", "upstream #18 (before 1547448b)"),
+        switch_file="ops/common/fused_recurrent.py",
         exercise="the mask of the initial-state load, in fused_recurrent_rwkv6's backward"),
     Bug(name="bf16_decay", title="a precision gap against the official RWKV-7 under AMP",
         component="RWKV7Attention.forward (decay LoRA sigmoid)",
@@ -165,7 +167,7 @@ CATALOGUE: tuple[Bug, ...] = (
             "Bjb21wdXRlcyBpdCBpbiBiZjE2"),
         trigger="bf16 autocast (CUDA or CPU): the decay's sigmoid runs in bf16, and its rounding stays in the decay",
         symptom="a per-step rounding bias in the decay that compounds over the sequence",
-        notebook="05_precision_gap_under_amp", anchor=("layers/rwkv7.py", 'bug == "bf16_decay"'),
+        notebook="05_precision_gap_under_amp", switch_file="layers/rwkv7.py",
         exercise="RWKV-7 log-decay in fp32 under autocast"),
 )
 
@@ -205,22 +207,20 @@ def locate(name: str) -> str:
 
 
 def _locate(name: str) -> str:
-    bug = get(name)
-    path = _PACKAGE / bug.anchor[0]
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        if bug.anchor[1] in line:
-            return f"fla_lab/{bug.anchor[0]}:{number}"
-    raise LookupError(f"the switch of {name!r} ({bug.anchor[1]!r}) is not in fla_lab/{bug.anchor[0]}")
+    """`fla_lab/<file>:<line>` of the line that `# bug: <name>` marks in the file the entry names."""
+    path = f"fla_lab/{get(name).switch_file}"
+    return f"{path}:{markers.locate((_PACKAGE.parent / path).read_text(), 'bug', name, path)}"
 
 
 def switch_lines(name: str, context: int = 4) -> list[str]:
-    """The switch line and the few after it: the buggy line and the fixed one side by side. In a learner's session
-    before the entry's exercise is opened it raises `exercises.NotRevealed` instead (`answer_shown`)."""
+    """The switch line and the `context` lines after it, without markers: the buggy line and the fixed one side by
+    side. In a learner's session before the entry's exercise is opened it raises `exercises.NotRevealed` instead
+    (`answer_shown`)."""
     _sealed(get(name), "the switch's lines are")
-    where = _locate(name)
-    number = int(where.rsplit(":", 1)[1])
-    lines = (_PACKAGE / get(name).anchor[0]).read_text().splitlines()
-    return [f"{n:5d}  {lines[n - 1]}" for n in range(number, min(number + context, len(lines)) + 1)]
+    number = int(_locate(name).rsplit(":", 1)[1])
+    text = (_PACKAGE / get(name).switch_file).read_text()
+    shown = [(n, line) for n, line in markers.visible_lines(text) if n >= number][:context + 1]
+    return [f"{n:5d}  {line}" for n, line in shown]
 
 
 def index() -> None:
@@ -246,7 +246,7 @@ def show(names: list[str] | None = None, lines: bool = True) -> None:
         try:
             where = _locate(bug.name)
         except (LookupError, OSError):
-            where = f"fla_lab/{bug.anchor[0]} (not built yet)"
+            where = f"fla_lab/{bug.switch_file} (not built yet)"
         print(f"{bug.name}  [{bug.op}]  upstream #{bug.issue}, fix {bug.fix}")
         print(f"  switch : {where}")
         print(f"  trigger: {bug.trigger}")

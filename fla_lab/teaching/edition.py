@@ -69,8 +69,8 @@ def _session_now() -> bool:
 
 
 def sources(folder: Path = NOTEBOOKS) -> list[Path]:
-    """The tracked notebooks (old names kept as links for old URLs are left out)."""
-    return sorted(p for p in folder.glob("[0-9][0-9]*_*.ipynb") if not p.is_symlink())
+    """The tracked notebooks."""
+    return sorted(folder.glob("[0-9][0-9]*_*.ipynb"))
 
 
 GOING_FURTHER = re.compile(r"^## Going further", re.M)

@@ -235,7 +235,7 @@ def check_guide(guide: str | Path, notebooks: str | Path) -> list[Finding]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    paths = argv if argv else sorted(str(p) for p in Path("notebooks").glob("[0-9]*.ipynb") if not p.is_symlink())
+    paths = argv if argv else sorted(str(p) for p in Path("notebooks").glob("[0-9]*.ipynb"))
     checks = [(Path(p).stem, functools.partial(check_notebook, p)) for p in paths]
     if not argv and Path("docs/onboarding.md").exists():
         checks.append(("docs/onboarding.md (answer keys)", functools.partial(check_guide, "docs/onboarding.md",

@@ -22,7 +22,7 @@ backward, or an unused output), or a non-finite one (the locator's case), is com
 Off by default: nothing is recorded outside the block. Cost inside the block: the locator's (a copy of every op
 input and cotangent, one finiteness check, so one host sync, per op output and gradient). `report()` costs, per
 call, one forward and backward of the kernel and one of the float64 reference on the call's device (a loop over
-time steps). Both timed on a 12-layer RWKV-7 training step by `benchmarks/bench_hunt.py`: docs/performance.md,
+time steps). Both timed on a 12-layer RWKV-7 training step by `python -m benchmarks.hunt_cost`: docs/performance.md,
 'Locator and audit cost'.
 """
 from __future__ import annotations
@@ -115,7 +115,7 @@ class Auditor:
     def _replays(self, call: hunt.Call) -> list[CallAudit]:
         results = [replay_call(call)]
         if self.kernel and call.library != "fla_lab":
-            from fla_lab.tools import upstream
+            from fla_lab.spec import upstream
 
             results.append(replay_call(call, upstream.kernel(call.op), replayed_on="fla_lab"))
         return results
@@ -138,7 +138,7 @@ def audit(model: torch.nn.Module | None = None, fla: bool | None = None, kernel:
 
     `model` only names the module of each call; without it every fla_lab op call is still recorded. With
     flash-linear-attention imported (or `fla=True`) its op calls are recorded too and replayed against fla_lab's
-    float64 reference through `fla_lab.tools.upstream`'s mapping (`kernel=True`: and on fla_lab's kernel).
+    float64 reference through `fla_lab.spec.upstream`'s mapping (`kernel=True`: and on fla_lab's kernel).
     """
     return Auditor(model, fla=fla, kernel=kernel)
 

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from fla_lab.tools import audit as audit_mode
-from fla_lab.tools import upstream
+from fla_lab.spec import upstream
 
 INITIALIZER_RANGE = 0.02  # FLA's configs' default
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -157,7 +157,8 @@ def _summary(args, recorded, plain_s: float, recorded_s: float, replay_s: float)
             f"{len(results)} replay(s), {replay_s / max(len(results), 1) * 1e3:.0f} ms each; "
             f"{with_dht} of {len(recorded.calls)} call(s) got a final-state cotangent")
     return {"fla_version": upstream.version(), "torch": torch.__version__, "device": torch.cuda.get_device_name(),
-            "args": {k: v for k, v in vars(args).items() if k != "func"}, "cost line": cost,
+            "args": {k: v for k, v in vars(args).items() if k not in ("func", "json")},  # no path of this machine
+            "cost line": cost,
             "step_s": plain_s, "recorded_step_s": recorded_s, "replay_s": replay_s,
             "calls_with_final_state_cotangent": with_dht, "wrong": len(recorded.wrong()),
             "calls": [_as_json(r) for r in results]}

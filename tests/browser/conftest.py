@@ -1,4 +1,5 @@
-"""Fixtures for the browser test: JupyterLab servers and one headless Chromium per session.
+"""Fixtures for the browser test: JupyterLab servers and one headless Chromium per session (the test command runs
+two pytest-xdist workers: each starts its own, and `learner_lab` only where a learner test runs).
 
 Two servers, each on a temporary copy (so neither autosave nor the notebooks' own writes touch the repository), with
 private settings, workspaces and Jupyter directories, each always stopped by its PID:
@@ -107,8 +108,8 @@ def pytest_collection_modifyitems(config, items):
 
 
 def notebook_paths() -> list[Path]:
-    """The notebooks under test, sorted; checkpoints and the links that keep old names working excluded."""
-    return sorted(p for p in NOTEBOOK_DIR.glob("*.ipynb") if not p.is_symlink())
+    """The notebooks under test, sorted."""
+    return sorted(NOTEBOOK_DIR.glob("*.ipynb"))
 
 
 def pytest_generate_tests(metafunc):

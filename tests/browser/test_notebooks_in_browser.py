@@ -410,8 +410,9 @@ def describe_explorer(record: dict) -> str:
             f"{record.get('before')!r} -> {record.get('after')!r} ({record.get('action')}); "
             f"{record.get('output')} in {record.get('seconds')} s; {record.get('screenshot')}")
 
-def test_notebook_runs_in_jupyterlab(notebook: Path, browser, lab_server, record_testsuite_property):
-    """`notebook` is parametrised in conftest.py: one test per notebook, sorted."""
+def test_notebook_runs_in_jupyterlab(notebook: Path, browser, lab_server, record_property):
+    """`notebook` is parametrised in conftest.py: one test per notebook, sorted. The test command runs them on two
+    workers (pytest-xdist), each with its own server and browser (conftest.py's session fixtures)."""
     name = notebook.name
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     page_errors = []
@@ -440,8 +441,9 @@ def test_notebook_runs_in_jupyterlab(notebook: Path, browser, lab_server, record
         "\n".join(widgets)
     for record in explorers:
         print(f"{name}: {describe_explorer(record)}")
-        # kept in the junit report (artifacts/junit-browser.xml)
-        record_testsuite_property(f"{notebook.stem}-explorer-{record['explorer']}", describe_explorer(record))
+        # kept in the junit report (artifacts/junit-browser.xml) on the notebook's test case, which pytest-xdist's
+        # workers report back (a test-suite property would be lost there)
+        record_property(f"{notebook.stem}-explorer-{record['explorer']}", describe_explorer(record))
     bad = [f"{describe_explorer(r)}: {r['problem']}" for r in explorers if "problem" in r]
     assert not bad, f"{name}: an explorer did not respond in the browser:\n" + "\n".join(bad)
     print(f"{name}: ran in JupyterLab in {elapsed:.0f} s; screenshot {shot.relative_to(REPO)}")

@@ -63,12 +63,11 @@ from __future__ import annotations
 import torch
 import triton.language as tl
 
-from fla_lab import runtime
 # `checks` come from the ops (`contract.KernelChecks`): the contract imports this package, never the reverse
 from fla_lab.ops.common.conventions import Packed
-from fla_lab.ops.common.launch import MIN_DOT, ChunkLaunch
-from fla_lab.ops.common.utils import (batch_head, chunk_of_sequence, dot_dtype, grid_size, kernel, mma, mma_split,
-                                      next_pow2, packed_switch, sequence_chunks, slot_helper, state_tile)
+from fla_lab.ops.common.launch import ChunkLaunch, tile_width
+from fla_lab.ops.common.utils import (Slot, batch_head, chunk_of_sequence, grid_size, kernel, mma, mma_split,
+                                      packed_switch, sequence_chunks, state_tile)
 from fla_lab.ops.common.value_flags import nonfinite_probe, or_nonfinite_bit, or_positive_decay_bit
 
 BC = 16  # rows per sub-chunk: the smallest tile a GPU `tl.dot` takes
@@ -83,10 +82,12 @@ BC = 16  # rows per sub-chunk: the smallest tile a GPU `tl.dot` takes
 # takes the first helper, the default is the second (kept one blank line apart so `python -m fla_lab bugs` prints both).
 @kernel
 def reference_row_inclusive(gi, i_start, o_k, HK):
+    # bug: exclusive_reference
     return gi + i_start * HK + o_k  # upstream #77 (de4235fd dropped the -1 of cf63ac28): ge[start] - gn = |g[start]|
 
 @kernel
 def reference_row(gi, i_start, o_k, HK):
+    # safeguard: reference_row_exclusive
     return gi + (i_start - 1) * HK + o_k  # 0c1c0b65: gn = gi[start - 1] = ge[start], both factors <= 1
 
 
@@ -115,7 +116,10 @@ def diagonal_weight(b_gq, b_gk, b_u, diag, causal, RWKV6):
     masked pair must not overflow: inf * 0 = NaN), 0 elsewhere; RWKV6's bonus `u` on the diagonal itself."""
     if RWKV6:
         below = causal & ~diag  # strictly earlier keys: the state path
+        # safeguard: rwkv6_diagonal_masked_before_exp
         return tl.where(diag, b_u, tl.where(below, tl.exp(tl.where(below, b_gq - b_gk, 0)), 0))
+    # safeguard: gla_diagonal_masked_before_exp
+    # mutation: gla_diag_mask_after_exp
     return tl.where(causal, tl.exp(tl.where(causal, b_gq - b_gk, 0)), 0)
 
 
@@ -175,6 +179,7 @@ def rows_from_earlier_subchunks(S, Y, gi, b_gq, i_start, t_first, i_i, o_c, o_d,
             b_s = tl.load(S + (i_start + o_c)[:, None] * SROW + (i_j * BC + o_c)[None, :], mask=m_i[:, None],
                           other=0)
             b_acc += mma(b_s, b_y * tl.exp(b_gn[None, :] - b_gj), DOT)  # safeguard: earlier_rows_key_decay
+        # safeguard: earlier_rows_query_decay
         b_acc *= tl.exp(tl.where(m_i[:, None] & m_d[None, :], b_gq - b_gn[None, :], 0))
     return b_acc
 
@@ -185,10 +190,12 @@ def rows_from_earlier_subchunks(S, Y, gi, b_gq, i_start, t_first, i_i, o_c, o_d,
 # the default is the second (one blank line apart so `python -m fla_lab bugs` prints both).
 @kernel
 def later_rows_exponent_unmasked(b_gq, b_gn, o_j, m_d, T):
+    # bug: unmasked_padding
     return b_gq - b_gn  # upstream #77, GSA (before 737550ff): rows past T load 0, exp(0 - gn) = inf, times W = 0
 
 @kernel
 def later_rows_exponent(b_gq, b_gn, o_j, m_d, T):
+    # safeguard: gsa_later_rows_masked
     return tl.where((o_j < T)[:, None] & m_d[None, :], b_gq - b_gn, 0)  # 737550ff: rows past T, exp(0) * 0 = 0
 
 
@@ -203,6 +210,7 @@ def cols_from_later_subchunks(S, W, gi, b_gk, i_start, t_first, i_i, T, o_c, o_d
     """
     b_acc = tl.zeros([BC, BD], dtype=tl.float32)
     if i_i + 1 < NC:
+        # mutation: gla_dk_reference_row_past_subchunk
         b_gn = tl.load(gi + (tl.minimum(i_start + BC, T) - 1) * HD + o_d, mask=m_d, other=0)
         for i_j in range(i_i + 1, NC):
             o_j = t_first + i_j * BC + o_c
@@ -210,7 +218,9 @@ def cols_from_later_subchunks(S, W, gi, b_gk, i_start, t_first, i_i, T, o_c, o_d
             b_w = tl.load(W + o_j[:, None] * HD + o_d[None, :], mask=m_jd, other=0).to(tl.float32)
             b_gq = load_query_decay(gi, o_j[:, None], o_d[None, :], m_jd, t_first, HD, RWKV6)
             b_st = tl.load(S + o_j[None, :] * SROW + (i_i * BC + o_c)[:, None], mask=(o_j < T)[None, :], other=0)
+            # safeguard: later_rows_query_decay
             b_acc += mma(b_st, b_w * tl.exp(EXPONENT(b_gq, b_gn[None, :], o_j, m_d, T)), DOT)
+        # safeguard: later_rows_key_decay
         b_acc *= tl.exp(tl.where(m_i[:, None] & m_d[None, :], b_gn[None, :] - b_gk, 0))
     return b_acc
 
@@ -249,7 +259,7 @@ def chunk_cumsum_kernel(g, gi, x, flags, cu_seqlens, chunk_indices, T, H: tl.con
 def chunk_fwd_h_kernel(k, v, gi, h, h0, ht, cu_seqlens, chunk_offsets, T, H: tl.constexpr, K: tl.constexpr,
                        V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
                        GATE_V: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
-                       VARLEN: tl.constexpr):
+                       SPLIT_STATES: tl.constexpr, VARLEN: tl.constexpr):
     """The state before every chunk, `h [B, NT, H, K, V]` (accumulated in fp32, stored in h's dtype): the only loop
     over chunks of the forward, one program per (sequence, head, state tile)."""
     i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -267,18 +277,21 @@ def chunk_fwd_h_kernel(k, v, gi, h, h0, ht, cu_seqlens, chunk_offsets, T, H: tl.
         m_t = o_t < T
         t_last = tl.minimum(i_t * BT + BT, T) - 1
         m_kt, m_tv = m_k[:, None] & m_t[None, :], m_t[:, None] & m_v[None, :]
+        # mutation: rwkv6_chunk_key_load_no_other
         b_kt = tl.load(k + o_t[None, :] * H * K + o_k[:, None], mask=m_kt, other=0).to(tl.float32)
         b_v = tl.load(v + o_t[:, None] * H * V + o_v[None, :], mask=m_tv, other=0).to(tl.float32)
         if GATE_V:  # decay each value channel from its step to the chunk end
             b_glast = tl.load(gi + bos * V + t_last * H * V + o_v, mask=m_v, other=0)
             b_g = tl.load(gi + bos * V + o_t[:, None] * H * V + o_v[None, :], mask=m_tv, other=0)
+            # safeguard: state_value_decay_to_chunk_end
             b_v *= tl.exp(tl.where(m_tv, b_glast[None, :] - b_g, 0))  # split: GSA's softmax magnifies h's error
-            b_h = b_h * tl.exp(b_glast)[None, :] + mma_split(b_kt, b_v, DOT)  # safeguard: gsa_state_pass_split
+            # safeguard: gsa_state_pass_split
+            b_h = b_h * tl.exp(b_glast)[None, :] + mma_split(b_kt, b_v, DOT, SPLIT_STATES)
         else:  # decay each key channel from its step to the chunk end
             b_glast = tl.load(gi + bos * K + t_last * H * K + o_k, mask=m_k, other=0)
             b_gt = tl.load(gi + bos * K + o_t[None, :] * H * K + o_k[:, None], mask=m_kt, other=0)
             b_kt *= tl.exp(tl.where(m_kt, b_glast[:, None] - b_gt, 0))  # safeguard: state_key_decay_to_chunk_end
-            b_h = b_h * tl.exp(b_glast)[:, None] + mma(b_kt, b_v, DOT)
+            b_h = b_h * tl.exp(b_glast)[:, None] + mma(b_kt, b_v, DOT)  # mutation: gla_ht_before_last_decay
     if STORE_HT:
         tl.store(ht + i_bh * K * V + p_kv, b_h, mask=m_kv)
 
@@ -304,7 +317,7 @@ def plain_scores_kernel(x, y, A, scale, cu_seqlens, chunk_indices, T, H: tl.cons
         b_x = tl.load(x + o_t[:, None] * H * D + o_d[None, :], mask=m_t[:, None] & m_d[None, :], other=0)
         b_yt = tl.load(y + o_t[None, :] * H * D + o_d[:, None], mask=m_d[:, None] & m_t[None, :], other=0)
         b_A += mma(b_x.to(tl.float32), b_yt.to(tl.float32), DOT)
-    causal = o_c[:, None] >= o_c[None, :]
+    causal = o_c[:, None] >= o_c[None, :]  # mutation: gsa_value_scores_strict_causal
     p_A = A + bos * BT + o_t[:, None] * H * BT + o_c[None, :]
     tl.store(p_A, tl.where(causal, scale * b_A, 0), mask=m_t[:, None])
 
@@ -340,7 +353,8 @@ def boundary_term(bnd, i_c, i_h, o_d, m_d, H: tl.constexpr, D: tl.constexpr, NP:
 def chunk_bwd_dh_kernel(q, do, gi, h, ht, dh, dht, dh0, bnd, scale, cu_seqlens, chunk_offsets, T, H: tl.constexpr,
                         K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                         DOT: tl.constexpr, GATE_V: tl.constexpr, RWKV6: tl.constexpr, USE_DHT: tl.constexpr,
-                        STORE_DH0: tl.constexpr, VARLEN: tl.constexpr):
+                        STORE_DH0: tl.constexpr, SPLIT_STATES: tl.constexpr,
+                        VARLEN: tl.constexpr):
     """State adjoint in reverse: `dh[n]` = dL/dh_{n+1} (the state after chunk n); dh0 = dL/dh_0.
 
     Also each chunk's boundary term of the decay gradient, `bnd[n] = sum(h_{n+1} * dh[n])` over the ungated axis
@@ -352,7 +366,7 @@ def chunk_bwd_dh_kernel(q, do, gi, h, ht, dh, dht, dh0, bnd, scale, cu_seqlens, 
     bos = bos * H + i_h
     q, do = q + bos * K, do + bos * V
     b_dh = tl.zeros([BK, BV], dtype=tl.float32)
-    if USE_DHT:
+    if USE_DHT:  # mutation: gla_dht_dropped_without_h0
         b_dh += tl.load(dht + i_bh * K * V + p_kv, mask=m_kv, other=0).to(tl.float32)
     b_hn = tl.zeros([BK, BV], dtype=tl.float32)  # the state after the last chunk: ht (dh is 0 there without dht)
     if USE_DHT:
@@ -373,7 +387,7 @@ def chunk_bwd_dh_kernel(q, do, gi, h, ht, dh, dht, dh0, bnd, scale, cu_seqlens, 
         if GATE_V:
             b_glast = tl.load(gi + bos * V + t_last * H * V + o_v, mask=m_v, other=0)
             b_do *= tl.exp(tl.load(gi + bos * V + o_t[:, None] * H * V + o_v[None, :], mask=m_tv, other=0))
-            b_dh = b_dh * tl.exp(b_glast)[None, :] + scale * mma_split(b_qt, b_do, DOT)
+            b_dh = b_dh * tl.exp(b_glast)[None, :] + scale * mma_split(b_qt, b_do, DOT, SPLIT_STATES)
         else:
             b_glast = tl.load(gi + bos * K + t_last * H * K + o_k, mask=m_k, other=0)
             b_gqt = load_query_decay(gi + bos * K, o_t[None, :], o_k[:, None], m_kt, t_first, H * K, RWKV6)
@@ -497,12 +511,9 @@ def empty_f32(x, *shape):
     return torch.empty(*shape, dtype=torch.float32, device=x.device)
 
 
-def tile_width(D: int) -> int:
-    return max(16, min(next_pow2(D), 64))
-
-
 def dot_of(launch: ChunkLaunch, x: torch.Tensor):
-    return dot_dtype(launch.dot_dtype or x.dtype)
+    """The kernels' DOT for a call on x (`launch.Precision.dot`)."""
+    return launch.precision.dot(x)
 
 
 def dot_operand_dtype(launch: ChunkLaunch, x: torch.Tensor) -> torch.dtype:
@@ -538,39 +549,6 @@ def sequence_tables(seqs: Packed | None):
     return (None, None) if seqs is None else (seqs.cu_seqlens, seqs.chunk_offsets)
 
 
-def state_width(launch: ChunkLaunch, x: torch.Tensor, V: int, H: int, seqs: Packed | None) -> int:
-    """The state passes' value tile: `launch.state_BV`, or (None) 64 halved down to 16 while the passes' programs,
-    one per sequence, head and tile, would fill less than half the GPU's SMs. The passes run each sequence's chunks
-    one after another, so a packed batch counts as T / (its longest sequence) sequences: the longest one is the
-    critical path."""
-    width = tile_width(V)
-    if launch.state_BV is not None:
-        return min(width, launch.state_BV)
-    sms = gpu_sms(x)
-    return width if sms is None else filling_width(width, V, parallel_sequences(*x.shape[:2], seqs) * H, sms)
-
-
-def gpu_sms(x: torch.Tensor) -> int | None:
-    """The SM count of x's GPU, which per-call launch rules fill; None off the GPU and under the interpreter."""
-    if x.device.type != "cuda" or runtime.interpreting():
-        return None
-    return torch.cuda.get_device_properties(x.device).multi_processor_count
-
-
-def parallel_sequences(B: int, T: int, seqs: Packed | None) -> float:
-    """How many sequences' worth of chunks the state passes walk side by side: B, or T over the longest packed
-    sequence."""
-    return B if seqs is None else T / max(eos - bos for bos, eos in seqs.bounds)
-
-
-def filling_width(width: int, V: int, rows: float, sms: int, fill: float = 0.5) -> int:
-    """`width` halved (down to 16) while `rows` programs per value tile, `V / width` tiles each, fill less than
-    `fill` of `sms`."""
-    while width > MIN_DOT and rows * grid_size(V, width) < int(sms * fill):
-        width //= 2
-    return width
-
-
 def chunk_cumsum(g: torch.Tensor, BT: int, checks=None, name="g", also=None, also_name="k",
                  seqs: Packed | None = None) -> torch.Tensor:
     """Chunk-local inclusive cumulative log-decay, fp32, same shape as g. `checks` (`contract.KernelChecks`):
@@ -590,12 +568,12 @@ def forward_states(k, v, gi, h0, output_final_state, BT, launch, gate_v, seqs=No
     B, T, H, K = k.shape
     V = v.shape[-1]
     BK, N = tile_width(K), sequences(B, seqs)
-    BV = state_width(launch, k, V, H, seqs)
+    BV = launch.state_width(k, V, H, seqs)
     h = torch.empty(B, chunks(T, BT, seqs), H, K, V, dtype=h_dtype, device=k.device)
     ht = empty_f32(k, N, H, K, V) if output_final_state else None
     chunk_fwd_h_kernel[(grid_size(K, BK), grid_size(V, BV), N * H)](
         k, v, gi, h, h0, ht, *sequence_tables(seqs), T, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, DOT=dot_of(launch, k),
-        GATE_V=gate_v, USE_H0=h0 is not None, STORE_HT=output_final_state,
+        SPLIT_STATES=launch.precision.split_states, GATE_V=gate_v, USE_H0=h0 is not None, STORE_HT=output_final_state,
         num_warps=launch.state_warps, num_stages=launch.state_stages)
     return h, ht
 
@@ -606,7 +584,7 @@ def state_adjoints(q, do, gi, h, ht, dht, need_dh0, scale, BT, launch, gate_v, r
     B, T, H, K = q.shape
     V = do.shape[-1]
     BK, NT, N = tile_width(K), chunks(T, BT, seqs), sequences(B, seqs)
-    BV = state_width(launch, q, V, H, seqs)
+    BV = launch.state_width(q, V, H, seqs)
     dh = empty_f32(q, B, NT, H, K, V)
     dh0 = empty_f32(q, N, H, K, V) if need_dh0 else None
     if dht is not None and ht is None:
@@ -614,7 +592,8 @@ def state_adjoints(q, do, gi, h, ht, dht, need_dh0, scale, BT, launch, gate_v, r
     bnd = empty_f32(q, B, NT, H, grid_size(K, BK), V) if gate_v else empty_f32(q, B, NT, H, grid_size(V, BV), K)
     chunk_bwd_dh_kernel[(grid_size(K, BK), grid_size(V, BV), N * H)](
         q, do, gi, h, ht, dh, dht, dh0, bnd, scale, *sequence_tables(seqs), T, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
-        DOT=dot_of(launch, q), GATE_V=gate_v, RWKV6=rwkv6, USE_DHT=dht is not None, STORE_DH0=need_dh0,
+        DOT=dot_of(launch, q), SPLIT_STATES=launch.precision.split_states, GATE_V=gate_v, RWKV6=rwkv6,
+        USE_DHT=dht is not None, STORE_DH0=need_dh0,
         num_warps=launch.state_warps, num_stages=launch.state_stages)
     return dh, dh0, bnd
 
@@ -661,8 +640,5 @@ def decay_grad(readers, d_readers, writers, d_writers, bnd, BT, launch, dtype, u
     return dg, (du.sum((0, 1)) if u is not None else None), dr_cast, dw_cast
 
 
-def pick_reference_row(bug_exclusive_reference=False, helper=None, op="chunk_rwkv6"):
-    """The helper for the REFERENCE_ROW slot of the RWKV6 kernels (`utils.slot_helper`): the historical row under
-    the bug switch, else `helper` (a `@triton.jit` function, e.g. notebook 03a's) or the shipped `reference_row`."""
-    return slot_helper(op, "REFERENCE_ROW", bool(bug_exclusive_reference), reference_row_inclusive,
-                       reference_row, helper)
+# chunk_rwkv6's slot: the REFERENCE_ROW of `gated_scores_kernel` and `chunk_bwd_dqk_kernel` (ops/gla/chunk.py)
+REFERENCE_ROW_SLOT = Slot("chunk_rwkv6", "REFERENCE_ROW", reference_row, reference_row_inclusive, "exclusive_reference")

@@ -19,8 +19,7 @@ from __future__ import annotations
 import torch
 import triton.language as tl
 
-from fla_lab.ops.common.chunk import gpu_sms, parallel_sequences
-from fla_lab.ops.common.launch import WIDE_LOAD, RecurrentLaunch
+from fla_lab.ops.common.launch import RecurrentLaunch
 from fla_lab.ops.common.utils import (as_contiguous, batch_head, cast_grad, custom_bwd, custom_fwd, grid_size,
                                       kernel, next_pow2, packed_switch, sequence_rows, state_tile)
 
@@ -42,7 +41,7 @@ def fused_recurrent_fwd_kernel(q, k, v, g, gv, u, o, h0, ht, scale, cu_seqlens, 
     o_k, o_v, m_k, m_v, m_kv, p_kv = state_tile(i_k, i_v, K, V, BK, BV)
     o += i_k * B * T * H * V  # this key block's partial output, [NK, B, T, H, V]
     b_h = tl.zeros([BK, BV], dtype=tl.float32)  # key-major state tile, fp32
-    if USE_H0:
+    if USE_H0:  # mutation: rwkv6_fused_h0_only_with_ht
         b_h += tl.load(h0 + i_bh * K * V + p_kv, mask=m_kv, other=0).to(tl.float32)
     if RWKV6:
         b_u = tl.load(u + i_h * K + o_k, mask=m_k, other=0).to(tl.float32)
@@ -58,7 +57,7 @@ def fused_recurrent_fwd_kernel(q, k, v, g, gv, u, o, h0, ht, scale, cu_seqlens, 
         b_v = tl.load(v + row * V + o_v, mask=m_v, other=0).to(tl.float32)
         b_kv = b_k[:, None] * b_v[None, :]
         if RWKV6:  # read S_{t-1} plus the bonus, then decay and write
-            b_o = tl.sum((b_h + b_u[:, None] * b_kv) * b_q[:, None], axis=0)
+            b_o = tl.sum((b_h + b_u[:, None] * b_kv) * b_q[:, None], axis=0)  # mutation: rwkv6_fused_bonus_dropped
             b_h = b_h * tl.exp(b_g)[:, None] + b_kv
         else:  # decay and write, then read S_t
             b_h = b_h * tl.exp(b_g)[:, None] + b_kv
@@ -72,6 +71,7 @@ def fused_recurrent_fwd_kernel(q, k, v, g, gv, u, o, h0, ht, scale, cu_seqlens, 
 # helper, the default is the second (kept one blank line apart so `python -m fla_lab bugs` prints both).
 @kernel
 def h0_mask_transposed(m_k, m_v):
+    # bug: transposed_h0_mask
     return m_k[:, None] & m_v[None, :]  # upstream #18 (before 1547448b): key-major [BK, BV] mask
 
 @kernel
@@ -280,7 +280,7 @@ def fused_recurrent_fwd(q, k, v, g, u, scale, h0, output_final_state, launch: Re
     V = v.shape[-1]
     N, cu_seqlens = _sequences(B, seqs)
     o_dtype = q.dtype if o_dtype is None else o_dtype
-    BK, BV, warps = forward_tiles(q, V, seqs, launch)
+    BK, BV, warps = launch.forward_tiles(q, V, seqs)
     NK = grid_size(K, BK)
     # one key block writes the output in place; several write fp32 partials (each a sum over its keys) to add up
     o = torch.empty(NK, B, T, H, V, dtype=o_dtype if NK == 1 else torch.float32, device=q.device)
@@ -292,29 +292,15 @@ def fused_recurrent_fwd(q, k, v, g, u, scale, h0, output_final_state, launch: Re
     return sum_partials(o).to(o_dtype), ht
 
 
-def forward_tiles(q, V: int, seqs, launch: RecurrentLaunch) -> tuple[int, int, int]:
-    """The forward's (BK, BV, num_warps): the launch's, or its `fwd_wide_launch` on a GPU once the programs counted
-    in those wider value tiles reach WIDE_LOAD per SM."""
-    B, T, H, K = q.shape
-    BK = min(next_pow2(K), launch.fwd_BK)
-    sms = gpu_sms(q)
-    if launch.fwd_wide_launch is not None and sms is not None:
-        wide_BV, wide_warps = launch.fwd_wide_launch
-        programs = parallel_sequences(B, T, seqs) * H * grid_size(K, BK) * grid_size(V, wide_BV)
-        if programs >= WIDE_LOAD * sms:
-            return BK, min(next_pow2(V), wide_BV), wide_warps
-    return BK, min(next_pow2(V), launch.fwd_BV), launch.fwd_warps
-
-
 def sum_partials(x):
     """Sum a kernel's per-block partials over axis 0; one block is already the sum (a view, no copy)."""
     return x[0] if x.shape[0] == 1 else x.sum(0)
 
 
-def fused_recurrent_bwd(q, k, v, g, u, scale, h0, ht, do, dht, launch: RecurrentLaunch, h0_mask_fn, dq_tiles=None,
-                        gv=None, o=None, seqs=None):
+def fused_recurrent_bwd(q, k, v, g, u, scale, h0, ht, do, dht, launch: RecurrentLaunch, h0_mask_fn, gv=None, o=None,
+                        seqs=None):
     """dq, dk, dv, dg, du, dh0 and dgv (None where the input is): `o`, the forward's output, only with `gv`.
-    `dq_tiles`: the dq kernel's (BK, BV), default the launch's. `seqs`: a packed batch, as `fused_recurrent_fwd`.
+    `h0_mask_fn`: the dq kernel's H0_MASK helper. `seqs`: a packed batch, as `fused_recurrent_fwd`.
 
     The dkv kernel's state tile is at most [dkv_BK, dkv_BV]. One value block (V <= dkv_BV) keeps dg and the RWKV6
     bonus inside the kernel; more key blocks keep that too (dg is per key, dv's key partials are summed), at the
@@ -325,7 +311,7 @@ def fused_recurrent_bwd(q, k, v, g, u, scale, h0, ht, do, dht, launch: Recurrent
     rwkv6 = u is not None
     gates = dict(GATE_K=g is not None, GATE_V=gv is not None)
     f32 = dict(dtype=torch.float32, device=q.device)
-    BKq, BVq = dq_tiles if dq_tiles is not None else (launch.dq_BK, launch.dq_BV)
+    BKq, BVq = launch.dq_BK, launch.dq_BV
     NVq = grid_size(V, BVq)
     dq = torch.empty(NVq, B, T, H, K, **f32)
     fused_recurrent_bwd_dq_kernel[(NVq, grid_size(K, BKq), N * H)](
@@ -399,15 +385,15 @@ def decay_and_bonus_grads(q, k, v, u, scale, dq, dk, dv, do, ht, dht, launch: Re
 
 
 class FusedRecurrentFunction(torch.autograd.Function):
-    """GLA's and RWKV6's op (`u` None: GLA); `dq_tiles` None: the launch's."""
+    """GLA's and RWKV6's op (`u` None: GLA); `h0_mask_fn`: the dq kernel's H0_MASK helper."""
 
     @staticmethod
     @custom_fwd
-    def forward(ctx, q, k, v, g, u, scale, h0, output_final_state, launch, h0_mask_fn, dq_tiles=None, seqs=None):
+    def forward(ctx, q, k, v, g, u, scale, h0, output_final_state, launch, h0_mask_fn, seqs=None):
         q, k, v, g, u, h0 = as_contiguous(q, k, v, g, u, h0)
         o, ht = fused_recurrent_fwd(q, k, v, g, u, scale, h0, output_final_state, launch, seqs=seqs)
         ctx.save_for_backward(q, k, v, g, u, h0, ht)
-        ctx.scale, ctx.launch, ctx.h0_mask_fn, ctx.dq_tiles, ctx.seqs = scale, launch, h0_mask_fn, dq_tiles, seqs
+        ctx.scale, ctx.launch, ctx.h0_mask_fn, ctx.seqs = scale, launch, h0_mask_fn, seqs
         return o, ht
 
     @staticmethod
@@ -416,6 +402,6 @@ class FusedRecurrentFunction(torch.autograd.Function):
         q, k, v, g, u, h0, ht = ctx.saved_tensors
         do, dht = as_contiguous(do, dht)
         dq, dk, dv, dg, du, dh0, _ = fused_recurrent_bwd(q, k, v, g, u, ctx.scale, h0, ht, do, dht, ctx.launch,
-                                                         ctx.h0_mask_fn, ctx.dq_tiles, seqs=ctx.seqs)
+                                                         ctx.h0_mask_fn, seqs=ctx.seqs)
         return (cast_grad(dq, q), cast_grad(dk, k), cast_grad(dv, v), cast_grad(dg, g), cast_grad(du, u), None,
-                cast_grad(dh0, h0), None, None, None, None, None)
+                cast_grad(dh0, h0), None, None, None, None)

@@ -1,24 +1,32 @@
 """Launch settings of every kernel family, passed per call (`launch=`) and validated before any kernel is compiled.
 
 One frozen dataclass per family: `ChunkLaunch` (the chunked GLA, RWKV6 and GSA kernels), `RecurrentLaunch` (the
-fused recurrent kernels of GLA, RWKV6 and GSA), `RWKV7RecurrentLaunch` and `RWKV7ChunkLaunch`. An op called with
-`launch=None` runs with `default_launch(family, x)`, chosen once per device: the interpreter's settings off the GPU,
-`TUNED[device name]` on a card measured here, else `launch_for(family, smem_bytes)`, the measured settings shrunk
-to the card's shared memory. A notebook or a benchmark sweeps a setting by passing `launch=dataclasses.replace(
-default_launch(...), field=value)`; nothing global changes.
+fused recurrent kernels of GLA, RWKV6 and GSA), `RWKV7RecurrentLaunch` and `RWKV7ChunkLaunch`. Each holds its
+fields and the rules that turn them into a call's tiles and warps from the problem's shape and the GPU's SMs (its
+methods: `ChunkLaunch.state_width`, `RecurrentLaunch.forward_tiles`, ...). The chunk families also carry a
+`Precision`: how their kernels multiply, resolved per call into the kernels' constexprs.
 
-The class defaults are what `benchmarks/tune_launch.py` and `benchmarks/tune_kernels.py` found fastest at B=8,
+An op called with `launch=None` runs with `default_launch(family, x)`, chosen once per device: the interpreter's
+settings off the GPU, the `TUNED` entry of the card's model (`tuned_model`: "NVIDIA H100 PCIe" runs "H100") on a
+card measured here, else `launch_for(family, smem_bytes)`, the measured settings shrunk to the card's shared
+memory. A notebook or a benchmark sweeps a setting by passing `launch=dataclasses.replace(default_launch(...),
+field=value)`; nothing global changes.
+
+The class defaults are what `python -m benchmarks.tune` (its sweep and `--greedy`) found fastest at B=8,
 T=4096, H=16, K=V=64, bf16 (results: docs/performance.md, 'ChunkLaunch defaults' and the sections each field's
 comment names).
 """
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass, fields, replace
 
 import torch
+import triton.language as tl
 
 from fla_lab import runtime
+from fla_lab.ops.common.utils import grid_size, next_pow2
 
 MIN_DOT = 16  # the smallest dimension a GPU `tl.dot` compiles for 16-bit operands (the interpreter takes any)
 WARP_CHOICES = (1, 2, 4, 8, 16)
@@ -67,6 +75,88 @@ def _check_fields(launch) -> None:
             _check_value(where, next((k for suffix, k in kinds.items() if f.name.endswith(suffix)), ""), value)
 
 
+TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+SOLVE_PRECISIONS = ("ieee", "tf32", "tf32x3")  # `tl.dot`'s input precisions for fp32 operands
+
+
+@dataclass(frozen=True)
+class Precision:
+    """How the chunk kernels multiply, carried by their launch objects and resolved per call (the interpreter or a
+    GPU is known only then) into constexprs of the kernels.
+
+    - `dot_dtype`: the `tl.dot` operand dtype, the kernels' DOT (`utils.mma`): None takes the input dtype on a GPU
+      (16-bit inputs on the tensor cores), torch.float32 forces fp32 dots. Under the interpreter always fp32: it
+      runs 16-bit arithmetic and 16-bit `tl.dot` on raw bit patterns, silently wrong. fp32 operands always multiply
+      in IEEE fp32, never TF32 (`mma`): a workbook about numerical error should not hide TF32's 1e-3 in "fp32";
+    - `split_states`: a 16-bit dot with an fp32 state (h, dh) takes the state as two 16-bit halves, hi + lo, the
+      kernels' SPLIT_STATES (`utils.mma_split`); False rounds it once (benchmarks/long_accuracy.py measures both);
+    - `solve`: the input precision of RWKV-7's fp32 chunk products (the solve with (I - A_ab)^-1, W, U0), its
+      SOLVE_PRECISION (`fla_lab/ops/rwkv7/chunk.py`, `fdot`): None is "tf32x3" on a GPU, three TF32 products on the
+      tensor cores with about fp32's accuracy, and "ieee" under the interpreter, which has no TF32.
+    """
+    dot_dtype: torch.dtype | None = None
+    split_states: bool = True
+    solve: str | None = None
+
+    def __post_init__(self):
+        if self.dot_dtype is not None and self.dot_dtype not in TL_DTYPES:
+            raise ValueError(f"Precision.dot_dtype={self.dot_dtype!r}: None, float32, float16 or bfloat16")
+        if not isinstance(self.split_states, bool):
+            raise ValueError(f"Precision.split_states={self.split_states!r}: True or False")
+        if self.solve is not None and self.solve not in SOLVE_PRECISIONS:
+            raise ValueError(f"Precision.solve={self.solve!r}: None or one of {SOLVE_PRECISIONS}")
+
+    def dot(self, x: torch.Tensor):
+        """DOT for a call on `x`: fp32 under the interpreter, else `dot_dtype` or x's dtype, as a Triton dtype."""
+        if runtime.interpreting():
+            return tl.float32
+        return TL_DTYPES[self.dot_dtype or x.dtype]
+
+    def solve_precision(self) -> str:
+        """SOLVE_PRECISION for a call: `solve`, or (None) "tf32x3" on a GPU and "ieee" under the interpreter."""
+        if self.solve is not None:
+            return self.solve
+        return "ieee" if runtime.interpreting() else "tf32x3"
+
+
+def _check_precision(launch) -> None:
+    if not isinstance(launch.precision, Precision):
+        raise ValueError(f"{type(launch).__name__}.precision={launch.precision!r}: a fla_lab.ops.Precision")
+
+
+FWD_LOADS = (4, 2, 0)  # programs per SM from which each of `fwd_by_load_launches` runs
+WIDE_LOAD = 4  # programs per SM from which RecurrentLaunch.fwd_wide_launch runs
+
+
+# The shape side of the launch objects' per-call rules
+
+
+def tile_width(D: int) -> int:
+    """A chunk kernel's tile over a dimension of D channels: D's power of two, between 16 and 64."""
+    return max(MIN_DOT, min(next_pow2(D), 64))
+
+
+def gpu_sms(x: torch.Tensor) -> int | None:
+    """The SM count of x's GPU, which per-call launch rules fill; None off the GPU and under the interpreter."""
+    if x.device.type != "cuda" or runtime.interpreting():
+        return None
+    return torch.cuda.get_device_properties(x.device).multi_processor_count
+
+
+def parallel_sequences(B: int, T: int, seqs) -> float:
+    """How many sequences' worth of rows the sequential passes walk side by side: B, or for a packed batch
+    (`conventions.Packed`) T over its longest sequence."""
+    return B if seqs is None else T / max(eos - bos for bos, eos in seqs.bounds)
+
+
+def filling_width(width: int, V: int, rows: float, sms: int, fill: float = 0.5) -> int:
+    """`width` halved (down to 16) while `rows` programs per value tile, `V / width` tiles each, fill less than
+    `fill` of `sms`."""
+    while width > MIN_DOT and rows * grid_size(V, width) < int(sms * fill):
+        width //= 2
+    return width
+
+
 @dataclass(frozen=True)
 class ChunkLaunch:
     """Tile widths and warps of the chunk stages.
@@ -83,7 +173,7 @@ class ChunkLaunch:
     - `dg_BK`: channels per program of the decay gradient (one program per chunk; not a dot dimension, still a
       power of two);
     - `softmax_rows`: rows per program of GSA's slot softmax;
-    - `dot_dtype`: None uses the input dtype on a GPU (tensor cores), torch.float32 forces IEEE fp32 dots.
+    - `precision`: how the kernels multiply (`Precision`).
     """
     scores_BK: int = 64  # the pair-grid score kernel: docs/performance.md, 'chunk scores: folded diagonal'
     scores_warps: int = 2
@@ -98,12 +188,22 @@ class ChunkLaunch:
     out_warps: int = 4
     dg_BK: int = 64
     softmax_rows: int = 16
-    dot_dtype: torch.dtype | None = None
+    precision: Precision = Precision()
 
     def __post_init__(self):
         _check_fields(self)
-        if self.dot_dtype not in (None, torch.float32, torch.float16, torch.bfloat16):
-            raise ValueError(f"ChunkLaunch.dot_dtype={self.dot_dtype!r}: None, float32, float16 or bfloat16")
+        _check_precision(self)
+
+    def state_width(self, x: torch.Tensor, V: int, H: int, seqs) -> int:
+        """The state passes' value tile: `state_BV`, or (None) 64 halved down to 16 while the passes' programs, one
+        per sequence, head and tile, would fill less than half the GPU's SMs. The passes run each sequence's chunks
+        one after another, so a packed batch counts as T / (its longest sequence) sequences: the longest one is the
+        critical path."""
+        width = tile_width(V)
+        if self.state_BV is not None:
+            return min(width, self.state_BV)
+        sms = gpu_sms(x)
+        return width if sms is None else filling_width(width, V, parallel_sequences(*x.shape[:2], seqs) * H, sms)
 
 
 @dataclass(frozen=True)
@@ -117,8 +217,8 @@ class RecurrentLaunch:
     - `fwd_wide_launch`: None, or the forward's (value columns, num_warps) once the programs counted in tiles that
       wide reach `WIDE_LOAD` per SM: with that many, a wider tile with fewer warps each runs faster
       (docs/performance.md, 'fused recurrent forwards per card');
-    - `dq_BK`, `dq_BV`, `dq_warps`: the dq kernel, upstream's non-square (16, 64) tile, where #18 showed
-      (`fused_recurrent_rwkv6(dq_tiles=...)` overrides the tile);
+    - `dq_BK`, `dq_BV`, `dq_warps`: the dq kernel, upstream's non-square (16, 64) tile, where #18 showed (notebook
+      04 sweeps it with `dataclasses.replace(default_launch("recurrent", x), dq_BK=..., dq_BV=...)`);
     - `dkv_BK`, `dkv_BV`, `dkv_warps`: the dkv kernel's state tile; one value block (V <= dkv_BV) keeps dg and the
       RWKV6 bonus inside the kernel; 16 keys give four times the programs of 64 (docs/performance.md,
       'fused_recurrent_rwkv6: DKV_BK'); the warps: docs/performance.md, 'fused_recurrent_rwkv6: warps';
@@ -139,12 +239,26 @@ class RecurrentLaunch:
     def __post_init__(self):
         _check_fields(self)
 
+    def forward_tiles(self, q: torch.Tensor, V: int, seqs) -> tuple[int, int, int]:
+        """The forward's (BK, BV, num_warps): the fields', or `fwd_wide_launch` on a GPU once the programs counted
+        in those wider value tiles reach WIDE_LOAD per SM."""
+        B, T, H, K = q.shape
+        BK = min(next_pow2(K), self.fwd_BK)
+        sms = gpu_sms(q)
+        if self.fwd_wide_launch is not None and sms is not None:
+            wide_BV, wide_warps = self.fwd_wide_launch
+            programs = parallel_sequences(B, T, seqs) * H * grid_size(K, BK) * grid_size(V, wide_BV)
+            if programs >= WIDE_LOAD * sms:
+                return BK, min(next_pow2(V), wide_BV), wide_warps
+        return BK, min(next_pow2(V), self.fwd_BV), self.fwd_warps
+
 
 @dataclass(frozen=True)
 class RWKV7RecurrentLaunch:
     """(value columns, num_warps) of the fused recurrent RWKV-7 kernels (`fla_lab.ops.rwkv7.fused_recurrent`).
 
-    - `fwd_launch`, `bwd_launch`: a fixed pair, or None: the per-call rule (`forward_launch`, `backward_launch`);
+    - `fwd_launch`, `bwd_launch`: a fixed pair, or None: the per-call rule (`forward_launch`, `backward_launch`,
+      below);
     - the forward's rule (docs/performance.md, 'fused_recurrent_rwkv7: forward_launch'): `few_programs_launch`
       while 16-column tiles give at most two programs per SM; else, counted in `max_BV`-column tiles,
       `fwd_by_load_launches[i]` from `FWD_LOADS[i]` programs per SM;
@@ -167,16 +281,37 @@ class RWKV7RecurrentLaunch:
         if len(self.fwd_by_load_launches) != len(FWD_LOADS):
             raise ValueError(f"RWKV7RecurrentLaunch.fwd_by_load_launches: one pair per load of FWD_LOADS {FWD_LOADS}")
 
+    def forward_launch(self, x: torch.Tensor, V: int, H: int, seqs) -> tuple[int, int]:
+        """The forward's (value columns, num_warps): `fwd_launch`, or (None) per call. One step's latency grows with
+        the tile, and many programs per SM want few warps each. On a GPU: `few_programs_launch` while 16-column tiles
+        give at most two programs per SM; else, counted in `max_BV`-column tiles, `fwd_by_load_launches[i]` from
+        `FWD_LOADS[i]` programs per SM. The launches were timed with `python -m benchmarks.tune`:
+        docs/performance.md, 'fused_recurrent_rwkv7: forward_launch'.
+        """
+        if self.fwd_launch is not None:
+            return min(next_pow2(V), self.max_BV, self.fwd_launch[0]), self.fwd_launch[1]
+        sms = gpu_sms(x)
+        if sms is None:
+            return min(next_pow2(V), self.max_BV), 4
+        rows = parallel_sequences(*x.shape[:2], seqs) * H  # programs per value tile
+        if rows * grid_size(V, 16) <= 2 * sms:  # few sequences: the narrowest tile, for the shortest step
+            return self.few_programs_launch
+        programs = rows * grid_size(V, self.max_BV)
+        return next(pair for load, pair in zip(FWD_LOADS, self.fwd_by_load_launches) if programs >= load * sms)
 
-FWD_LOADS = (4, 2, 0)  # programs per SM from which each of `fwd_by_load_launches` runs
-WIDE_LOAD = 4  # programs per SM from which RecurrentLaunch.fwd_wide_launch runs
+    def backward_launch(self, x: torch.Tensor, V: int) -> tuple[int, int]:
+        """The backward's (value columns, num_warps): `bwd_launch`, or (None) `gpu_bwd_launch` on a GPU. Each value
+        tile adds one fp32 partial of dr, dw, dk, da, db, so 16 columns, a little faster, would double that memory
+        again, and 64 are slower (docs/performance.md, 'fused_recurrent_rwkv7: backward_launch')."""
+        BV, warps = self.bwd_launch or (self.gpu_bwd_launch if gpu_sms(x) is not None else (self.max_BV, 4))
+        return min(next_pow2(V), self.max_BV, BV), warps
 
 
 @dataclass(frozen=True)
 class RWKV7ChunkLaunch:
     """Tiles and warps of the chunked RWKV-7 kernels (`fla_lab.ops.rwkv7.chunk`).
 
-    - `*_warps`: num_warps per kernel, as `benchmarks/tune_kernels.py chunk_rwkv7` picked them;
+    - `*_warps`: num_warps per kernel, as `python -m benchmarks.tune chunk_rwkv7` picked them;
     - `max_BV`: value columns per program of the per-chunk kernels;
     - `bwd_BV`, `bwd_BK`: value columns per step and key channels per program of dplr_bwd_kernel; 16 columns
       rather than 32 halve its shared memory (docs/performance.md, 'chunk_rwkv7: BWD_BV');
@@ -184,7 +319,8 @@ class RWKV7ChunkLaunch:
     - `dw_BK`: key channels per program of dplr_dw_kernel;
     - `state_BV`: value columns per program of both sequential passes, or None: per call, 64 halved while the
       pass's programs would fill less than the GPU's SMs, the forward's at most `fwd_state_BV`
-      (docs/performance.md, 'chunk_rwkv7: FWD_STATE_BV'); off the GPU None means `fwd_state_BV`.
+      (docs/performance.md, 'chunk_rwkv7: FWD_STATE_BV'); off the GPU None means `fwd_state_BV` (`state_width`);
+    - `precision`: how the kernels multiply (`Precision`).
     """
     scores_warps: int = 4
     intra_warps: int = 1
@@ -200,9 +336,24 @@ class RWKV7ChunkLaunch:
     dw_BK: int = 32
     state_BV: int | None = None
     fwd_state_BV: int = 32
+    precision: Precision = Precision()
 
     def __post_init__(self):
         _check_fields(self)
+        _check_precision(self)
+
+    def value_block(self, V: int) -> int:
+        """Value columns per program of the per-chunk kernels."""
+        return max(MIN_DOT, min(next_pow2(V), self.max_BV))
+
+    def state_width(self, x: torch.Tensor, V: int, seqs=None, backward: bool = False) -> int:
+        """The state passes' value tile: `state_BV`, or (None) 64 halved while the pass's programs would fill less
+        than the GPU's SMs, the forward's at most `fwd_state_BV` (off the GPU: `fwd_state_BV`)."""
+        width, sms = self.value_block(V), gpu_sms(x)
+        if self.state_BV is not None or sms is None:
+            return min(width, self.state_BV or self.fwd_state_BV)
+        filling = filling_width(width, V, parallel_sequences(*x.shape[:2], seqs) * x.shape[2], sms, fill=1.0)
+        return filling if backward else min(filling, self.fwd_state_BV)
 
 
 FAMILIES = {"chunk": ChunkLaunch, "recurrent": RecurrentLaunch, "rwkv7_recurrent": RWKV7RecurrentLaunch,
@@ -212,19 +363,28 @@ FAMILIES = {"chunk": ChunkLaunch, "recurrent": RecurrentLaunch, "rwkv7_recurrent
 # from the class defaults.
 INTERPRETER = {"rwkv7_chunk": {"state_BV": 32}}  # B=8, T=4096's width
 
-# Per GPU (by `torch.cuda.get_device_name`), per family: the fields that differ from the class defaults (the
-# interpreter's, and measured on the first card for every other field). A card missing here runs
-# `launch_for(family, its shared memory)`, from MEASURED_ON's entry.
+# Per GPU model (`tuned_model` of `torch.cuda.get_device_name`: every card of a model, SXM, PCIe or NVL, runs its
+# entry), per family: the fields that differ from the class defaults (the interpreter's, and measured on the first
+# card for every other field). A card of another model runs `launch_for(family, its shared memory)`, from
+# MEASURED_ON's entry.
 TUNED = {
-    "NVIDIA H200": {  # docs/performance.md, 'fused recurrent forwards per card'
+    "H200": {  # docs/performance.md, 'fused recurrent forwards per card'
         "recurrent": {"fwd_BK": 32, "fwd_warps": 8, "fwd_wide_launch": (64, 2)},
     },
-    "NVIDIA H100 80GB HBM3": {
+    "H100": {
         "recurrent": {"fwd_BK": 32, "fwd_warps": 8, "fwd_wide_launch": (64, 2)},
         "rwkv7_recurrent": {"fwd_by_load_launches": ((64, 1), (32, 1), (16, 4))},
     },
 }
-MEASURED_ON = "NVIDIA H200"  # the card whose settings `launch_for` starts from
+MEASURED_ON = "H200"  # the model whose settings `launch_for` starts from
+MODEL = re.compile(r"\b([A-Z]+\d+)\b")  # a model in a device name: "H100" in "NVIDIA H100 PCIe"
+
+
+def tuned_model(device_name: str) -> str | None:
+    """The TUNED entry a card runs with: the first model word of its name that TUNED holds ("NVIDIA H100 PCIe" and
+    "NVIDIA H100 80GB HBM3": "H100"; "NVIDIA H200 NVL": "H200"), None for a card of another model ("NVIDIA GH200
+    480GB", "NVIDIA A100-SXM4-80GB")."""
+    return next((model for model in MODEL.findall(device_name) if model in TUNED), None)
 
 BYTES_16BIT, BYTES_FP32 = 2, 4
 ROWS_PER_CHUNK = 64  # the chunk kernels' default chunk size, for the estimate
@@ -252,18 +412,25 @@ def _fit_chunk(launch: ChunkLaunch, smem_bytes: int) -> ChunkLaunch:
 SHRINK = {"chunk": _fit_chunk}  # the other families' kernels hold their state in registers, not in dots
 
 
-def measured(family: str, device_name: str = MEASURED_ON):
-    """The launch TUNED holds for a card, the class defaults where it names no field."""
+def measured(family: str, model: str = MEASURED_ON):
+    """The launch TUNED holds for a GPU model, the class defaults where it names no field."""
     cls = _family(family)
-    return cls(**TUNED.get(device_name, {}).get(family, {}))
+    return cls(**TUNED.get(model, {}).get(family, {}))
 
 
-def launch_for(family: str, smem_bytes: int, device_name: str = MEASURED_ON):
-    """A card's launch from its shared memory per block (opt-in): `device_name`'s settings (the measured card by
+def launch_for(family: str, smem_bytes: int, model: str = MEASURED_ON):
+    """A card's launch from its shared memory per block (opt-in): `model`'s settings (the measured model by
     default), shrunk where their estimated shared memory would not fit."""
-    launch = measured(family, device_name)
+    launch = measured(family, model)
     shrink = SHRINK.get(family)
     return launch if shrink is None else shrink(launch, smem_bytes)
+
+
+def card_launch(family: str, device_name: str, smem_bytes: int):
+    """The launch of a card by its name and shared memory per block: its model's TUNED entry (`tuned_model`), else
+    `launch_for(family, smem_bytes)`."""
+    model = tuned_model(device_name)
+    return measured(family, model) if model is not None else launch_for(family, smem_bytes)
 
 
 def _family(family: str):
@@ -288,11 +455,9 @@ def _interpreter_launch(family: str):
 
 @functools.cache
 def _gpu_launch(family: str, index: int):
-    name = torch.cuda.get_device_name(index)
-    if name in TUNED:
-        return measured(family, name)
     properties = torch.cuda.get_device_properties(index)
-    return launch_for(family, getattr(properties, "shared_memory_per_block_optin", properties.shared_memory_per_block))
+    return card_launch(family, torch.cuda.get_device_name(index),
+                       getattr(properties, "shared_memory_per_block_optin", properties.shared_memory_per_block))
 
 
 def resolve(launch, family: str, x: torch.Tensor | None = None):

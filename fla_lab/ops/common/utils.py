@@ -1,9 +1,10 @@
-"""Pieces every kernel family shares: kernel registration, dtype policy, launch helpers, gradient glue."""
+"""Pieces every kernel family shares: kernel registration, slot helpers, the dot helpers, launch helpers, gradient
+glue. Which dtype and precision the dots take is `launch.Precision`'s, per call."""
 from __future__ import annotations
 
 import functools
 import inspect
-import os
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -120,48 +121,45 @@ def chunk_of_sequence(i_t, i_b, T, NT, cu_seqlens, chunk_indices, VARLEN: tl.con
     return bos, T, i_c, boc
 
 
-def slot_helper(op: str, slot: str, bug_on: bool, historical, shipped, helper=None):
-    """The `@triton.jit` helper for a kernel's `tl.constexpr` slot (REFERENCE_ROW, EXPONENT, H0_MASK): the
-    historical one under the op's bug switch, a caller's `helper` (a notebook exercise), else the shipped one. Both
-    a switch and a helper is ambiguous: refused."""
-    if bug_on and helper is not None:
-        raise ValueError(f"{op}: the bug switch is its own {slot} helper; pass the switch or a helper, not both")
-    return historical if bug_on else (helper if helper is not None else shipped)
+@dataclass(frozen=True)
+class Slot:
+    """A kernel's `tl.constexpr` slot for a `@triton.jit` helper (REFERENCE_ROW, EXPONENT, H0_MASK, END_DECAY): the
+    one way both a bug switch and a caller's code (a notebook exercise) enter a kernel. Each op that has one declares
+    it beside its code, and takes `bug=` and `helper=`.
+
+    `switch`: the `bug=` value that puts `historical` there; None for an op whose only switch is unlisted
+    (`switches.digest`), so any `bug` that passes `check_switch` is it."""
+    op: str
+    name: str
+    shipped: object
+    historical: object
+    switch: str | None = None
+
+    def pick(self, bug: str | None = None, helper=None):
+        """The helper a call runs: `historical` under the switch, else the caller's `helper`, else `shipped`. Both
+        a switch and a helper is ambiguous: refused."""
+        switched = bug is not None and (self.switch is None or bug == self.switch)
+        if switched and helper is not None:
+            raise ValueError(f"{self.op}: the bug switch is its own {self.name} helper; pass bug= or helper=, "
+                             "not both")
+        return self.historical if switched else (helper if helper is not None else self.shipped)
 
 
 def next_pow2(n: int) -> int:
     return triton.next_power_of_2(n)
 
 
-def dot_dtype(dtype: torch.dtype):
-    """Operand dtype for `tl.dot`: the input dtype on a GPU (tensor cores), fp32 under the interpreter.
-
-    The interpreter runs bf16 arithmetic and bf16 `tl.dot` on raw bit patterns, silently wrong, so it only
-    ever sees fp32 operands.
-    """
-    if runtime.interpreting() or dtype == torch.float32:
-        return tl.float32
-    return {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}[dtype]
-
-
-# fp32 dots in IEEE precision: a workbook about numerical error should not hide TF32's 1e-3 in "fp32".
-DOT_PRECISION = "ieee"
-PRECISION = tl.constexpr(DOT_PRECISION)
-
-
 @kernel
 def mma(a, b, DOT):
-    """`a @ b` on the tensor cores: operands in the dot dtype, fp32 accumulation."""
-    return tl.dot(a.to(DOT), b.to(DOT), input_precision=PRECISION)  # safeguard: dot_precision_ieee
-
-
-# FLA_LAB_SPLIT_STATES=0 turns the split off (read at import): benchmarks/long_accuracy.py measures both ways.
-SPLIT_STATES = tl.constexpr(os.environ.get("FLA_LAB_SPLIT_STATES", "1") != "0")
+    """`a @ b` on the tensor cores: operands in the dot dtype DOT (`launch.Precision.dot`), fp32 accumulation; fp32
+    operands in IEEE fp32, never TF32 (a workbook about numerical error should not hide TF32's 1e-3 in "fp32")."""
+    return tl.dot(a.to(DOT), b.to(DOT), input_precision="ieee")  # safeguard: dot_precision_ieee
 
 
 @kernel
-def mma_split(a, b, DOT):
+def mma_split(a, b, DOT, SPLIT_STATES: tl.constexpr):
     """`a @ b` for an fp32 state `b` split as hi + lo, two 16-bit parts: about 16 significant bits, not 8.
+    SPLIT_STATES False (`launch.Precision.split_states`) rounds `b` once, as `mma` does.
 
     dq and dk take the state path through h and dh. One bf16 rounding of them (2**-9) breaks the exact
     cancellation in q * dq - k * dk (e.g. against rowsum(ht * dht)), and dg's cumulative sum spreads that
@@ -170,9 +168,10 @@ def mma_split(a, b, DOT):
     a = a.to(DOT)
     b_hi = b.to(DOT)
     if DOT == tl.float32 or not SPLIT_STATES:
-        return tl.dot(a, b_hi, input_precision=PRECISION)
+        return tl.dot(a, b_hi, input_precision="ieee")
     b_lo = (b - b_hi.to(tl.float32)).to(DOT)
-    return tl.dot(a, b_hi, input_precision=PRECISION) + tl.dot(a, b_lo, input_precision=PRECISION)
+    # safeguard: state_products_split
+    return tl.dot(a, b_hi, input_precision="ieee") + tl.dot(a, b_lo, input_precision="ieee")
 
 
 def grid_size(n: int, block: int) -> int:

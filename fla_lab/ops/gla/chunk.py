@@ -21,11 +21,12 @@ import torch
 import triton.language as tl
 
 from fla_lab.ops import contract
-from fla_lab.ops.common.chunk import (BC, channel_block, check_flags, check_slot, chunk_cumsum, chunk_tables, chunks,
-                                      cols_from_later_subchunks, decay_grad, diagonal_tile, dot_of, dot_operand_dtype,
-                                      empty_f32, forward_states, later_rows_exponent, load_bonus, load_query_decay,
-                                      load_reference_decay, pick_reference_row, plain_rows, plain_scores, reference_row,
-                                      rows_from_earlier_subchunks, state_adjoints, subchunk, tile_width)
+from fla_lab.ops.common.chunk import (BC, REFERENCE_ROW_SLOT, channel_block, check_flags, check_slot, chunk_cumsum,
+                                      chunk_tables, chunks, cols_from_later_subchunks, decay_grad, diagonal_tile,
+                                      dot_of, dot_operand_dtype, empty_f32, forward_states, later_rows_exponent,
+                                      load_bonus, load_query_decay, load_reference_decay, plain_rows, plain_scores,
+                                      reference_row, rows_from_earlier_subchunks, state_adjoints, subchunk,
+                                      tile_width)
 from fla_lab.ops.common.launch import check_chunk_size, resolve
 from fla_lab.ops.common.utils import (as_contiguous, batch_head, cast_grad, chunk_of_sequence, custom_bwd, custom_fwd,
                                       grid_size, kernel, mma, mma_split, packed_switch)
@@ -91,6 +92,7 @@ def folded_diagonal_block(q, k, gi, u, A, scale, T, i_h, i_start, t_first, col0,
             b_gq = load_query_decay(gi, r_t[:, None], o_k[None, :], m, t_first, HK, RWKV6)
             b_k = tl.load(k + r_s[:, None] * HK + o_k[None, :], mask=m, other=0).to(tl.float32)
             b_gk = tl.load(gi + r_s[:, None] * HK + o_k[None, :], mask=m, other=0)
+            # safeguard: folded_diagonal_decay
             b_a += tl.sum(b_q * b_k * tl.exp(tl.where(m, b_gq - b_gk, 0)), axis=1)  # masked before exp
         tl.store(A + r_t * H * BT + col0 + s, scale * b_a, mask=valid)
 
@@ -136,8 +138,8 @@ def gated_scores_kernel(q, k, gi, u, A, scale, cu_seqlens, chunk_indices, T, H: 
             b_gn = load_reference_decay(gi, i_start, o_k, m_k, HK, RWKV6, REFERENCE_ROW)
             b_kt = tl.load(k + o_j[None, :] * HK + o_k[:, None], mask=m_k[:, None], other=0).to(tl.float32)
             b_gkt = tl.load(gi + o_j[None, :] * HK + o_k[:, None], mask=m_k[:, None], other=0)
-            b_qg = b_q * tl.exp(tl.where(m_ik, b_gq - b_gn[None, :], 0))
-            b_A += mma(b_qg, b_kt * tl.exp(b_gn[:, None] - b_gkt), DOT)
+            b_qg = b_q * tl.exp(tl.where(m_ik, b_gq - b_gn[None, :], 0))  # safeguard: gated_scores_query_decay
+            b_A += mma(b_qg, b_kt * tl.exp(b_gn[:, None] - b_gkt), DOT)  # safeguard: gated_scores_key_decay
         tl.store(p_A + i_j * BC, scale * b_A, mask=m_i[:, None])
     else:
         folded_diagonal_block(q, k, gi, u, A, scale, T, i_h, i_start, t_first, i_i * BC, o_c, o_i, m_i, H, K, BT,
@@ -187,6 +189,7 @@ def chunk_fwd_o_kernel(q, v, gi, h, A, o, flags, scale, cu_seqlens, chunk_indice
     if V_SLOT >= 0:
         or_nonfinite_bit(flags, tl.sum(nonfinite_probe(b_v)), V_SLOT)
     b_o += mma(b_A, b_v, DOT)
+    # mutation: rwkv6_chunk_o_missing_scale
     tl.store(o + bos * V + o_t[:, None] * H * V + o_v[None, :], (scale * b_o).to(o.dtype.element_ty), mask=m_tv)
 
 
@@ -195,7 +198,8 @@ def chunk_fwd_o_kernel(q, v, gi, h, A, o, flags, scale, cu_seqlens, chunk_indice
 def chunk_bwd_dqk_kernel(q, k, v, gi, u, h, dh, dA, do, dq, dk, scale, cu_seqlens, chunk_indices, T, NT,
                          H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
                          BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr, RWKV6: tl.constexpr,
-                         REFERENCE_ROW: tl.constexpr = reference_row, VARLEN: tl.constexpr = False):
+                         SPLIT_STATES: tl.constexpr, REFERENCE_ROW: tl.constexpr = reference_row,
+                         VARLEN: tl.constexpr = False):
     """Key side: dq and dk of one sub-chunk, intra-chunk terms from dA (RWKV6's bonus from its diagonal),
     inter-chunk terms from h and dh."""
     i_k, i_tc, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -239,8 +243,8 @@ def chunk_bwd_dqk_kernel(q, k, v, gi, u, h, dh, dA, do, dq, dk, scale, cu_seqlen
         m_vk = m_v[:, None] & m_k[None, :]
         b_do = tl.load(do + p_iv, mask=m_iv, other=0).to(tl.float32)
         b_v = tl.load(v + p_iv, mask=m_iv, other=0).to(tl.float32)
-        b_dqh += mma_split(b_do, tl.load(h + p_vk, mask=m_vk, other=0), DOT)
-        b_dkh += mma_split(b_v, tl.load(dh + p_vk, mask=m_vk, other=0), DOT)
+        b_dqh += mma_split(b_do, tl.load(h + p_vk, mask=m_vk, other=0), DOT, SPLIT_STATES)
+        b_dkh += mma_split(b_v, tl.load(dh + p_vk, mask=m_vk, other=0), DOT, SPLIT_STATES)
     t_last = tl.minimum(t_first + BT, T) - 1
     b_glast = tl.load(gi + t_last * HK + o_k, mask=m_k, other=0)
     b_dq += scale * b_dqh * tl.exp(b_gq)
@@ -257,7 +261,7 @@ def chunk_bwd_dqk_kernel(q, k, v, gi, u, h, dh, dA, do, dq, dk, scale, cu_seqlen
 def chunk_gla_fwd(q, k, v, gi, u, scale, h0, output_final_state, BT, launch, out_dtype, row=reference_row,
                   checks=None, names=("q", "k", "v"), seqs=None):
     """The forward after the cumulative decay `gi`: the states, the scores, the output. Returns o, ht, h, A.
-    `u`: RWKV6's bonus (None for GLA); `row`: the scores' REFERENCE_ROW helper (RWKV6's, see `pick_reference_row`);
+    `u`: RWKV6's bonus (None for GLA); `row`: the scores' REFERENCE_ROW helper (RWKV6's, see `REFERENCE_ROW_SLOT`);
     `checks` (`contract.KernelChecks`): the value checks of q and v (argument names `names[0]`, `names[2]`) in the
     output kernel; k's is the cumulative decay's (`chunk_cumsum`). `seqs`: a packed batch's tables
     (`conventions.Packed`; every kernel of the pass runs once for the whole batch), else dense.
@@ -286,7 +290,7 @@ def chunk_gla_bwd(q, k, v, gi, u, scale, h0, ht, h, A, do, dht, BT, launch, dg_d
                   key_term_in_dg=True, grad_dtype=torch.float32, seqs=None):
     """Returns dq, dk, dv (in grad_dtype), dg (dg_dtype), du (RWKV6) and dh0, from the forward's scores `A`.
     `h=None`: recompute the states here (each intermediate is dropped after its last use, which bounds the peak
-    memory of GSA's backward). `row`: the REFERENCE_ROW helper (see `pick_reference_row`).
+    memory of GSA's backward). `row`: the REFERENCE_ROW helper (see `REFERENCE_ROW_SLOT`).
     `key_term_in_dg=False` leaves `- k * dk` out of dg (GSA adds it once, for the summed slot gradient), and keeps
     dq and dk fp32 whatever grad_dtype (GSA's softmax backward and its other pass take them on)."""
     B, T, H, K = q.shape
@@ -304,7 +308,8 @@ def chunk_gla_bwd(q, k, v, gi, u, scale, h0, ht, h, A, do, dht, BT, launch, dg_d
     BKi = min(tile_width(K), launch.dqk_BK)  # the diagonal block is a [BC, BC, BKi] tile: keep it in registers
     chunk_bwd_dqk_kernel[(grid_size(K, BKi), NT * (BT // BC), B * H)](
         q, k, v, gi, u, h, dh, dA, do, dq, dk, scale, *chunk_tables(seqs), T, NT, H=H, K=K, V=V, BT=BT, BC=BC,
-        BK=BKi, BV=tile_width(V), DOT=dot_of(launch, q), RWKV6=rwkv6, REFERENCE_ROW=row,
+        BK=BKi, BV=tile_width(V), DOT=dot_of(launch, q), RWKV6=rwkv6,
+        SPLIT_STATES=launch.precision.split_states, REFERENCE_ROW=row,
         num_warps=launch.dqk_warps)
     del h, dh
     if key_term_in_dg:
@@ -327,14 +332,14 @@ def gated_scores(q, k, gi, u, scale, BT, launch, row=reference_row, seqs=None):
     return A
 
 
-def key_side_scores(q, k, g, u=None, chunk_size=64, launch=None, bug_exclusive_reference=False, row=None):
+def key_side_scores(q, k, g, u=None, chunk_size=64, launch=None, bug=None, helper=None):
     """The intra-chunk scores `A [B, T, H, chunk_size]` (fp32) the key-side forward builds, for inspection: row t
-    holds t's scores against every row of its chunk (RWKV6's bonus on the diagonal, zeros right of it). `row`: a
-    REFERENCE_ROW helper in place of the shipped one."""
+    holds t's scores against every row of its chunk (RWKV6's bonus on the diagonal, zeros right of it). `bug`,
+    `helper`: as `chunk_rwkv6`'s, for the REFERENCE_ROW slot (`REFERENCE_ROW_SLOT`)."""
     BT = check_chunk_size(chunk_size)
     q, k, g, u = as_contiguous(q, k, g, u)
     return gated_scores(q, k, chunk_cumsum(g, BT), u, 1.0, BT, resolve(launch, "chunk", q),
-                        pick_reference_row(bug_exclusive_reference, row))
+                        REFERENCE_ROW_SLOT.pick(bug, helper))
 
 
 # ----------------------------------------------------------------------------------------------------------

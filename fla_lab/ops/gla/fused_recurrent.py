@@ -35,5 +35,5 @@ def fused_recurrent_gla(q, k, v, gk, gv=None, scale=None, initial_state=None, ou
     seqs = None if cu_seqlens is None else packed_batch("fused_recurrent_gla", cu_seqlens, cu_seqlens_cpu, q,
                                                         initial_state, 64)  # rows only: any chunk size
     o, ht = FusedRecurrentFunction.apply(q, k, v, gk, None, scale, initial_state, output_final_state,
-                                         resolve(launch, "recurrent", q), h0_mask, None, seqs)
+                                         resolve(launch, "recurrent", q), h0_mask, seqs)
     return o, (ht if output_final_state else None)

@@ -25,8 +25,8 @@ from fla_lab.ops.common.chunk import (BC, channel_block, chunk_tables, chunks, c
                                       rows_from_earlier_subchunks, state_adjoints, subchunk, tile_width)
 from fla_lab.ops.common.launch import check_chunk_size, resolve
 from fla_lab.ops.common.switches import Switch, check_switch
-from fla_lab.ops.common.utils import (as_contiguous, batch_head, cast_grad, chunk_of_sequence, custom_bwd, custom_fwd,
-                                      grid_size, kernel, mma_split, next_pow2, packed_switch, slot_helper)
+from fla_lab.ops.common.utils import (Slot, as_contiguous, batch_head, cast_grad, chunk_of_sequence, custom_bwd,
+                                      custom_fwd, grid_size, kernel, mma_split, next_pow2, packed_switch)
 from fla_lab.ops.gla.chunk import chunk_gla_bwd, chunk_gla_fwd, gated_scores
 from fla_lab.ops.common.conventions import packed_batch
 
@@ -38,7 +38,7 @@ from fla_lab.ops.common.conventions import packed_batch
 @kernel
 def slot_rows_kernel(x, y, gi, h, A, out, scale, cu_seqlens, chunk_indices, T, NT, H: tl.constexpr, K: tl.constexpr,
                      V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                     DOT: tl.constexpr, BACKWARD: tl.constexpr, ACC: tl.constexpr,
+                     DOT: tl.constexpr, SPLIT_STATES: tl.constexpr, BACKWARD: tl.constexpr, ACC: tl.constexpr,
                      EXPONENT: tl.constexpr = later_rows_exponent, VARLEN: tl.constexpr = False):
     """Value side, one sub-chunk and value block per program; the decay stays on the value channel.
 
@@ -67,7 +67,7 @@ def slot_rows_kernel(x, y, gi, h, A, out, scale, cu_seqlens, chunk_indices, T, N
         m_k = o_k < K
         b_x = tl.load(x + o_i[:, None] * H * K + o_k[None, :], mask=m_i[:, None] & m_k[None, :], other=0)
         b_h = tl.load(h + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0)
-        b_xh += mma_split(b_x.to(tl.float32), b_h, DOT)
+        b_xh += mma_split(b_x.to(tl.float32), b_h, DOT, SPLIT_STATES)
     if BACKWARD:
         b_glast = tl.load(gi + (tl.minimum(t_first + BT, T) - 1) * H * V + o_v, mask=m_v, other=0)
         b_out = b_xh * tl.exp(tl.where(m_iv, b_glast[None, :] - b_g, 0))  # safeguard: gsa_dv_state_decay_to_chunk_end
@@ -107,7 +107,8 @@ def slot_pass_fwd(q, k, v, gi, scale, h0, output_final_state, BT, launch, seqs=N
     NT, BV = chunks(T, BT, seqs), min(tile_width(V), launch.slots_BV)
     slot_rows_kernel[(grid_size(V, BV), NT * (BT // BC), B * H)](
         q, v, gi, h, A, o, scale, *chunk_tables(seqs), T, NT, H=H, K=K, V=V, BT=BT, BC=BC, BK=tile_width(K), BV=BV,
-        DOT=dot_of(launch, q), BACKWARD=False, ACC=False, num_warps=launch.slots_warps)
+        DOT=dot_of(launch, q), SPLIT_STATES=launch.precision.split_states, BACKWARD=False, ACC=False,
+        num_warps=launch.slots_warps)
     return o, ht, h, A
 
 
@@ -128,7 +129,8 @@ def slot_pass_bwd(q, k, v, gi, scale, h0, ht, h, A, o, do, dht, BT, launch,
     NT, BV = chunks(T, BT, seqs), min(tile_width(V), launch.slots_BV)
     slot_rows_kernel[(grid_size(V, BV), NT * (BT // BC), B * H)](
         k, do, gi, dh, A, dv, scale, *chunk_tables(seqs), T, NT, H=H, K=K, V=V, BT=BT, BC=BC, BK=tile_width(K), BV=BV,
-        DOT=dot_of(launch, q), BACKWARD=True, ACC=dv_add is not None, EXPONENT=exponent,
+        DOT=dot_of(launch, q), SPLIT_STATES=launch.precision.split_states, BACKWARD=True, ACC=dv_add is not None,
+        EXPONENT=exponent,
         num_warps=launch.slots_warps)
     del A
     dq = plain_rows(dA, k, do, gi, h, 1.0, scale, BT, launch, transpose_A=False, to_end=False, transpose_h=True,
@@ -152,9 +154,12 @@ def slot_softmax_fwd_kernel(x, p, N, M: tl.constexpr, BM: tl.constexpr, BR: tl.c
     o_r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
     o_m = tl.arange(0, BM)
     m = (o_r < N)[:, None] & (o_m < M)[None, :]
+    # safeguard: gsa_softmax_pad_neg_inf
     b_x = tl.load(x + o_r[:, None] * M + o_m[None, :], mask=m, other=float("-inf")).to(tl.float32)
+    # safeguard: gsa_softmax_max_first
     b_x = tl.where(m, b_x - tl.max(b_x, axis=1)[:, None], float("-inf"))  # max first: exp(x - max) <= 1
     b_e = tl.where(m, tl.exp(b_x), 0)
+    # mutation: gsa_softmax_wrong_axis
     b_p = b_e / tl.maximum(tl.sum(b_e, axis=1), 1e-30)[:, None]  # padded rows: 0 / 1e-30, not 0 / 0
     tl.store(p + o_r[:, None] * M + o_m[None, :], b_p.to(p.dtype.element_ty), mask=m)
 
@@ -167,7 +172,7 @@ def slot_softmax_bwd_kernel(x, dp, dx, N, M: tl.constexpr, BM: tl.constexpr, BR:
     m = (o_r < N)[:, None] & (o_m < M)[None, :]
     p_rm = o_r[:, None] * M + o_m[None, :]
     b_x = tl.load(x + p_rm, mask=m, other=float("-inf")).to(tl.float32)  # safeguard: gsa_softmax_bwd_pad_neg_inf
-    b_x = tl.where(m, b_x - tl.max(b_x, axis=1)[:, None], float("-inf"))
+    b_x = tl.where(m, b_x - tl.max(b_x, axis=1)[:, None], float("-inf"))  # safeguard: gsa_softmax_bwd_max_first
     b_e = tl.where(m, tl.exp(b_x), 0)
     b_p = b_e / tl.maximum(tl.sum(b_e, axis=1), 1e-30)[:, None]
     b_dp = tl.load(dp + p_rm, mask=m, other=0).to(tl.float32)
@@ -249,7 +254,7 @@ def additive_gates(s, seqs=None):
     if seqs is not None:
         parts = [additive_gates(s[:, bos:eos]) for bos, eos in seqs.bounds if eos > bos]
         return torch.cat([w for w, _ in parts], 1), torch.cat([g for _, g in parts], 1)
-    z = s.float().logcumsumexp(1)
+    z = s.float().logcumsumexp(1)  # safeguard: abc_gates_logcumsumexp  # safeguard: abc_gates_fp32
     g = torch.cat((z[:, :1], z[:, :-1]), 1) - z
     return (s.float() - z).exp().to(s.dtype), g
 
@@ -270,32 +275,29 @@ def gsa_arguments(op, q, k, v, s, g, scale, initial_state, kwargs, BT, cu_seqlen
 SWITCHES = (Switch("unmasked_padding", "chunk_gsa", 77, located=("chunk_gsa", "slot_rows_kernel", "padded_rows")),)
 
 
-def padded_rows_exponent(bug=None, helper=None):
-    """The EXPONENT helper of pass 1's dv kernel (`utils.slot_helper`): the historical one under
-    `bug="unmasked_padding"`, else `helper` or the shipped `later_rows_exponent`."""
-    return slot_helper("chunk_gsa", "EXPONENT", bug == "unmasked_padding", later_rows_exponent_unmasked,
-                       later_rows_exponent, helper)
+# chunk_gsa's slot: the EXPONENT of pass 1's dv kernel (`slot_rows_kernel`, `cols_from_later_subchunks`)
+EXPONENT_SLOT = Slot("chunk_gsa", "EXPONENT", later_rows_exponent, later_rows_exponent_unmasked, "unmasked_padding")
 
 
 def chunk_gsa(q, k, v, s, g=None, scale=None, initial_state=None, output_final_state=False, chunk_size=64, bug=None,
-              launch=None, later_rows_exponent=None, cu_seqlens=None, cu_seqlens_cpu=None, **kwargs):
+              launch=None, helper=None, cu_seqlens=None, cu_seqlens_cpu=None, **kwargs):
     """Chunked Gated Slot Attention, forward and backward in Triton.
 
     q, k `[B, T, H, K]`, v `[B, T, H, V]`, s (slot writes) and g (natural-log forget gate <= 0) `[B, T, H, M]`;
     `g=None` is vanilla ABC. `initial_state` is the pair `(Hk0 [B, H, K, M], Hv0 [B, H, M, V])`. Returns
     `(o [B, T, H, V], (HkT, HvT) in fp32 or None)`. `chunk_size` a power of two >= 16; `launch` a
     `fla_lab.ops.ChunkLaunch`. `bug="unmasked_padding"`: upstream #77's NaN gradients of s and g when the last
-    chunk is partial and the slot decay is strong. `later_rows_exponent`: a `@triton.jit` helper for the EXPONENT
-    slot of pass 1's dv kernel instead of `later_rows_exponent` (notebook 03b's exercise). `cu_seqlens` (and its
-    host copy `cu_seqlens_cpu`): FLA's packed batches, states `[N, ...]`, one launch per kernel for the whole batch
-    (`fla_lab.ops.common.conventions`); each sequence's last chunk is partial unless its length is a multiple of
-    chunk_size, which is where #77's padded rows live.
+    chunk is partial and the slot decay is strong. `helper`: a `@triton.jit` helper for the EXPONENT slot of pass
+    1's dv kernel instead of the shipped `later_rows_exponent` (notebook 03b's exercise; `utils.Slot`).
+    `cu_seqlens` (and its host copy `cu_seqlens_cpu`): FLA's packed batches, states `[N, ...]`, one launch per
+    kernel for the whole batch (`fla_lab.ops.common.conventions`); each sequence's last chunk is partial unless its
+    length is a multiple of chunk_size, which is where #77's padded rows live.
     """
     check_switch(bug, "chunk_gsa", SWITCHES)
     BT = check_chunk_size(chunk_size, "chunk_gsa")
     s, g, hk0, hv0, scale, seqs = gsa_arguments("chunk_gsa", q, k, v, s, g, scale, initial_state, kwargs, BT,
                                                 cu_seqlens, cu_seqlens_cpu)
-    exponent = padded_rows_exponent(bug, later_rows_exponent)
+    exponent = EXPONENT_SLOT.pick(bug, helper)
     o, hkt, hvt = ChunkGSAFunction.apply(q, k, v, s, g, scale, hk0, hv0, output_final_state, BT,
                                          resolve(launch, "chunk", q), exponent, seqs)
     return o, ((hkt, hvt) if output_final_state else None)

@@ -52,25 +52,20 @@ import torch
 import triton
 import triton.language as tl
 
-from fla_lab import runtime
 from fla_lab.ops import contract
 from fla_lab.ops.common.chunk import (boundary_share, boundary_term, check_flags, check_slot, chunk_cumsum,
-                                      chunk_tables, chunks, filling_width, gpu_sms, load_query_decay,
-                                      parallel_sequences, sequence_tables, sequences)
+                                      chunk_tables, chunks, load_query_decay, sequence_tables, sequences)
 from fla_lab.ops.common.launch import RWKV7ChunkLaunch, check_chunk_size, resolve
 from fla_lab.ops.common.switches import check_switch
 from fla_lab.ops.common.value_flags import nonfinite_probe, or_nonfinite_bit
-from fla_lab.ops.common.utils import (as_contiguous, batch_head, cast_grad, chunk_of_sequence, custom_bwd, custom_fwd,
-                                      dot_dtype, grid_size, kernel, mma, mma_split, next_pow2, packed_switch,
-                                      sequence_chunks, slot_helper, state_tile)
+from fla_lab.ops.common.utils import (Slot, as_contiguous, batch_head, cast_grad, chunk_of_sequence, custom_bwd,
+                                      custom_fwd, grid_size, kernel, mma, mma_split, next_pow2, packed_switch,
+                                      sequence_chunks, state_tile)
 from fla_lab.ops.rwkv7.fused_recurrent import check_key_width
 from fla_lab.ops.common.conventions import packed_batch
 
 CHUNK = 16  # rows per chunk: the whole chunk is one pairwise tile and one 16x16 triangular solve
 FLA_CHUNK_SIZES = (CHUNK, 32, 64)  # what FLA 0.6.0's chunk_rwkv7 takes; every one of them runs as CHUNK rows
-# The chunk's fp32 products (the solve with (I - A_ab)^-1): "tf32x3", three TF32 products on the tensor cores,
-# keeps about fp32's accuracy; IEEE fp32 runs on the CUDA cores (and under the interpreter, which has no TF32).
-SOLVE_PRECISION = tl.constexpr("ieee" if runtime.interpreting() else "tf32x3")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -114,8 +109,10 @@ def row(x, o_c, j):
 
 
 @kernel
-def fdot(x, y):
-    """`x @ y` of fp32 tiles at `SOLVE_PRECISION`."""
+def fdot(x, y, SOLVE_PRECISION: tl.constexpr):
+    """`x @ y` of fp32 tiles at SOLVE_PRECISION (`launch.Precision.solve`): "tf32x3" on a GPU by default, three TF32
+    products on the tensor cores with about fp32's accuracy; "ieee" runs on the CUDA cores (and under the
+    interpreter, which has no TF32)."""
     return tl.dot(x, y, input_precision=SOLVE_PRECISION)  # safeguard: rwkv7_solve_tf32x3
 
 
@@ -158,8 +155,10 @@ def pair_scores(r, k, a, b, gi, Arb, Ark, Aab, Aak, t, s, rows_t, rows_s, valid,
     b_r = tl.load(r + rows_t[:, None] * HK + o_k[None, :], mask=m, other=0).to(tl.float32)
     next_row = valid & (t + 1 < BT) & (rows_t + 1 < T)  # a_{t+1} in the chunk and before T
     m_a = next_row[:, None] & m_k[None, :]
+    # mutation: rwkv7_exclusive_pair_inclusive
     b_a = tl.load(a + (rows_t + 1)[:, None] * HK + o_k[None, :], mask=m_a, other=0).to(tl.float32)
     if not DIAGONAL:
+        # safeguard: rwkv7_pair_weight_decay
         b_w = tl.exp(tl.where(m, tl.load(gi + rows_t[:, None] * HK + o_k[None, :], mask=m, other=0)
                               - tl.load(gi + rows_s[:, None] * HK + o_k[None, :], mask=m, other=0), 0))
         b_b *= b_w  # masked before exp: a masked pair (a row past T loads G = 0) never overflows
@@ -217,10 +216,10 @@ def dplr_scores_kernel(r, k, a, b, gi, Arb, Ark, Aab, Aak, flags, cu_seqlens, ch
 @kernel
 def dplr_intra_kernel(a, b, v, gi, do, Arb, Aab, Aak, W, U0, Wb, dX0, flags, scale, cu_seqlens, chunk_indices, T,
                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                      BV: tl.constexpr, BACKWARD: tl.constexpr, V_SLOT: tl.constexpr = -1,
-                      VARLEN: tl.constexpr = False):
+                      BV: tl.constexpr, BACKWARD: tl.constexpr, SOLVE_PRECISION: tl.constexpr,
+                      V_SLOT: tl.constexpr = -1, VARLEN: tl.constexpr = False):
     """One chunk: `T = (I - A_ab)^-1`, `W = T Ã`, `U0 = T A_ak V`; BACKWARD also `Wb = T^T B̄` and
-    `dX0 = T^T A_rb^T do'` (the pieces of the reverse pass). In fp32 (the products at `SOLVE_PRECISION`).
+    `dX0 = T^T A_rb^T do'` (the pieces of the reverse pass). In fp32 (the products at SOLVE_PRECISION, `fdot`).
     V_SLOT >= 0: the deferred value check of v, as it is read."""
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_bh, i_b, i_h = batch_head(i_bh, H)
@@ -235,13 +234,15 @@ def dplr_intra_kernel(a, b, v, gi, do, Arb, Aab, Aak, W, U0, Wb, dX0, flags, sca
     p_tk = bos * K + o_t[:, None] * HK + o_k[None, :]
     b_T = unit_lower_inverse(tl.load(Aab + p_tt, mask=m_t[:, None], other=0), o_c, BT)
     b_ge = load_query_decay(gi + bos * K, o_t[:, None], o_k[None, :], m_tk, t_first, HK, True)
-    tl.store(W + p_tk, fdot(b_T, load_rows(a + bos * K, o_t, o_k, m_tk, HK) * tl.exp(b_ge)), mask=m_tk)  # T Ã
+    tl.store(W + p_tk, fdot(b_T, load_rows(a + bos * K, o_t, o_k, m_tk, HK) * tl.exp(b_ge), SOLVE_PRECISION),
+             mask=m_tk)  # T Ã
     if BACKWARD:
         b_g, _, b_gend, _ = chunk_decays(gi + bos * K, o_t, o_k, m_tk, t_first, t_last, m_k, HK)
         b_bbar = load_rows(b + bos * K, o_t, o_k, m_tk, HK) * tl.exp(b_gend)
-        tl.store(Wb + p_tk, fdot(tl.trans(b_T), b_bbar), mask=m_tk)  # Wb = T^T B̄
-        b_P = tl.trans(fdot(tl.load(Arb + p_tt, mask=m_t[:, None], other=0), b_T))  # (A_rb T)^T = T^T A_rb^T
-    b_TA = fdot(b_T, tl.load(Aak + p_tt, mask=m_t[:, None], other=0))
+        tl.store(Wb + p_tk, fdot(tl.trans(b_T), b_bbar, SOLVE_PRECISION), mask=m_tk)  # Wb = T^T B̄
+        # (A_rb T)^T = T^T A_rb^T
+        b_P = tl.trans(fdot(tl.load(Arb + p_tt, mask=m_t[:, None], other=0), b_T, SOLVE_PRECISION))
+    b_TA = fdot(b_T, tl.load(Aak + p_tt, mask=m_t[:, None], other=0), SOLVE_PRECISION)
     b_probe = tl.zeros([BT, BV], dtype=tl.float32)
     for i_v in range(0, tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
@@ -250,17 +251,17 @@ def dplr_intra_kernel(a, b, v, gi, do, Arb, Aab, Aak, W, U0, Wb, dX0, flags, sca
         b_v = tl.load(v + p_tv, mask=m_tv, other=0).to(tl.float32)
         if V_SLOT >= 0:
             b_probe += nonfinite_probe(b_v)
-        tl.store(U0 + p_tv, fdot(b_TA, b_v), mask=m_tv)
+        tl.store(U0 + p_tv, fdot(b_TA, b_v, SOLVE_PRECISION), mask=m_tv)
         if BACKWARD:
             b_do = tl.load(do + p_tv, mask=m_tv, other=0).to(tl.float32)
-            tl.store(dX0 + p_tv, scale * fdot(b_P, b_do), mask=m_tv)
+            tl.store(dX0 + p_tv, scale * fdot(b_P, b_do, SOLVE_PRECISION), mask=m_tv)
     if V_SLOT >= 0:
         or_nonfinite_bit(flags, tl.sum(b_probe), V_SLOT)
 
 
 # The END_DECAY slot of `dplr_fwd_h_kernel`: a helper (gi, t_last, t_first, o_k, m_k, HK) -> [BK], the cumulative
 # log-decay row by which the state tile leaves the chunk (row t of gi at gi + t * HK). The op passes `end_decay`,
-# or the other helper under its `bug=` switch (`end_decay_helper`).
+# or the other helper under its `bug=` switch (`END_DECAY_SLOT`).
 @kernel
 def end_decay(gi, t_last, t_first, o_k, m_k, HK):
     return tl.load(gi + t_last * HK + o_k, mask=m_k, other=0)
@@ -275,17 +276,15 @@ def end_decay_alt(gi, t_last, t_first, o_k, m_k, HK):
 UNLISTED = frozenset({"91ed271c07411c4d"})
 
 
-def end_decay_helper(bug: str | None):
-    """The END_DECAY helper for a call with `bug=`: `end_decay`, or the other one under the op's switch (the one
-    `check_switch` accepts for `chunk_rwkv7`, which has no catalogue entry: any `bug` that reaches here is it)."""
-    return slot_helper("chunk_rwkv7", "END_DECAY", bug is not None, end_decay_alt, end_decay)
+# chunk_rwkv7's slot, with no switch named: its only switch is unlisted, so any `bug` that `check_switch` accepts is it
+END_DECAY_SLOT = Slot("chunk_rwkv7", "END_DECAY", end_decay, end_decay_alt)
 
 
 @packed_switch
 @kernel
 def dplr_fwd_h_kernel(k, v, b, gi, W, U0, h, u, h0, ht, cu_seqlens, chunk_offsets, T, H: tl.constexpr,
                       K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                      DOT: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
+                      DOT: tl.constexpr, SPLIT_STATES: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
                       END_DECAY: tl.constexpr = end_decay, VARLEN: tl.constexpr = False):
     """The only loop over chunks of the forward: `h[n]` (the state entering chunk n, fp32) and
     `u = W S_0 + U0` (the rows the transition removes, fp32), one `[K, BV]` state tile of one sequence per
@@ -303,9 +302,11 @@ def dplr_fwd_h_kernel(k, v, b, gi, W, U0, h, u, h0, ht, cu_seqlens, chunk_offset
         tl.store(h + ((boc + i_t) * H + i_h) * K * V + p_kv, b_h, mask=m_kv)
         t_first, o_c, o_t, m_t, t_last = chunk_rows(i_t, T, BT)
         m_tk, m_tv, m_kt = m_t[:, None] & m_k[None, :], m_t[:, None] & m_v[None, :], m_k[:, None] & m_t[None, :]
-        b_u = mma_split(load_rows(W, o_t, o_k, m_tk, HK), b_h, DOT) + load_rows(U0, o_t, o_v, m_tv, H * V)
+        b_u = (mma_split(load_rows(W, o_t, o_k, m_tk, HK), b_h, DOT, SPLIT_STATES)
+               + load_rows(U0, o_t, o_v, m_tv, H * V))
         tl.store(u + o_t[:, None] * H * V + o_v[None, :], b_u, mask=m_tv)
         b_glast = END_DECAY(gi, t_last, t_first, o_k, m_k, HK)
+        # safeguard: rwkv7_state_decay_to_chunk_end
         b_gend = tl.exp(tl.where(m_kt, b_glast[:, None] - load_cols(gi, o_t, o_k, m_kt, HK), 0))  # [BK, BT]
         b_bt = load_cols(b, o_t, o_k, m_kt, HK) * b_gend
         b_kt = load_cols(k, o_t, o_k, m_kt, HK) * b_gend
@@ -351,7 +352,7 @@ def dplr_fwd_o_kernel(r, v, gi, h, u, Arb, Ark, o, scale, cu_seqlens, chunk_indi
 def dplr_bwd_dh_kernel(r, a, gi, do, Wb, dX0, h, ht, dh, dX, dht, dh0, bnd, scale, cu_seqlens, chunk_offsets, T,
                        H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                        BV: tl.constexpr, DOT: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
-                       VARLEN: tl.constexpr):
+                       SPLIT_STATES: tl.constexpr, VARLEN: tl.constexpr):
     """The state adjoint in reverse: `dh[n]` = dL/dS at the end of chunk n, `dX = dX0 + Wb dh[n]` (the adjoint of
     `Ã S_0 + A_ak V`), and `dS_0 = e^{G_C} dS_C + (r e^G)^T do' + Ã^T dX` carried to the chunk before.
     Also each chunk's boundary term of dw, `bnd[n] = rowsum(S_{n+1} * dh[n])` (one partial per value block), the
@@ -374,12 +375,13 @@ def dplr_bwd_dh_kernel(r, a, gi, do, Wb, dX0, h, ht, dh, dX, dht, dh0, bnd, scal
         boundary_share(b_hn, b_dh, bnd, boc + i_t, i_h, 0, i_v, o_k, o_v, m_k, m_v, H, K, V, BK, BV, False)
         t_first, o_c, o_t, m_t, t_last = chunk_rows(i_t, T, BT)
         m_tk, m_tv, m_kt = m_t[:, None] & m_k[None, :], m_t[:, None] & m_v[None, :], m_k[:, None] & m_t[None, :]
-        b_dx = mma_split(load_rows(Wb, o_t, o_k, m_tk, HK), b_dh, DOT) + load_rows(dX0, o_t, o_v, m_tv, H * V)
+        b_dx = (mma_split(load_rows(Wb, o_t, o_k, m_tk, HK), b_dh, DOT, SPLIT_STATES)
+                + load_rows(dX0, o_t, o_v, m_tv, H * V))
         tl.store(dX + o_t[:, None] * H * V + o_v[None, :], b_dx, mask=m_tv)
         b_glast = tl.load(gi + t_last * HK + o_k, mask=m_k, other=0)
         b_gt = load_cols(gi, o_t, o_k, m_kt, HK)
         b_get = load_query_decay(gi, o_t[None, :], o_k[:, None], m_kt, t_first, HK, True)
-        b_rt = load_cols(r, o_t, o_k, m_kt, HK) * tl.exp(b_gt)
+        b_rt = load_cols(r, o_t, o_k, m_kt, HK) * tl.exp(b_gt)  # mutation: rwkv7_dh_decay_sign
         b_at = load_cols(a, o_t, o_k, m_kt, HK) * tl.exp(b_get)
         b_do = load_rows(do, o_t, o_v, m_tv, H * V)
         b_dh = b_dh * tl.exp(b_glast)[:, None] + scale * mma(b_rt, b_do, DOT) + mma(b_at, b_dx, DOT)
@@ -400,6 +402,7 @@ def reader_grads(k, b, gi, dArb, dArk, dAab, dAak, b_dr, b_da, b_g, t_first, o_t
         b_kj = tl.load(k + (t_first + j) * HK + o_k, mask=m_j, other=0).to(tl.float32)
         b_gj = tl.load(gi + (t_first + j) * HK + o_k, mask=m_j, other=0)
         causal = ((o_c >= j) & m_t)[:, None]
+        # safeguard: rwkv7_reader_weight_masked_before_exp
         b_w = tl.where(causal, tl.exp(tl.where(causal, b_g - b_gj[None, :], 0)), 0)  # masked before exp
         p_j = o_t * HBT + j  # column j of the score gradients
         c_rb = tl.load(dArb + p_j, mask=m_t, other=0)
@@ -426,6 +429,7 @@ def writer_grads(r, a, gi, dArb, dArk, dAab, dAak, b_db, b_dk, b_g, t_first, o_c
         b_aj = tl.load(a + (t_first + j + 1) * HK + o_k, mask=m_j1, other=0).to(tl.float32)
         b_gj = tl.load(gi + (t_first + j) * HK + o_k, mask=m_j, other=0)
         causal = ((o_c <= j) & m_t & in_t)[:, None]
+        # safeguard: rwkv7_writer_weight_masked_before_exp
         b_w = tl.where(causal, tl.exp(tl.where(causal, b_gj[None, :] - b_g, 0)), 0)  # masked before exp
         p_j = (t_first + j) * HBT + o_c  # row j of the score gradients
         r_rb = tl.load(dArb + p_j, mask=m_t & in_t, other=0)
@@ -441,7 +445,7 @@ def writer_grads(r, a, gi, dArb, dArk, dAab, dAak, b_db, b_dk, b_g, t_first, o_c
 @kernel
 def dplr_bwd_dv_kernel(k, v, gi, dh, u, dX, do, Arb, Ark, Aab, Aak, dv, scale, cu_seqlens, chunk_indices, T, NT,
                        H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                       BV: tl.constexpr, DOT: tl.constexpr, VARLEN: tl.constexpr):
+                       BV: tl.constexpr, DOT: tl.constexpr, SPLIT_STATES: tl.constexpr, VARLEN: tl.constexpr):
     """One chunk: `dv = A_rk^T do' + A_ak^T dX + K̄ dS_C^T` and the four score gradients `dA_rb = do' U^T`,
     `dA_rk = do' V^T`, `dA_ab = dX U^T`, `dA_ak = dX V^T`, which overwrite this chunk's rows of `Arb, Ark, Aab,
     Aak` once every thread has read A_rk and A_ak (A_rb and A_ab are spent by then)."""
@@ -480,7 +484,8 @@ def dplr_bwd_dv_kernel(k, v, gi, dh, u, dX, do, Arb, Ark, Aab, Aak, dv, scale, c
         dA_rk += mma(b_do, tl.trans(b_v), DOT)
         dA_ab += mma(b_dx, tl.trans(b_u), DOT)
         dA_ak += mma(b_dx, tl.trans(b_v), DOT)
-        b_dv = mma(tl.trans(b_Ark), b_do, DOT) + mma(tl.trans(b_Aak), b_dx, DOT) + mma_split(b_kbar, b_dh, DOT)
+        b_dv = (mma(tl.trans(b_Ark), b_do, DOT) + mma(tl.trans(b_Aak), b_dx, DOT)
+                + mma_split(b_kbar, b_dh, DOT, SPLIT_STATES))
         tl.store(dv + o_t[:, None] * H * V + o_v[None, :], b_dv.to(dv.dtype.element_ty), mask=m_tv)
     tl.debug_barrier()  # every thread has read its scores before they are overwritten
     tl.store(Arb + p_tt, dA_rb, mask=m_t[:, None])
@@ -494,7 +499,7 @@ def dplr_bwd_dv_kernel(k, v, gi, dh, u, dX, do, Arb, Ark, Aab, Aak, dv, scale, c
 def dplr_bwd_kernel(r, k, v, a, b, gi, h, dh, u, dX, do, dArb, dArk, dAab, dAak, dr, dk, da, db, x, scale,
                     cu_seqlens, chunk_indices, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
-                    VARLEN: tl.constexpr):
+                    SPLIT_STATES: tl.constexpr, VARLEN: tl.constexpr):
     """One chunk and BK channels: dr, da, db, dk through the state and through the scores (`reader_grads`,
     `writer_grads`, from the score gradients of `dplr_bwd_dv_kernel`), and `x = r dr - b db - k dk` for the decay
     gradient.
@@ -529,10 +534,10 @@ def dplr_bwd_kernel(r, k, v, a, b, gi, h, dh, u, dX, do, dArb, dArk, dAab, dAak,
         m_vk = m_v[:, None] & m_k[None, :]
         b_ht = tl.load(h + p_h + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0)  # [BV, BK]
         b_dht = tl.load(dh + p_h + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0)
-        b_dr += mma_split(load_rows(do, o_t, o_v, m_tv, H * V) * scale, b_ht, DOT)
-        b_da += mma_split(load_rows(dX, o_n, o_v, m_n[:, None] & m_v[None, :], H * V), b_ht, DOT)
-        b_db += mma_split(load_rows(u, o_t, o_v, m_tv, H * V), b_dht, DOT)
-        b_dk += mma_split(load_rows(v, o_t, o_v, m_tv, H * V), b_dht, DOT)
+        b_dr += mma_split(load_rows(do, o_t, o_v, m_tv, H * V) * scale, b_ht, DOT, SPLIT_STATES)
+        b_da += mma_split(load_rows(dX, o_n, o_v, m_n[:, None] & m_v[None, :], H * V), b_ht, DOT, SPLIT_STATES)
+        b_db += mma_split(load_rows(u, o_t, o_v, m_tv, H * V), b_dht, DOT, SPLIT_STATES)
+        b_dk += mma_split(load_rows(v, o_t, o_v, m_tv, H * V), b_dht, DOT, SPLIT_STATES)
     b_end = tl.exp(b_gend)
     b_dr *= tl.exp(b_g)
     b_da *= tl.exp(tl.where(o_c[:, None] + 1 < BT, b_g, 0))  # a_{t+1} at Ge_{t+1} = G_t; the first a at 0
@@ -580,15 +585,11 @@ def dplr_dw_kernel(x, a, da, bnd, dw, cu_seqlens, chunk_indices, T, NT, H: tl.co
 # Launchers
 
 
-def _value_block(V: int, launch: RWKV7ChunkLaunch) -> int:
-    return max(16, min(next_pow2(V), launch.max_BV))
-
-
 def _shapes(r, v, launch: RWKV7ChunkLaunch, seqs=None):
     """B, T, H, K, V, the chunks per batch row (of every sequence together when packed), BK, BV."""
     B, T, H, K = r.shape
     V = v.shape[-1]
-    return B, T, H, K, V, chunks(T, CHUNK, seqs), max(16, next_pow2(K)), _value_block(V, launch)
+    return B, T, H, K, V, chunks(T, CHUNK, seqs), max(16, next_pow2(K)), launch.value_block(V)
 
 
 def _f32(x, *shape):
@@ -616,29 +617,21 @@ def _intra(a, b, v, gi, do, Arb, Aab, Aak, scale, backward, launch, seqs=None, c
     Wb, dX0 = (_f32(a, *rows, K), _f32(a, *rows, V)) if backward else (None, None)
     dplr_intra_kernel[(NT, B * H)](a, b, v, gi, do, Arb, Aab, Aak, W, U0, Wb, dX0, check_flags(checks), scale,
                                    *chunk_tables(seqs), T, H=H, K=K, V=V, BT=CHUNK, BK=BK, BV=BV, BACKWARD=backward,
-                                   V_SLOT=check_slot(checks, "v"), num_warps=launch.intra_warps)
+                                   SOLVE_PRECISION=launch.precision.solve_precision(), V_SLOT=check_slot(checks, "v"),
+                                   num_warps=launch.intra_warps)
     return W, U0, Wb, dX0
-
-
-def _state_block(x, V: int, launch: RWKV7ChunkLaunch, seqs=None, backward: bool = False) -> int:
-    """`launch.state_BV`, or (None) 64 halved while the pass's programs would fill less than the GPU's SMs, the
-    forward's at most `launch.fwd_state_BV` (off the GPU: `fwd_state_BV`)."""
-    width, sms = _value_block(V, launch), gpu_sms(x)
-    if launch.state_BV is not None or sms is None:
-        return min(width, launch.state_BV or launch.fwd_state_BV)
-    filling = filling_width(width, V, parallel_sequences(*x.shape[:2], seqs) * x.shape[2], sms, fill=1.0)
-    return filling if backward else min(filling, launch.fwd_state_BV)
 
 
 def _states(k, v, b, gi, W, U0, h0, store_ht, dot, launch, end=end_decay, seqs=None):
     """`h [B, NT, H, K, V]`, `u [B, T, H, V]` and the final states `[N, H, K, V]` (one per batch row or sequence);
     `end`: the kernel's END_DECAY helper."""
     B, T, H, K, V, NT, BK, _ = _shapes(k, v, launch, seqs)
-    BV, N = _state_block(k, V, launch, seqs), sequences(B, seqs)
+    BV, N = launch.state_width(k, V, seqs), sequences(B, seqs)
     h, u = _f32(k, B, NT, H, K, V), _f32(k, B, T, H, V)
     ht = _f32(k, N, H, K, V) if store_ht else None
     dplr_fwd_h_kernel[(grid_size(V, BV), N * H)](k, v, b, gi, W, U0, h, u, h0, ht, *sequence_tables(seqs), T, H=H,
-                                                 K=K, V=V, BT=CHUNK, BK=BK, BV=BV, DOT=dot, USE_H0=h0 is not None,
+                                                 K=K, V=V, BT=CHUNK, BK=BK, BV=BV, DOT=dot,
+                                                 SPLIT_STATES=launch.precision.split_states, USE_H0=h0 is not None,
                                                  STORE_HT=store_ht, END_DECAY=end,
                                                  num_warps=launch.fwd_h_warps)
     return h, u, ht
@@ -650,7 +643,7 @@ def _forward(r, w, k, v, a, b, scale, h0, output_final_state, launch, keep=False
     `seqs`: a packed batch's tables (`conventions.Packed`, 16-row chunks), else dense; `checks`
     (`contract.KernelChecks`): r, k and v are checked by the kernels that read them."""
     B, T, H, K, V, NT, BK, BV = _shapes(r, v, launch, seqs)
-    dot = dot_dtype(r.dtype)
+    dot = launch.precision.dot(r)
     gi = chunk_cumsum(w, CHUNK, seqs=seqs)
     Arb, Ark, Aab, Aak = _scores(r, k, a, b, gi, launch, seqs, checks)
     W, U0, _, _ = _intra(a, b, v, gi, None, Arb, Aab, Aak, scale, False, launch, seqs=seqs, checks=checks)
@@ -668,7 +661,7 @@ def _forward(r, w, k, v, a, b, scale, h0, output_final_state, launch, keep=False
 def _backward(r, w, k, v, a, b, scale, h0, ht, do, dht, launch, end=end_decay, seqs=None):
     """Recomputes the forward's intermediates, drops each after its last use."""
     B, T, H, K, V, NT, BK, BV = _shapes(r, v, launch, seqs)
-    dot, chunk_args = dot_dtype(r.dtype), chunk_tables(seqs)
+    dot, split, chunk_args = launch.precision.dot(r), launch.precision.split_states, chunk_tables(seqs)
     gi = chunk_cumsum(w, CHUNK, seqs=seqs)
     Arb, Ark, Aab, Aak = _scores(r, k, a, b, gi, launch, seqs)
     W, U0, Wb, dX0 = _intra(a, b, v, gi, do, Arb, Aab, Aak, scale, True, launch, seqs=seqs)
@@ -677,23 +670,23 @@ def _backward(r, w, k, v, a, b, scale, h0, ht, do, dht, launch, end=end_decay, s
     N = sequences(B, seqs)
     dh, dX = _f32(r, B, NT, H, K, V), _f32(r, B, T, H, V)
     dh0 = _f32(r, N, H, K, V) if h0 is not None else None
-    SBV = _state_block(r, V, launch, seqs, backward=True)
+    SBV = launch.state_width(r, V, seqs, backward=True)
     bnd = _f32(r, B, NT, H, grid_size(V, SBV), K)
     dplr_bwd_dh_kernel[(grid_size(V, SBV), N * H)](r, a, gi, do, Wb, dX0, h, ht, dh, dX, dht, dh0, bnd, scale,
                                                    *sequence_tables(seqs), T, H=H, K=K, V=V, BT=CHUNK, BK=BK, BV=SBV,
                                                    DOT=dot, USE_DHT=dht is not None, STORE_DH0=h0 is not None,
-                                                   num_warps=launch.bwd_dh_warps)
+                                                   SPLIT_STATES=split, num_warps=launch.bwd_dh_warps)
     del Wb, dX0
     dv = torch.empty_like(v)  # dr, dk, db, dv leave their kernels in their inputs' dtypes: no cast passes
     dplr_bwd_dv_kernel[(NT, B * H)](k, v, gi, dh, u, dX, do, Arb, Ark, Aab, Aak, dv, scale, *chunk_args, T, NT, H=H,
-                                    K=K, V=V, BT=CHUNK, BK=BK, BV=min(BV, launch.dv_BV), DOT=dot,
+                                    K=K, V=V, BT=CHUNK, BK=BK, BV=min(BV, launch.dv_BV), DOT=dot, SPLIT_STATES=split,
                                     num_warps=launch.bwd_dv_warps)
     dr, dk, db = torch.empty_like(r), torch.empty_like(k), torch.empty_like(b)
     da, x = _f32(r, B, T, H, K), _f32(r, B, T, H, K)  # read again by dplr_dw_kernel
     PBK = min(BK, launch.bwd_BK)
     dplr_bwd_kernel[(grid_size(K, PBK), NT, B * H)](r, k, v, a, b, gi, h, dh, u, dX, do, Arb, Ark, Aab, Aak, dr, dk,
                                                     da, db, x, scale, *chunk_args, T, NT, H=H, K=K, V=V, BT=CHUNK,
-                                                    BK=PBK, BV=min(BV, launch.bwd_BV), DOT=dot,
+                                                    BK=PBK, BV=min(BV, launch.bwd_BV), DOT=dot, SPLIT_STATES=split,
                                                     num_warps=launch.bwd_warps)
     del h, dh, u, dX, Arb, Ark, Aab, Aak
     dw = x if w.dtype == torch.float32 else torch.empty_like(w)
@@ -729,24 +722,24 @@ class ChunkRWKV7Function(torch.autograd.Function):
 
 
 @torch.no_grad()
-def chunk_rwkv7_intermediates(r, w, k, v, a, b, scale=1.0, initial_state=None, bug=None,
-                              launch=None) -> dict[str, torch.Tensor]:
+def chunk_rwkv7_intermediates(r, w, k, v, a, b, scale=1.0, initial_state=None, bug=None, launch=None,
+                              helper=None) -> dict[str, torch.Tensor]:
     """The forward's fp32 intermediates, for inspection (no value checks: pass anything you want to trace).
 
     `G` (chunk-local cumulative log-decay) and `W`, `U0` `[B, T, H, K or V]` (`u = W S_0 + U0` per chunk),
     `A_rb`, `A_rk` `[B, T, H, 16]` (each row's scores against its chunk, zeros right of the diagonal), `u`
     `[B, T, H, V]` (the removed rows `a_t^T S_{t-1}`), `h [B, NT, H, K, V]` (the state entering each chunk) and
-    the output `o`.
+    the output `o`. `bug`, `helper`: as `chunk_rwkv7`'s.
     """
     r, w, k, v, a, b, initial_state = as_contiguous(r, w, k, v, a, b, initial_state)
     check_switch(bug, "chunk_rwkv7", unlisted=UNLISTED)
     o, _, kept = _forward(r, w, k, v, a, b, scale, initial_state, False, resolve(launch, "rwkv7_chunk", r), keep=True,
-                          end=end_decay_helper(bug))
+                          end=END_DECAY_SLOT.pick(bug, helper))
     return {**kept, "o": o}
 
 
 def chunk_rwkv7(r, w, k, v, a, b, scale=1.0, initial_state=None, output_final_state=False, chunk_size=None, bug=None,
-                cu_seqlens=None, cu_seqlens_cpu=None, launch=None, **kwargs):
+                cu_seqlens=None, cu_seqlens_cpu=None, launch=None, helper=None, **kwargs):
     """Chunked RWKV-7 (DPLR), forward and backward in Triton, exact at any decay (see the module docstring).
 
     Same inputs as `fused_recurrent_rwkv7`: `[B, T, H, K]` r, w (natural-log decay <= 0, may be fp32 while the
@@ -757,7 +750,8 @@ def chunk_rwkv7(r, w, k, v, a, b, scale=1.0, initial_state=None, output_final_st
     `[N, H, K, V]`), one launch per kernel for the whole batch (`fla_lab.ops.common.conventions`).
     flash-linear-attention 0.6.0's `chunk_rwkv7` has the same signature and `scale=1.0` default; its
     `safe_gate`/`lower_bound` fast path has no counterpart here (nothing to promise about the decay). `launch`: a
-    `fla_lab.ops.RWKV7ChunkLaunch`, None for the device's default.
+    `fla_lab.ops.RWKV7ChunkLaunch`, None for the device's default. `helper`: a `@triton.jit` helper for the END_DECAY
+    slot of `dplr_fwd_h_kernel` instead of the shipped `end_decay` (`END_DECAY_SLOT`).
     """
     op = "chunk_rwkv7"
     check_switch(bug, op, unlisted=UNLISTED)
@@ -769,5 +763,6 @@ def chunk_rwkv7(r, w, k, v, a, b, scale=1.0, initial_state=None, output_final_st
     contract.check_kernel_device(op, dict(r=r, w=w, k=k, v=v, a=a, b=b, initial_state=initial_state))
     scale = r.shape[-1] ** -0.5 if scale is None else scale
     o, ht = ChunkRWKV7Function.apply(r, w, k, v, a, b, scale, initial_state, output_final_state,
-                                     resolve(launch, "rwkv7_chunk", r), end_decay_helper(bug), seqs, checks)
+                                     resolve(launch, "rwkv7_chunk", r), END_DECAY_SLOT.pick(bug, helper), seqs,
+                                     checks)
     return o, (ht if output_final_state else None)

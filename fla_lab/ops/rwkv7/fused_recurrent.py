@@ -26,8 +26,7 @@ import triton
 import triton.language as tl
 
 from fla_lab.ops import contract
-from fla_lab.ops.common.chunk import gpu_sms, parallel_sequences
-from fla_lab.ops.common.launch import FWD_LOADS, RWKV7RecurrentLaunch, resolve
+from fla_lab.ops.common.launch import resolve
 from fla_lab.ops.common.utils import (as_contiguous, batch_head, cast_grad, custom_bwd, custom_fwd, grid_size,
                                       kernel, next_pow2, packed_switch, sequence_chunks, state_tile)
 from fla_lab.ops.common.conventions import packed_batch
@@ -51,7 +50,7 @@ def load_step(r, w, k, v, a, b, row, o_k, o_v, m_k, m_v, K: tl.constexpr, V: tl.
 @kernel
 def transition(b_h, b_d, b_k, b_v, b_a, b_b):
     """S_{t-1} -> S_t on a `[BK, BV]` tile; also returns sa = a^T S_{t-1}, read before the decay."""
-    b_sa = tl.sum(b_a[:, None] * b_h, axis=0)
+    b_sa = tl.sum(b_a[:, None] * b_h, axis=0)  # mutation: rwkv7_fused_sa_wrong_axis
     return b_h * b_d[:, None] + b_b[:, None] * b_sa[None, :] + b_k[:, None] * b_v[None, :], b_sa
 
 
@@ -170,33 +169,6 @@ def fused_recurrent_rwkv7_bwd_kernel(r, w, k, v, a, b, do, dht, hc, scratch, dr,
         tl.store(dh0 + i_bh * K * V + p_kv, b_dh, mask=m_kv)
 
 
-def forward_launch(x, V: int, H: int, seqs, launch: RWKV7RecurrentLaunch) -> tuple[int, int]:
-    """The forward's (value columns, num_warps): `launch.fwd_launch`, or (None) per call. One step's latency grows
-    with the tile, and many programs per SM want few warps each. On a GPU: `few_programs_launch` while 16-column
-    tiles give at most two programs per SM; else, counted in `max_BV`-column tiles, `fwd_by_load_launches[i]` from
-    `FWD_LOADS[i]` programs per SM. The launches were timed with `benchmarks/tune_kernels.py`: docs/performance.md,
-    'fused_recurrent_rwkv7: forward_launch'.
-    """
-    if launch.fwd_launch is not None:
-        return min(next_pow2(V), launch.max_BV, launch.fwd_launch[0]), launch.fwd_launch[1]
-    sms = gpu_sms(x)
-    if sms is None:
-        return min(next_pow2(V), launch.max_BV), 4
-    rows = parallel_sequences(*x.shape[:2], seqs) * H  # programs per value tile
-    if rows * grid_size(V, 16) <= 2 * sms:  # few sequences: the narrowest tile, for the shortest step
-        return launch.few_programs_launch
-    programs = rows * grid_size(V, launch.max_BV)
-    return next(pair for load, pair in zip(FWD_LOADS, launch.fwd_by_load_launches) if programs >= load * sms)
-
-
-def backward_launch(x, V: int, launch: RWKV7RecurrentLaunch) -> tuple[int, int]:
-    """The backward's (value columns, num_warps): `launch.bwd_launch`, or (None) `gpu_bwd_launch` on a GPU. Each
-    value tile adds one fp32 partial of dr, dw, dk, da, db, so 16 columns, a little faster, would double that memory
-    again, and 64 are slower (docs/performance.md, 'fused_recurrent_rwkv7: backward_launch')."""
-    BV, warps = launch.bwd_launch or (launch.gpu_bwd_launch if gpu_sms(x) is not None else (launch.max_BV, 4))
-    return min(next_pow2(V), launch.max_BV, BV), warps
-
-
 def _sequences(B: int, seqs):
     """The grid's batch size and the kernels' packed-batch arguments: (B, None, None) dense, (N, cu_seqlens,
     chunk_offsets) packed (`seqs`, a `conventions.Packed` in segments of CHECKPOINT_EVERY steps)."""
@@ -207,7 +179,7 @@ def _forward(r, w, k, v, a, b, scale, h0, output_final_state, save_checkpoints, 
     B, T, H, K = r.shape
     V = v.shape[-1]
     N, cu_seqlens, chunk_offsets = _sequences(B, seqs)
-    BK, (BV, warps) = next_pow2(K), forward_launch(r, V, H, seqs, launch)
+    BK, (BV, warps) = next_pow2(K), launch.forward_launch(r, V, H, seqs)
     f32 = dict(dtype=torch.float32, device=r.device)
     o = torch.empty(B, T, H, V, dtype=r.dtype, device=r.device)
     ht = torch.empty(N, H, K, V, **f32) if output_final_state else None
@@ -226,7 +198,7 @@ def _backward(r, w, k, v, a, b, scale, h0, hc, do, dht, launch, seqs=None):
     B, T, H, K = r.shape
     V = v.shape[-1]
     N, cu_seqlens, chunk_offsets = _sequences(B, seqs)
-    BK, (BV, warps) = next_pow2(K), backward_launch(r, V, launch)
+    BK, (BV, warps) = next_pow2(K), launch.backward_launch(r, V)
     NV = grid_size(V, BV)
     f32 = dict(dtype=torch.float32, device=r.device)
     dr, dw, dk, da, db = (torch.empty(NV, B, T, H, K, **f32) for _ in range(5))

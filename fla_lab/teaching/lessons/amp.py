@@ -17,6 +17,7 @@ import matplotlib
 import torch
 from torch import nn
 
+from fla_lab.ops import contract
 from fla_lab.teaching import exercises
 from fla_lab.spec import reference
 from fla_lab import runtime
@@ -520,7 +521,8 @@ def check_log_decay(candidate: Callable[[torch.Tensor], torch.Tensor], T: int = 
         exercises.error_fact("per-step relative bias of w, mean |.|", grid["mean"], tol),
     ]
     try:
-        step = amp_step(None, T=T, log_decay=candidate)
+        with contract.value_checks(True):  # on a GPU too the kernel's value checks report here, inside the verdict
+            step = amp_step(None, T=T, log_decay=candidate)
     except Exception as err:  # e.g. a dtype the kernel's input checks refuse: a verdict, not a traceback
         facts.append((False, f"in the layer (T = {T}): {type(err).__name__}: {str(err).splitlines()[0][:120]}"))
     else:

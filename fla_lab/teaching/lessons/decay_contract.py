@@ -23,7 +23,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from fla_lab.spec import check, harness, reference
+from fla_lab.spec import check, harness, markers, reference
 from fla_lab.teaching import exercises
 from fla_lab import runtime
 from fla_lab.tools import viz, widgets
@@ -550,7 +550,7 @@ def source_lines(module, starts: tuple[str, ...], first: int = 1) -> str:
     path = "fla_lab/" + module.__name__.split(".", 1)[1].replace(".", "/") + ".py"
     found = sorted(next(i for i in range(first, len(lines) + 1) if lines[i - 1].lstrip().startswith(start))
                    for start in starts)
-    return "\n".join(f"{path}:{i}  {lines[i - 1].strip()}" for i in found)
+    return "\n".join(f"{path}:{i}  {markers.strip_line(lines[i - 1]).strip()}" for i in found)
 
 
 def decay_lines() -> str:
@@ -584,7 +584,7 @@ def removal_lines() -> str:
                 f"last tier: {EXERCISE_REMOVAL})")
     body, start = inspect.getsourcelines(rwkv7.state_removal)  # its last line builds (a, b)
     return (source_lines(rwkv7, ("a = self.a_lora", "kk = ", "o = self.attend(")) +
-            f"\nfla_lab/layers/rwkv7.py:{start + len(body) - 1}  {body[-1].strip()}")
+            f"\nfla_lab/layers/rwkv7.py:{start + len(body) - 1}  {markers.strip_line(body[-1]).strip()}")
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ end of the sequence (a partial last chunk) loads its decay as 0, so the factor i
 decay gradient's reverse cumulative sum over every earlier row. The fix 737550ff is the notebook's exercise.
 Everything here runs the real kernel `chunk_gsa` (and the layer `GatedSlotAttention`) with and without
 `bug="unmasked_padding"`, against the float64 spec `reference.recurrent_gsa`; the exercise's helper goes into the
-EXPONENT slot of that kernel (`chunk_gsa(later_rows_exponent=...)`). `packed_batch` runs it on a packed batch
+EXPONENT slot of that kernel (`chunk_gsa(helper=...)`). `packed_batch` runs it on a packed batch
 (`cu_seqlens`), where each sequence whose length is not a multiple of 64 ends in a partial chunk of its own.
 """
 from __future__ import annotations
@@ -28,9 +28,9 @@ import triton
 import triton.language as tl
 
 from fla_lab.teaching import bugs, exercises
-from fla_lab.spec import check, harness, reference
+from fla_lab.spec import check, harness, markers, reference
 from fla_lab import runtime
-from fla_lab.tools import viz, widgets
+from fla_lab.tools import gpu_runs, viz, widgets
 from fla_lab.teaching.lessons.overflow import decade, spans, summary  # noqa: F401  (decade, summary: for the notebook)
 
 BUG = "unmasked_padding"
@@ -276,7 +276,7 @@ def _run(x: dict, bug: str | None, dtype: torch.dtype, seed: int = 0, reference:
          chunk_size: int = CHUNK, exponent=None, cu_seqlens: torch.Tensor | None = None) -> dict:
     """`chunk_gsa` forward and backward under a random cotangent `do`: `o` and `d<name>` of every input (fp32, on the
     CPU), and `g`. `reference=True` adds `ref_o`, `ref_d<name>`: the float64 recurrence on the same rounded inputs
-    with the same `do`. `exponent`: a helper for the kernel's EXPONENT slot (`chunk_gsa(later_rows_exponent=)`).
+    with the same `do`. `exponent`: a helper for the kernel's EXPONENT slot (`chunk_gsa(helper=)`).
     `cu_seqlens` (CPU offsets): a packed batch, the kernel and the recurrence run on each sequence alone."""
     from fla_lab.spec import reference as spec
     from fla_lab.ops import chunk_gsa
@@ -294,7 +294,7 @@ def _run(x: dict, bug: str | None, dtype: torch.dtype, seed: int = 0, reference:
 
     ours = {n: (tuple(leaf(n, t) for t in v) if isinstance(v, tuple) else leaf(n, v)) for n, v in x.items()}
     packed = {} if cu_seqlens is None else {"cu_seqlens": cu_seqlens.to(dev)}
-    o, _ = chunk_gsa(**ours, bug=bug, chunk_size=chunk_size, later_rows_exponent=exponent, **packed)
+    o, _ = chunk_gsa(**ours, bug=bug, chunk_size=chunk_size, helper=exponent, **packed)
     do = torch.randn(o.shape, generator=torch.Generator().manual_seed(seed + 1))
     (o * do.to(dev, o.dtype)).sum().backward()
     out = {"o": o.detach().float().cpu(), "g": x["g"]}
@@ -382,13 +382,14 @@ def packed_batch(lengths: tuple[int, ...] = PACKED_LENGTHS, decay: float = PACKE
 
 
 def show_catalogue() -> None:
-    """The catalogue entry: op, kernel, cause, trigger, symptom and the file of the switch (no line numbers: they
-    move with every edit of the kernel file)."""
+    """The catalogue entry: op, kernel, cause, trigger, symptom and the file and helper of the switch (no line
+    numbers: they move with every edit of the kernel file)."""
     bug = bugs.get(BUG)
     path = bugs.locate(BUG).rsplit(":", 1)[0]
+    switch = markers.find("bug", BUG)
     print(f"{bug.name}  [{bug.op}]  upstream #{bug.issue}, fix {bug.fix}")
     print(f"  kernel : {bug.component}")
-    print(f"  switch : {path}, `{bug.anchor[1]}`")
+    print(f"  switch : {path}, in `{markers.enclosing_function(markers.source(switch), switch.line)}`")
     print(f"  trigger: {bug.trigger}")
     print(f"  symptom: {bug.symptom}")
     print(f"  taught : notebook {bug.notebook}")
@@ -400,11 +401,9 @@ def show_switch() -> None:
     is the exercise's answer: until the check said PASS or the last hint tier was printed, only the historical one
     shows, from its own source (the catalogue seals both in a learner's session)."""
     if not exercises.is_open(EXERCISE):
-        import inspect
-
         from fla_lab.ops.common import chunk
 
-        historical = inspect.getsource(chunk.later_rows_exponent_unmasked.fn).rstrip().splitlines()[-1]
+        historical = markers.source_of(chunk.later_rows_exponent_unmasked).rstrip().splitlines()[-1]
         print(f"the historical helper (bug={BUG!r}):\n{historical}\nthe shipped one {_SHOWS_ONCE_SOLVED}")
         return
     lines = [line[7:] for line in bugs.switch_lines(BUG)]  # drop the "{number:5d}  " prefix
@@ -568,12 +567,12 @@ def sweep(decays: tuple[float, ...] = SWEEP_DECAYS, dtype: str = "bf16", T: int 
     return {m: gradient_errors(T, m, dtype) for m in tqdm(decays, desc="sweep", leave=False, disable=not progress)}
 
 
-GPU_ATLAS = Path(__file__).resolve().parents[3] / "benchmarks" / "results" / "atlas_gpu.json"
+GPU_ATLAS = gpu_runs.path("atlas_gpu")  # the GPU run shipped with the package
 
 
 def gpu_dg_errors(op: str = "chunk_gsa", path: Path = GPU_ATLAS) -> dict[tuple[int, float], dict[str, float]]:
     """{(T, m): {"scale-aware": ..., "plain": ...}} of the fixed `op`'s bf16 decay gradient in the GPU atlas
-    (`benchmarks/atlas_gpu.py`, notebook 06: B=1, H=4, K=V=M=64, T in {512, 4096}). Read from the GPU run's json,
+    (`python -m benchmarks.atlas_gpu`, notebook 06: B=1, H=4, K=V=M=64, T in {512, 4096}). Read from the GPU run's json,
     not recomputed; "fla:chunk_gsa" is upstream 0.6.0's kernel in the same run."""
     from fla_lab.tools import atlas
 
@@ -699,7 +698,7 @@ def explorer():
 
 # ---------------------------------------------------------------------------------------------------- exercise
 # The learner writes the exponent helper of `cols_from_later_subchunks` (`later_rows_exponent` ships, fla_lab/ops/common/chunk.py);
-# `chunk_gsa(..., later_rows_exponent=helper)` puts it into the EXPONENT slot of the real `slot_rows_kernel`.
+# `chunk_gsa(..., helper=later_rows_exponent)` puts it into the EXPONENT slot of the real `slot_rows_kernel`.
 
 EXERCISE = "the exponent of the later rows in chunk_gsa's slot-gradient kernel"
 _SHOWS_ONCE_SOLVED = "shows once check_padded_exponent says PASS, or after verdict.hint()'s last tier"
@@ -969,15 +968,13 @@ def check_padded_exponent(helper) -> exercises.Verdict:
 def show_slot() -> None:
     """The loop of `cols_from_later_subchunks` over later sub-chunks, where the EXPONENT helper is called, once the
     exercise is solved or revealed: before that, the loop would answer part of it."""
-    import inspect
-
     from fla_lab.ops.common import chunk
 
     if not exercises.is_open(EXERCISE):
         print(f"(the kernel's loop around the EXPONENT slot {_SHOWS_ONCE_SOLVED})")
         return
 
-    source = inspect.getsource(chunk.cols_from_later_subchunks.fn).splitlines()
+    source = markers.source_of(chunk.cols_from_later_subchunks).splitlines()
     print("fla_lab/ops/common/chunk.py, cols_from_later_subchunks (the loop over later sub-chunks):")
     start = next(i for i, line in enumerate(source) if "for i_j in range" in line)
     stop = next(i for i in range(start, len(source)) if "EXPONENT(" in source[i])

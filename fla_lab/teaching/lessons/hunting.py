@@ -32,7 +32,7 @@ from torch import nn
 
 from fla_lab.spec import check, harness, registry
 from fla_lab.teaching import exercises
-from fla_lab.tools import hunt
+from fla_lab.tools import gpu_runs, hunt
 from fla_lab import runtime
 from fla_lab.layers import GatedSlotAttention, RWKV6Attention, RWKV7Attention
 from fla_lab.teaching.lessons import gsa_padding
@@ -658,11 +658,9 @@ def scenario(name: str) -> hunt.Report:
 # ----------------------------------------------------------------------------------------------------------
 # Going further: what the GPU runs measured, read from their result files (not recomputed here)
 
-RESULTS = gsa_padding.GPU_ATLAS.parent
-
 
 def gpu_atlas_summary(path=gsa_padding.GPU_ATLAS) -> str:
-    """One line on the GPU atlas (`benchmarks/atlas_gpu.py`): its device, and the worst scale-aware error of
+    """One line on the GPU atlas (`python -m benchmarks.atlas_gpu`): its device, and the worst scale-aware error of
     fla_lab's fixed ops over every setting, with how many settings it judged right."""
     import json
 
@@ -676,12 +674,12 @@ def gpu_atlas_summary(path=gsa_padding.GPU_ATLAS) -> str:
             f"({worst['op']}, T = {worst['T']}, m = {worst['decay']:g})")
 
 
-def locator_cost(path=RESULTS / "bench_hunt.json") -> str:
-    """One line on what the locator costs a training step (`benchmarks/bench_hunt.py`'s result)."""
+def locator_cost(path=gpu_runs.path("bench_hunt")) -> str:
+    """One line on what the locator costs a training step (`python -m benchmarks.hunt_cost`'s result, shipped)."""
     import json
 
     run = json.loads(path.read_text())
-    return (f"locator ({run['device']}, benchmarks/results/bench_hunt.json): a clean step of {run['depth']} "
+    return (f"locator ({run['device']}, fla_lab/tools/gpu_runs/bench_hunt.json): a clean step of {run['depth']} "
             f"RWKV7Attention('chunk') layers, hidden {run['hidden']}, T = {run['T']}, bf16 autocast: "
             f"{run['plain_ms']:.1f} ms without it, {run['located_ms']:.1f} ms inside the block, "
             f"{run['ratio']:.2f}x")

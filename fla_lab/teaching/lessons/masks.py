@@ -16,7 +16,7 @@ memory we own, and a read outside `h0` shows up deterministically (as NaN where 
 """
 from __future__ import annotations
 
-import inspect
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
@@ -25,12 +25,12 @@ import torch
 import triton
 import triton.language as tl
 
-from fla_lab.spec import check, harness, reference
+from fla_lab.spec import check, harness, markers, reference
 from fla_lab.teaching import exercises
 from fla_lab import runtime
 from fla_lab.tools import viz, widgets
 from fla_lab.teaching.exercises import Verdict
-from fla_lab.ops import fused_recurrent_rwkv6
+from fla_lab.ops import default_launch, fused_recurrent_rwkv6
 from fla_lab.ops.common.fused_recurrent import fused_recurrent_bwd_dq_kernel
 from fla_lab.ops.common.utils import state_tile
 
@@ -140,13 +140,18 @@ class Outcome:
     message: str = ""               # the exception, when it raised
 
 
+def dq_launch(BK: int, BV: int):
+    """The device's default `RecurrentLaunch` with the dq kernel's tile set to (BK, BV) (`dq_BK`, `dq_BV`)."""
+    return dataclasses.replace(default_launch("recurrent", runtime.device()), dq_BK=BK, dq_BV=BV)
+
+
 def run_backward(K: int, V: int, tiles: tuple[int, int], buggy: bool, *, initial_state: bool = True,
                  T: int = T, seed: int = 0, h0_mask=None) -> Outcome:
-    """Forward + backward of `fused_recurrent_rwkv6` with dq tiles `tiles`, judged by `harness.compare`.
+    """Forward + backward of `fused_recurrent_rwkv6` with dq tiles `tiles` (BK, BV), judged by `harness.compare`.
     `h0_mask`: a `@triton.jit` helper for the dq kernel's H0_MASK slot instead of the shipped one."""
     x = fresh(rwkv6_inputs(K, V, T=T, initial_state=initial_state, seed=seed))
     kernels = slot_op(h0_mask, tiles) if h0_mask is not None else \
-        lambda **kw: fused_recurrent_rwkv6(**kw, bug=BUG if buggy else None, dq_tiles=tiles)  # noqa: E731
+        lambda **kw: fused_recurrent_rwkv6(**kw, bug=BUG if buggy else None, launch=dq_launch(*tiles))  # noqa: E731
     pad = padding_needed(K, V, *tiles)
 
     def op(initial_state=None, **kw):
@@ -194,7 +199,7 @@ def reads_outside_h0(results: dict[tuple, Outcome]) -> list[tuple]:
 
 def show_dq_kernel() -> None:
     """Print the shipped dq backward kernel: its initial-state load takes the mask from the `H0_MASK` slot."""
-    print(inspect.getsource(fused_recurrent_bwd_dq_kernel.fn))
+    print(markers.source_of(fused_recurrent_bwd_dq_kernel))
 
 
 @triton.jit
@@ -268,8 +273,8 @@ def explain_error(message: str) -> str:
 def slot_op(h0_mask, tiles: tuple[int, int]):
     """`fused_recurrent_rwkv6` (the function it runs, the same kernels) with `h0_mask` in the dq kernel's slot."""
     def op(r, k, v, w, u, initial_state=None, output_final_state=False):
-        return fused_recurrent_rwkv6(r, k, v, w, u, None, initial_state, output_final_state, dq_tiles=tiles,
-                                     h0_mask_fn=h0_mask)
+        return fused_recurrent_rwkv6(r, k, v, w, u, None, initial_state, output_final_state, helper=h0_mask,
+                                     launch=dq_launch(*tiles))
     return op
 
 

@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from fla_lab.spec import check, harness, reference
+from fla_lab.spec import check, harness, markers, reference
 from fla_lab.teaching import exercises
 from fla_lab import runtime
 from fla_lab.tools import viz, widgets
@@ -26,7 +26,7 @@ FP32_EXP_MAX = viz.EXP_OVERFLOW[torch.float32]  # log(float32 max) = 88.72: exp(
 GRADS = ("r", "k", "v", "w", "u", "initial_state")
 # Measured on a GPU: the decay knob m at which the buggy forward first turns non-finite, `inputs(m, T=128, K=16)`,
 # by bisection; tests/test_gpu_quoted_numbers.py bisects again on the GPU it runs on and fails where a value moved.
-# On a GPU `tl.dot` takes fp16/bf16 operands (`common.dot_dtype`): the query factor q * exp(|g|) passes fp16's
+# On a GPU `tl.dot` takes fp16/bf16 operands (`launch.Precision.dot`): the query factor q * exp(|g|) passes fp16's
 # 65504 at |g| ~ 11, bf16 has fp32's range. The fixed kernel stayed finite (and within tolerance) up to m = 1e4
 # in every dtype and chunk size.
 GPU_THRESHOLDS = {"fp32": {16: math.inf, 32: 89.64, 64: 89.64}, "fp16": {16: math.inf, 32: 10.84, 64: 10.84},
@@ -43,11 +43,11 @@ def inputs(decay: float, T: int = 64, K: int = 16, V: int = 16, seed: int = 0,
 def chunk_op(bug: str | None, chunk_size: int = 64, row=None):
     """`chunk_rwkv6` with the bug switch and chunk size bound, in `harness.compare`'s call form; `row`: a
     `@triton.jit` helper `(gi, i_start, o_k, HK)` -> pointers of gn for the REFERENCE_ROW slot of its score and dq
-    kernels (`chunk_rwkv6(..., reference_row=row)`), in place of the bug switch."""
+    kernels (`chunk_rwkv6(..., helper=row)`), in place of the bug switch."""
     from fla_lab.ops import chunk_rwkv6
 
     if row is not None:
-        return functools.partial(chunk_rwkv6, chunk_size=chunk_size, reference_row=row)
+        return functools.partial(chunk_rwkv6, chunk_size=chunk_size, helper=row)
     return functools.partial(chunk_rwkv6, chunk_size=chunk_size, bug=bug)
 
 
@@ -107,7 +107,7 @@ def scores(x: dict[str, torch.Tensor], bug: str | None, chunk_size: int = 64, ro
     from fla_lab.ops.gla.chunk import key_side_scores
 
     r, k, w, u = harness.on_device((x["r"], x["k"], x["w"], x["u"]))
-    return key_side_scores(r, k, w, u, chunk_size, bug_exclusive_reference=bug == BUG, row=row)[0, :, 0].cpu()
+    return key_side_scores(r, k, w, u, chunk_size, bug=bug, helper=row)[0, :, 0].cpu()
 
 
 def score_census(x: dict[str, torch.Tensor], bug: str | None, chunk_size: int = 64,
@@ -321,7 +321,7 @@ def gla_check(decay: float = 1e4, chunk_size: int = 64, T: int = 64, K: int = 16
 
 
 # ---------------------------------------------------------------------------------------------------- exercise
-# The learner writes the reference-row helper and it runs in the shipped kernels: `chunk_rwkv6(..., reference_row=)`
+# The learner writes the reference-row helper and it runs in the shipped kernels: `chunk_rwkv6(..., helper=)`
 # passes it into the REFERENCE_ROW slot of `gated_scores_kernel` (forward scores) and `chunk_bwd_dqk_kernel` (dq),
 # where `reference_row` (fla_lab/ops/common/chunk.py) sits by default. The check compares output, final state and every gradient with the
 # float64 recurrence; when it fails, a probe with a constant decay reads off which row the helper points at.
@@ -345,10 +345,9 @@ SPLIT_LINES = ("b_gq = load_query_decay(", "b_gn = load_reference_decay(", "b_qg
 
 def kernel_lines(fn, needles=SPLIT_LINES) -> str:
     """The lines of a shipped kernel's source that contain one of `needles`, dedented, up to the first line with the
-    last needle: the exponent split of `gated_scores_kernel` (fla_lab/ops/gla/chunk.py), read from the code that runs."""
-    import inspect
-
-    source = inspect.getsource(getattr(fn, "fn", fn)).splitlines()
+    last needle: the exponent split of `gated_scores_kernel` (fla_lab/ops/gla/chunk.py), read from the code that runs
+    (without its markers)."""
+    source = markers.source_of(fn).splitlines()
     end = next(i for i, line in enumerate(source) if needles[-1] in line)
     return "\n".join(line.strip() for line in source[:end + 1] if any(n in line for n in needles))
 
@@ -369,7 +368,6 @@ def stage_source(*names: str) -> str:
     exercise's answer raises `exercises.NotRevealed` until that exercise is open (its check said PASS, or its last
     hint tier was printed in this kernel)."""
     import importlib
-    import inspect
 
     sealed = _answer_stages()
     for name in names:
@@ -378,7 +376,7 @@ def stage_source(*names: str) -> str:
                 f"stage_source({name!r}): that stage is the answer of the exercise {sealed[name][0]!r}; its source "
                 f"shows once {sealed[name][1]} says PASS, or after verdict.hint()'s last tier")
     stages = importlib.import_module("fla_lab.ops.common.chunk")
-    return "\n".join(inspect.getsource(getattr(stages, name).fn) for name in names)
+    return "\n".join(markers.source_of(getattr(stages, name)) for name in names)
 
 
 def probe_inputs(decay: float = 100.0, T: int = 64, K: int = 16, H: int = 1) -> dict[str, torch.Tensor]:

@@ -1,9 +1,10 @@
 """Notebook 06, "Going further": remove a numerical safeguard of your choice and find which check notices.
 
-`fla_lab.spec.safeguards.REGISTRY` lists the kernels' safeguards: the shipped code, its naive form (the same number in
-exact arithmetic) and the atlas range where it matters (`Safeguard.atlas`). `remove(safeguard, naive)` copies the
-installed fla_lab package into a temporary folder, replaces the safeguard's shipped code with `naive` in the copy
-(default: the registry's naive form) and runs a small atlas sweep of the safeguard's first op in a subprocess that
+`fla_lab.spec.safeguards.REGISTRY` lists the kernels' safeguards: each one's id (its line carries the marker
+`# safeguard: <id>`), its naive form (the same number in exact arithmetic) and the atlas range where it matters
+(`Safeguard.atlas`). `remove(safeguard, naive)` copies the installed fla_lab package into a temporary folder,
+replaces the code of the safeguard's line with `naive` in the copy (its indentation kept; default: the registry's
+naive form) and runs a small atlas sweep of the safeguard's first op in a subprocess that
 imports the copy: at ordinary inputs (decay 1, query scale 1) and in the safeguard's range, at T = 33 (a padded last
 chunk) and T = 64 (a full one), fp32, B = H = 1, K = V = M = 16, with an initial state and a final-state cotangent
 (so every path of the backward runs). The shipped kernel runs in the same range here, as the control. Nothing in the
@@ -32,7 +33,7 @@ import tempfile
 from pathlib import Path
 
 from fla_lab.teaching import exercises
-from fla_lab.spec import safeguards
+from fla_lab.spec import markers, safeguards
 
 LENGTHS = (33, 64)                 # a partial last chunk (rows past T padded) and one full 64-row chunk
 SHAPE = dict(B=1, H=1, K=16, V=16, M=16)
@@ -63,37 +64,32 @@ def choices() -> None:
 
 
 def show(safeguard: str) -> None:
-    """Print one safeguard: where it is, what it protects against, its shipped line and the naive one, and the exact
-    text `remove` replaces (your `naive` replaces that text, not the whole line)."""
+    """Print one safeguard: where it is, what it protects against, its shipped line and the naive one (your `naive`
+    replaces the shipped line's code; its indentation stays)."""
     entry = _entry(safeguard)
     if isinstance(entry, str):
         print(entry)
         return
     g = entry.guard
     where = safeguards.describe_range(g.atlas)
-    print(f"{g.id}: {g.path}, in {entry.function} ({', '.join(g.ops)}); matters at {where}")
+    print(f"{g.id}: {entry.path}, in {entry.function} ({', '.join(g.ops)}); matters at {where}")
     print(f"  protects against {g.protects}: {g.what}")
-    print(f"  shipped line : {safeguards.source(g.path).splitlines()[entry.line - 1].strip()}")
-    print(f"  naive line   : {safeguards.naive_line(entry)}")
-    print(f"  text replaced: {_indent(g.code)}")
-    print(f"  by default by: {_indent(g.naive)}")
-
-
-def _indent(code: str) -> str:
-    return code.replace("\n", "\n" + " " * 17)
+    print(f"  shipped line : {safeguards.shipped_line(entry)}")
+    print(f"  naive line   : {g.naive}")
 
 
 def _entry(safeguard) -> safeguards.Entry | str:
     """The inventory entry of a kernel safeguard, or why there is none (a message for the learner)."""
-    guard = next((g for g in safeguards.REGISTRY if g.id == safeguard), None)
+    guard = safeguards.get(safeguard) if isinstance(safeguard, str) else None
     if guard is None:
         return f"no safeguard {safeguard!r}: pick an id that safeguard_removal.choices() prints"
+    entry = safeguards.locate(guard)
     if guard.atlas is None:
-        where = ("a layer's line: it acts before any op" if "/layers/" in guard.path
+        where = ("a layer's line: it acts before any op" if "/layers/" in entry.path
                  else "on a path the atlas's inputs never take")
         return (f"{safeguard} is {where}, so the atlas cannot see it; pick a kernel safeguard from "
                 f"safeguard_removal.choices()")
-    return safeguards.locate(guard, safeguards.source(guard.path))  # one file parsed, not the whole inventory
+    return entry
 
 
 # --- the run -------------------------------------------------------------------------------------------------------
@@ -166,8 +162,8 @@ class Removal:
 
 
 def remove(safeguard: str, naive: str | None = None) -> Removal:
-    """Remove `safeguard` from a copy of fla_lab (its shipped code replaced by `naive`, default the registry's naive
-    form) and run the small atlas sweep on that copy. A line that changes nothing, is not valid Python, or breaks
+    """Remove `safeguard` from a copy of fla_lab (the code of its line replaced by `naive`, default the registry's
+    naive form) and run the small atlas sweep on that copy. A line that changes nothing, is not valid Python, or breaks
     the copy gives a Removal whose `problem` says so; nothing here raises on the learner's input. A removal run here
     before any prediction of it has been checked can no longer be predicted (`check_removal`)."""
     removal = _removal(safeguard, naive)
@@ -182,21 +178,22 @@ def _removal(safeguard, naive) -> Removal:
         return Removal(str(safeguard), str(naive or ""), problem=entry)
     naive = entry.guard.naive if naive in (None, "") else naive
     if not isinstance(naive, str):
-        return Removal(safeguard, repr(naive), problem="your line must be a string: the text that replaces the code")
+        return Removal(safeguard, repr(naive), problem="your line must be a string: the code that replaces the line's")
     return _remove(safeguard, naive)
 
 
 @functools.lru_cache(maxsize=16)
 def _remove(safeguard: str, naive: str) -> Removal:
     """Cached: a check after a run, or the same removal twice, costs nothing."""
-    g = _entry(safeguard).guard
-    problem = line_problem(g, naive)
+    entry = _entry(safeguard)
+    g = entry.guard
+    problem = line_problem(entry, naive)
     if problem:
         return Removal(safeguard, naive, g.ops[0], problem)
     with tempfile.TemporaryDirectory(prefix="fla_lab_removal_") as folder:
         copy = copy_package(Path(folder))
-        target = copy / Path(g.path).relative_to("fla_lab")
-        target.write_text(target.read_text().replace(g.code, naive))
+        target = copy / Path(entry.path).relative_to("fla_lab")
+        target.write_text(markers.replace(target.read_text(), "safeguard", g.id, naive, entry.path))
         found = _run_copy(Path(folder), g.ops[0], g.atlas)
     if isinstance(found, str):
         return Removal(safeguard, naive, g.ops[0], found)
@@ -206,15 +203,15 @@ def _remove(safeguard: str, naive: str) -> Removal:
     return Removal(safeguard, naive, g.ops[0], problem, sides)
 
 
-def line_problem(g: safeguards.Safeguard, naive: str) -> str:
-    """Why `naive` cannot be run in place of `g.code` (empty when it can): it must parse and change the code."""
-    text = safeguards.source(g.path)
-    mutated = text.replace(g.code, naive)
+def line_problem(entry: safeguards.Entry, naive: str) -> str:
+    """Why `naive` cannot be run in place of the shipped line's code (empty when it can): it must parse and change
+    the code."""
+    text = safeguards.source(entry)
     try:
-        tree = ast.parse(mutated)
+        tree = ast.parse(safeguards.with_naive(entry, naive))
     except SyntaxError as exc:
-        return (f"your line is not valid Python there ({exc.msg}): it replaces the shipped code exactly, so the "
-                f"text around that code stays as it is")
+        return (f"your line is not valid Python there ({exc.msg}): it replaces the shipped line's code, and the "
+                f"lines around it stay as they are")
     if ast.dump(tree) == ast.dump(ast.parse(text)):  # spacing and comments change nothing that runs
         return "your line is the shipped code (up to spacing and comments): it removes nothing"
     return ""
@@ -308,8 +305,7 @@ _SHOWN_UNPREDICTED: set[tuple] = set()          # removals whose statuses `remov
 def _key(removal: Removal) -> tuple[str, str]:
     """The removal as the record knows it: the safeguard, and the digest of its file with the naive line in (so a
     line respaced, or with a comment added, is the same removal)."""
-    g = _entry(removal.safeguard).guard
-    tree = ast.dump(ast.parse(safeguards.source(g.path).replace(g.code, removal.naive)))
+    tree = ast.dump(ast.parse(safeguards.with_naive(_entry(removal.safeguard), removal.naive)))
     return removal.safeguard, hashlib.sha256(tree.encode()).hexdigest()[:16]
 
 
@@ -394,9 +390,9 @@ def _problem_hints(removal: Removal) -> tuple[str, ...]:
     if removal.problem.startswith(("no safeguard", removal.safeguard + " is a layer")):
         return ("print the choices again: safeguard_removal.choices()",)
     return exercises.hints(
-        f"safeguard_removal.show({removal.safeguard!r}) prints the code your line replaces, exactly",
-        "your line replaces that text and nothing around it; it must change what the kernel computes, and use "
-        "only names the kernel has there",
+        f"safeguard_removal.show({removal.safeguard!r}) prints the shipped line that your line replaces",
+        "your line replaces that line's code (its indentation stays) and nothing around it; it must change what the "
+        "kernel computes, and use only names the kernel has there",
         'set "naive": None to run the registry\'s naive form')
 
 

@@ -1,7 +1,7 @@
 """Notebook 06, "Beyond the workbook": the audit on a model built from flash-linear-attention's own layers.
 
 On a GPU with FLA installed the report is run live (`fla_lab.tools.fla_audit`, the `python -m fla_lab audit` command);
-elsewhere it is read from the saved GPU run, `benchmarks/results/fla_audit_rwkv6_fused.json`, and says so. The
+elsewhere it is read from the saved GPU run, `fla_lab/tools/gpu_runs/fla_audit_rwkv6_fused.json`, and says so. The
 atlas's (initial state, final-state cotangent) axis for FLA's op is read from the GPU atlas's result file.
 
 The exercise: a minimal reproduction, `reproduction(op, x, do, dht)`, a call of the op and a backward that sends a
@@ -19,11 +19,12 @@ import torch
 
 from fla_lab.spec import check, harness, reference
 from fla_lab.teaching import exercises
-from fla_lab.tools import upstream
+from fla_lab.spec import upstream
+from fla_lab.tools import gpu_runs
 from fla_lab.teaching.lessons import gsa_padding
 from fla_lab.ops import fused_recurrent_rwkv6
 
-SAVED = gsa_padding.GPU_ATLAS.parent / "fla_audit_rwkv6_fused.json"
+SAVED = gpu_runs.path("fla_audit_rwkv6_fused")
 FLA_OP = "fla:fused_recurrent_rwkv6"
 COMMAND = "python -m fla_lab audit --fla rwkv6 --mode fused_recurrent --layers 2 --T 512 --tbptt 2"
 
