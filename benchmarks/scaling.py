@@ -37,6 +37,7 @@ if "--dry-run" in sys.argv:  # Triton reads TRITON_INTERPRET when a kernel is de
 import torch  # noqa: E402
 
 from benchmarks import common, scaling_report, value_checks  # noqa: E402
+import fla_lab  # noqa: E402
 from fla_lab import ops  # noqa: E402
 from fla_lab.ops import contract  # noqa: E402
 
@@ -183,7 +184,7 @@ def shapes(lengths, tokens, reference, ref_only=False):
 
 def run(args):
     dry = args.dry_run
-    device = "cpu" if dry else "cuda"
+    device = fla_lab.device() if dry else "cuda"  # a dry run where the kernels run: the interpreter's CPU, or a GPU
     if not dry:
         common.require_cuda("scaling", " (--dry-run runs on the CPU, --plot draws)")
     upstream = common.upstream_ops_or_none(common.INPUTS) if args.upstream and not dry else {}

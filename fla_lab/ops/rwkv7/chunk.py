@@ -272,7 +272,7 @@ def end_decay_alt(gi, t_last, t_first, o_k, m_k, HK):
     return load_query_decay(gi, t_last + 0 * o_k, o_k, m_k, t_first, HK, True)
 
 
-# the planted switch (06's exercise) is unlisted: only its digest (`switches.digest`) is written down
+# switches that are not catalogue entries: written down as digests only (`switches.digest`)
 UNLISTED = frozenset({"91ed271c07411c4d"})
 
 
