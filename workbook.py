@@ -412,7 +412,9 @@ def plan_phases(gpu: bool, browser_problem: str | None = None, extra: list[str] 
         phases += [Phase("unit-cuda", "pytest", "gpu", unit),
                    Phase("notebooks-gpu", "execute", "gpu", tuple(map(str, nbs)), out=GPU_NOTEBOOKS)]
     # each notebook's Run All keeps one core busy with its kernel: two workers, each with its own server and browser
-    phases.append(Phase("browser", "pytest", "cpu", ("tests/browser", "-n", n_workers, "-q"), skip=browser_problem))
+    # (the learner tests in one group: one worker starts the learner's lab)
+    browser = ("tests/browser", "-n", n_workers, "--dist", "loadgroup", "-q")
+    phases.append(Phase("browser", "pytest", "cpu", browser, skip=browser_problem))
     return phases
 
 

@@ -6,7 +6,7 @@
 
 Every section names the device, versions and date its JSON records: a number here is one run on one card, not a
 property of every GPU. fla_lab's code comments point here by section title (docs/performance.md, '<title>') instead
-of quoting timings; tests/test_code_says_what_it_does.py checks that each title exists and that the page is current,
+of quoting timings; tests/test_source_text.py checks that each title exists and that the page is current,
 and tests/test_readme_claims.py renders docs/gpu-results.md's scaling table with `reference_table`.
 """
 import argparse

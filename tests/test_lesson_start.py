@@ -1,6 +1,7 @@
 """Notebook 00's module: the fused recurrent kernels match their float64 references, the naive chunk split overflows
 exactly where log(max)/C says (the lead figure's setting does overflow), reference rows between s and t keep both
-factors <= 1 without any clamp, and the figures draw what their titles say."""
+factors <= 1 without any clamp, and the figures draw what their titles say. What the notebook's text and saved
+outputs must show: tests/test_notebook_prose.py (`NOTEBOOK_00`)."""
 import math
 
 import matplotlib
@@ -111,70 +112,3 @@ def test_threshold_figure_draws_the_printed_table():
     import matplotlib.pyplot as plt
 
     plt.close("all")
-
-
-def test_notebook_prints_the_index_not_the_fixes():
-    """Notebook 00 comes before every predict and fix cell: it may print the catalogue's index, not its entries
-    (their buggy and fixed lines are the later exercises' solutions)."""
-    import json
-    from pathlib import Path
-
-    nb = json.loads((Path(__file__).parents[1] / "notebooks" / "00_start_here.ipynb").read_text())
-    code = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
-    outputs = "".join("".join(o.get("text", "")) for c in nb["cells"] if c["cell_type"] == "code"
-                      for o in c.get("outputs", []))
-    assert any("bugs.index()" in c for c in code) and not any("bugs.show(" in c for c in code)
-    assert "p_gn" not in outputs and "trigger:" not in outputs
-
-
-def _cells():
-    import json
-    from pathlib import Path
-
-    return json.loads((Path(__file__).parents[1] / "notebooks" / "00_start_here.ipynb").read_text())["cells"]
-
-
-def _source(cell):
-    return "".join(cell["source"])
-
-
-def test_notebook_carries_the_one_notation_table():
-    """00's notation table holds the workbook's notation (every later notebook uses it): symbol and code name."""
-    table = next(_source(c) for c in _cells() if _source(c).startswith("## Notation"))
-    for entry in ("$g_t \\le 0$", "`w` (RWKV6, RWKV-7)", "$G_t = \\sum_{\\tau \\le t} g_\\tau$", "`gi`", "$G^e_t = G_{t-1}$",
-                  "`ge`", "`gn`", "(`BC`)", "-m \\cdot U(0.05, 1)", "$S_t \\in \\mathbb{R}^{K\\times V}$", "`h0`",
-                  "`ht`", "$\\alpha$ | `scale`", "$\\beta_t$", "$\\rho_t = a_t^\\top S_{t-1}$", "$\\varepsilon$"):
-        assert entry in table, entry
-
-
-def test_glossary_defines_each_term_once_and_zigzag_once():
-    text = "\n".join(_source(c) for c in _cells() if c["cell_type"] == "markdown")
-    glossary = text[text.index("### Glossary"):]
-    rows = [line.split("|")[1].strip() for line in glossary.splitlines() if line.startswith("| ")][1:]
-    for term in ("e-fold", "LoRA", "WY representation", "varlen", "`k_a`", "GroupNorm", "zigzag", "TF32"):
-        assert sum(term in row for row in rows) == 1, term
-    assert text.count("the zigzag is") == 1  # one definition, which 01 and 05 use
-
-
-def test_predict_comes_before_the_cell_that_answers_it():
-    cells = _cells()
-    predict = [i for i, c in enumerate(cells) if "predict" in c.get("metadata", {}).get("tags", [])]
-    answer = next(i for i, c in enumerate(cells) if "naive_split_census(magnitude=2.0" in _source(c))
-    assert predict and predict[0] < answer and all(i < answer for i in predict)
-    assert not any("first key row inf: 44" in "".join(o.get("text", "")) for c in cells[:predict[0]]
-                   for o in c.get("outputs", []))
-
-
-def test_primer_kernel_runs_one_program_per_chunk_and_matches_torch():
-    """The primer's kernel is on screen in the notebook: its saved output says 2 programs, 28 masked rows, a match."""
-    cell = next(c for c in _cells() if "chunk_cumsum_kernel" in _source(c))
-    printed = "".join("".join(o.get("text", "")) for o in cell["outputs"])
-    assert printed.strip() == "programs: 2 | masked rows in the last chunk: 28 | matches torch: True"
-
-
-def test_no_saved_output_shows_a_stuck_progress_bar():
-    import re
-
-    outputs = "".join(json_text for c in _cells() for json_text in
-                      ("".join(o.get("text", "")) for o in c.get("outputs", [])))
-    assert not re.search(r"\b0/\d+\b", outputs)

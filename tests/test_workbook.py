@@ -43,7 +43,7 @@ def test_cpu_plan_is_ci(wb):
     assert "--nbval" in nbval.args and "--nbval-current-env" in nbval.args and "--dist" in nbval.args
     assert wb.PROSE_TEST in nbval.args and (ROOT / wb.PROSE_TEST).exists()  # the prose beside the outputs
     assert [a for a in nbval.args if a.endswith(".ipynb")] == list(map(str, NBS))
-    assert browser.args == ("tests/browser", "-n", "2", "-q")
+    assert browser.args == ("tests/browser", "-n", "2", "--dist", "loadgroup", "-q")
 
 
 def test_gpu_plan_adds_cuda_unit_tests_and_gpu_notebook_run(wb):

@@ -510,6 +510,7 @@ def api_get(server, path: str) -> tuple[int, dict | None]:
         return err.code, None
 
 
+@pytest.mark.xdist_group("learner_lab")  # one worker starts the learner's lab, for both learner tests
 def test_learner_file_browser_shows_the_learner_copies_only(browser, learner_lab):
     """The learner's lab lists the learner's copies, and neither the reference notebooks nor the guide: notebooks/
     and docs/ exist beside the edition in the checkout, and neither the file browser nor the contents API reaches
@@ -557,6 +558,7 @@ def test_learner_file_browser_shows_the_learner_copies_only(browser, learner_lab
     print(f"learner's file browser ({learner_lab.root_dir}): {sorted(names)}")
 
 
+@pytest.mark.xdist_group("learner_lab")  # one worker starts the learner's lab, for both learner tests
 def test_learner_edition_check_says_not_yet_with_the_stub(browser, learner_lab):
     name = LEARNER_NOTEBOOK
     page = browser.new_page(viewport={"width": 1280, "height": 900})
