@@ -43,7 +43,9 @@ def main(argv=None) -> int:
     if args.command == "doctor":
         return 0 if fla_lab.doctor() else 1
     if args.command == "bugs":
-        fla_lab.teaching.bugs.show()
+        from fla_lab.teaching import bugs
+
+        bugs.show()
         return 0
     return 2
 

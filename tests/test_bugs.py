@@ -541,3 +541,12 @@ def test_the_catalogues_source_states_no_exercise_answer():
     for answer in ("gi[start-1]", "dropped the -1", "mask rows past T", "fp32 sigmoid", "never visits"):
         assert answer not in source, answer
     assert "(reference row gi[start-1])" in bugs.get("exclusive_reference").fix
+
+
+def test_the_command_line_prints_every_entry():
+    """`python -m fla_lab bugs` (the README's command) loads the catalogue itself and prints each entry."""
+    from conftest import run_python
+
+    out = run_python("import sys, runpy; sys.argv = ['fla_lab', 'bugs']; runpy.run_module('fla_lab', run_name='__main__')")
+    assert out.returncode == 0, out.stderr
+    assert all(f"{b.name}  [{b.op}]" in out.stdout for b in bugs.CATALOGUE)
