@@ -62,3 +62,14 @@ def test_the_check_reads_lazy_imports_too(tmp_path):
     source = tmp_path / "m.py"
     source.write_text("def f():\n    from fla_lab.teaching import bugs\n")
     assert imports_of(source) == [(2, "fla_lab.teaching")] and layer_of("fla_lab.teaching") > layer_of("fla_lab.ops")
+
+
+def test_a_layers_modules_load_on_first_attribute_access():
+    """`import fla_lab; fla_lab.tools.audit.audit(...)`, as the docs write it, loads the module when first named."""
+    from conftest import run_python
+
+    out = run_python("import fla_lab, sys; assert 'fla_lab.tools.audit' not in sys.modules; "
+                     "print(fla_lab.tools.audit.__name__, fla_lab.teaching.bugs.CATALOGUE[0].name)")
+    assert out.returncode == 0 and out.stdout.split() == ["fla_lab.tools.audit", "uninitialized_params"], out.stderr
+    missing = run_python("import fla_lab; fla_lab.spec.no_such_module")
+    assert "AttributeError: module 'fla_lab.spec' has no attribute 'no_such_module'" in missing.stderr

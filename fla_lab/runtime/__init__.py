@@ -222,3 +222,16 @@ def describe() -> dict:
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
     return info
+
+
+def submodule_getattr(package: str):
+    """A package's module `__getattr__` that imports its submodule on first attribute access, so that
+    `import fla_lab; fla_lab.tools.audit.audit(...)` works as written in the docs without loading every module."""
+    import importlib
+
+    def __getattr__(name: str):
+        if importlib.util.find_spec(f"{package}.{name}") is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        return importlib.import_module(f"{package}.{name}")
+
+    return __getattr__
