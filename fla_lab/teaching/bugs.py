@@ -19,7 +19,7 @@ import dataclasses
 import pathlib
 from dataclasses import dataclass
 
-from fla_lab import layers
+from fla_lab import layers, ops
 from fla_lab.ops.common.switches import Switch, check_switch
 from fla_lab.spec import markers
 from fla_lab.teaching import edition, exercises
@@ -188,9 +188,7 @@ def for_op(op: str) -> list[Bug]:
 def check_bug(bug: str | None, op: str) -> None:
     """`bug=None` is the fixed code; anything else must be a switch of this op or layer (`layers.SWITCHES`, the
     ops' unlisted switches included)."""
-    from fla_lab.ops.rwkv7.chunk import UNLISTED
-
-    check_switch(bug, op, layers.SWITCHES, UNLISTED)
+    check_switch(bug, op, layers.SWITCHES, ops.UNLISTED)
 
 
 def _sealed(bug: Bug, what: str) -> None:
