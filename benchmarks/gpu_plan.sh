@@ -42,13 +42,7 @@ card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 start=$SECONDS
 echo "card: $card; steps: ${steps[*]}; commit: ${COMMIT:-unknown}" | tee "$OUT/summary.txt"
 
-timed() {  # name, seconds, command...: output to $OUT/name.log as it comes, "name rc seconds" to the summary
-  local name=$1 seconds=$2 t0=$SECONDS
-  shift 2
-  timeout "$seconds" "$@" > "$OUT/$name.log" 2>&1
-  local rc=$?
-  echo "$name rc=$rc $((SECONDS - t0)) s" | tee -a "$OUT/summary.txt"
-}
+source benchmarks/timed.sh  # timed NAME SECONDS COMMAND...
 
 setup() {  # the README's set-up, from the carried wheels (the machine's own torch and triton)
   PIP_FIND_LINKS=$PWD/.whl timed setup 150 python3 workbook.py setup

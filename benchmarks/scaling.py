@@ -20,6 +20,7 @@ sync per call) at the reference shape, then counts the host syncs of one 12-laye
     python -m benchmarks.scaling --only chunk_gla --resume --budget-s 420      # on the GPU
     python -m benchmarks.scaling --ref-only --bugs                              # the reference shape, bugs beside
     python -m benchmarks.scaling --checks --json checks_h100.json                # what value checks cost
+    python -m benchmarks.scaling --checks --forward --only fused_recurrent_rwkv6  # checked in the kernel or not
     python -m benchmarks.scaling --plot                                         # table + figure, any machine
     python -m benchmarks.scaling --merge call1/scaling.json call2/scaling.json  # runs' rows into one JSON
     python -m benchmarks.scaling --dry-run --only chunk_gla --out-dir /tmp/x    # CPU, interpreter, T=32
@@ -263,6 +264,8 @@ def parse(argv):
     p.add_argument("--merge", nargs="+", metavar="JSON", help="merge these runs' rows into the JSON, then --plot")
     p.add_argument("--checks", action="store_true", help="value checks off / deferred / now, then the sync count")
     p.add_argument("--sync-count", action="store_true", help="with --checks: only the 12-layer sync count")
+    p.add_argument("--forward", action="store_true",
+                   help="with --checks: forwards only, off / deferred / every input through the flag pass")
     p.add_argument("--dry-run", action="store_true",
                    help="CPU, Triton interpreter, T=32, B=1, H=1, fla_lab only, one wall-clock call per metric")
     args = p.parse_args(argv)
@@ -293,7 +296,7 @@ def main(argv=None):
     args = parse(argv)
     if args.checks:
         common.require_cuda("scaling --checks")
-        return value_checks.main(args.json, args.rounds, args.only, args.sync_count)
+        return value_checks.main(args.json, args.rounds, args.only, args.sync_count, args.forward)
     if args.merge:
         result = merge_files(args.json, args.merge)
     else:

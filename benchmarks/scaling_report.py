@@ -32,7 +32,7 @@ def floor_ms(row, meta, backward):
     if "bytes" not in row:  # the case failed before its inputs existed
         return None
     once = row["bytes"]["inputs"] + row["bytes"]["output"]
-    return (2 if backward else 1) * once / (meta["hbm_TBps"] * 1e12) * 1e3
+    return (2 if backward else 1) * once / (row.get("hbm_TBps", meta["hbm_TBps"]) * 1e12) * 1e3
 
 
 def ratio(a, b, digits=2):
@@ -71,7 +71,7 @@ def table(result) -> str:
         "(inputs and `do` resident, no gradients): gradients + saved activations + workspace",
         "- checks: fla_lab's fwd+bwd with its value checks on (default, deferred) over off, minus 1",
         f"- floor: bytes of the inputs and output read/written once (fwd), plus `do` and every input gradient "
-        f"(fwd+bwd: twice that), at {meta['hbm_TBps']} TB/s (H200 HBM spec); computed, not measured",
+        f"(fwd+bwd: twice that), at {meta['hbm_TBps']} TB/s (the card's HBM spec); computed, not measured",
         "",
         "| op | device | shape | B | T | fwd ms fla_lab | fwd ms FLA | fwd ratio | fwd+bwd ms fla_lab | fwd+bwd ms FLA "
         "| fwd+bwd ratio | peak MiB fla_lab | peak MiB FLA | peak ratio | checks cost | floor fwd ms "

@@ -5,7 +5,12 @@ bf16 at the reference shape B=8, T=4096, H=16, K=V=64 (GSA: M=64 slots; RWKV-7's
 passes it), `do_bench` medians of forward+backward. The three modes run in one process, in a rotated order each
 round, and each mode's time is the median over rounds. Then the host syncs of one training step of 12
 RWKV7Attention layers in each mode (a default, deferred step must make none).
+
+`--forward` (`scaling --checks --forward`): forwards alone, in the modes off, deferred and "flag pass" (deferred, but
+the inputs the ops' kernels check as they read them go through the separate flag pass instead, as before those
+kernels did: what checking inside the kernels saves); no sync count.
 """
+import contextlib
 import statistics
 import warnings
 
@@ -29,8 +34,33 @@ def cases() -> dict:
                                                               names=("r", "k", "v", "w")), ()),
         "chunk_gsa": (ops.chunk_gsa, harness.gsa_inputs(B, T, H, K, V, M, initial_state=False), ()),
         "chunk_rwkv7": (ops.chunk_rwkv7, rwkv7, ("w",)),
+        "fused_recurrent_rwkv6": (ops.fused_recurrent_rwkv6, harness.gated_inputs(
+            B, T, H, K, V, initial_state=False, bonus=True, names=("r", "k", "v", "w")), ()),
         "fused_recurrent_rwkv7": (ops.fused_recurrent_rwkv7, rwkv7, ("w",)),
     }
+
+
+@contextlib.contextmanager
+def flag_pass_only():
+    """Deferred checks with no share done inside the ops' kernels: every input through the flag pass."""
+    gated, rwkv7 = contract.check_gated_inputs, contract.check_rwkv7_inputs
+    contract.check_gated_inputs = lambda *a, **kw: gated(*a, **{**kw, "in_kernel": False})
+    contract.check_rwkv7_inputs = lambda *a, **kw: rwkv7(*a, **{**kw, "in_kernel": ()})
+    try:
+        yield
+    finally:
+        contract.check_gated_inputs, contract.check_rwkv7_inputs = gated, rwkv7
+
+
+def forward_ms(op, inputs: dict, fp32: tuple, mode: str) -> float:
+    """A forward's median in `mode`: one of MODES, or "flag pass" (`flag_pass_only`)."""
+    names = list(inputs)
+    x = [t.to("cuda", torch.float32 if n in fp32 else common.DTYPE) for n, t in inputs.items()]
+    setting = contextlib.nullcontext() if mode == "flag pass" else contract.value_checks(MODES[mode])
+    with setting, (flag_pass_only() if mode == "flag pass" else contextlib.nullcontext()):
+        ms = common.forward_ms(lambda *xs: op(**dict(zip(names, xs))), x, {})
+        contract.flush_value_checks()
+    return ms
 
 
 def forward_backward_ms(op, inputs: dict, fp32: tuple, mode: str) -> float:
@@ -43,27 +73,27 @@ def forward_backward_ms(op, inputs: dict, fp32: tuple, mode: str) -> float:
     return ms
 
 
-def time_modes(rounds: int, only: list[str] | None) -> list[dict]:
+def time_modes(rounds: int, only: list[str] | None, forward: bool = False) -> list[dict]:
+    modes = ("off", "deferred", "flag pass") if forward else tuple(MODES)
+    timer = forward_ms if forward else forward_backward_ms
     rows = []
     for name, (op, inputs, fp32) in cases().items():
         if only and name not in only:
             continue
-        times = {mode: [] for mode in MODES}
-        order = list(MODES)
+        times = {mode: [] for mode in modes}
         for r in range(rounds):  # rotate the order: no mode always runs first (cold) or last
-            for mode in order[r % 3:] + order[:r % 3]:
-                times[mode].append(forward_backward_ms(op, inputs, fp32, mode))
+            for mode in modes[r % 3:] + modes[:r % 3]:
+                times[mode].append(timer(op, inputs, fp32, mode))
         row = {"op": name, **{f"{mode}_ms": statistics.median(t) for mode, t in times.items()}, "runs": times}
         rows.append(row)
-        print_row(row)
+        print_row(row, modes)
     return rows
 
 
-def print_row(row: dict) -> None:
+def print_row(row: dict, modes) -> None:
     off = row["off_ms"]
-    pct = lambda ms: 100 * (ms / off - 1)  # noqa: E731
-    print(f"{row['op']:<24} {off:8.3f} {row['deferred_ms']:11.3f} {pct(row['deferred_ms']):+7.1f}% "
-          f"{row['now_ms']:8.3f} {pct(row['now_ms']):+7.1f}%", flush=True)
+    print(f"{row['op']:<24} {off:8.3f}" + "".join(f" {row[f'{m}_ms']:11.3f} {100 * (row[f'{m}_ms'] / off - 1):+7.1f}%"
+                                             for m in modes[1:]), flush=True)
 
 
 def rwkv7_stack(layers=12, hidden=512, heads=8) -> torch.nn.ModuleList:
@@ -119,12 +149,15 @@ def sync_count(batch=4, steps=2048) -> list[dict]:
     return rows
 
 
-def main(json_path, rounds: int, only: list[str] | None, sync_only: bool) -> None:
-    """Time the modes (unless `sync_only`), count the syncs, write the result to `json_path` (and $OUT)."""
+def main(json_path, rounds: int, only: list[str] | None, sync_only: bool, forward: bool = False) -> None:
+    """Time the modes (unless `sync_only`), count the syncs (unless `forward`), write the result to `json_path`
+    (and $OUT)."""
     result = {**common.environment(), "shape": {"B": B, "T": T, "H": H, "K": K, "V": V, "M": M},
-              "dtype": "bf16 (RWKV-7 w: fp32)"}
+              "dtype": "bf16 (RWKV-7 w: fp32)", "timed": "forward" if forward else "forward+backward"}
     if not sync_only:
-        print(f"{'op':<24} {'off ms':>8} {'deferred ms':>11} {'+%':>8} {'now ms':>8} {'+%':>8}")
-        result["rows"] = time_modes(rounds, only)
-    result["sync_count"] = sync_count()
+        later = ("deferred ms", "flag pass ms") if forward else ("deferred ms", "now ms")
+        print(f"{'op':<24} {'off ms':>8}" + "".join(f" {m:>11} {'+%':>8}" for m in later))
+        result["rows"] = time_modes(rounds, only, forward)
+    if not forward:
+        result["sync_count"] = sync_count()
     common.write_json(result, json_path)

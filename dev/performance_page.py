@@ -1,7 +1,7 @@
 """docs/performance.md, generated from the result files in benchmarks/results/ and the GPU runs the package ships
 (fla_lab/tools/gpu_runs/), stdlib only, any machine.
 
-    python -m dev.performance_page           # write docs/performance.md and docs/gpu-results.md's scaling table
+    python -m dev.performance_page           # write docs/performance.md and docs/gpu-results.md's scaling tables
     python -m dev.performance_page --check   # exit 1 when either is not what this writes
 
 Every section names the device, versions and date its JSON records: a number here is one run on one card, not a
@@ -18,8 +18,11 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 GPU_RUNS = ROOT / "fla_lab" / "tools" / "gpu_runs"  # the GPU runs the lessons show (fla_lab.tools.gpu_runs)
 PAGE = ROOT / "docs" / "performance.md"
-README = ROOT / "docs" / "gpu-results.md"  # the page whose scaling table (README_BLOCK) this renders
-README_BLOCK = ("  <!-- scaling:reference:begin -->\n", "  <!-- scaling:reference:end -->\n")
+README = ROOT / "docs" / "gpu-results.md"  # the page whose scaling tables (README_BLOCKS) this renders
+README_BLOCKS = {  # result file -> the markers around its reference-shape table on that page
+    "scaling.json": ("  <!-- scaling:reference:begin -->\n", "  <!-- scaling:reference:end -->\n"),
+    "scaling_h100.json": ("  <!-- scaling:h100:begin -->\n", "  <!-- scaling:h100:end -->\n"),
+}
 OPS = ("chunk_gla", "chunk_rwkv6", "fused_recurrent_rwkv6", "chunk_gsa", "chunk_rwkv7", "fused_recurrent_rwkv7")
 
 
@@ -83,26 +86,31 @@ def reference_table(scaling) -> list[str]:
     lines = ["| op | fwd+bwd ms | ratio | fwd ms | fwd ratio | peak memory ratio | value checks |",
              "|---|---|---|---|---|---|---|"]
     rows = reference_rows(scaling)
-    for op in OPS:
+    for op in (op for op in OPS if op in rows):  # a card's run may leave an op out (it says why)
         a, b = rows[op]["fla_lab"], rows[op].get("fla", {})
         lines.append(f"| {op} | {sig(a['fwd_bwd_ms'])} / {sig(b.get('fwd_bwd_ms'))} | "
                      f"{ratio(a['fwd_bwd_ms'], b.get('fwd_bwd_ms'))} | {sig(a['fwd_ms'])} / {sig(b.get('fwd_ms'))} | "
                      f"{ratio(a['fwd_ms'], b.get('fwd_ms'))} | {ratio(a['peak_MiB'], b.get('peak_MiB'))} | "
-                     f"{cost(a['fwd_bwd_ms'], a['fwd_bwd_checks_off_ms'])} |")
+                     f"{cost(a['fwd_bwd_ms'], a.get('fwd_bwd_checks_off_ms'))} |")
     return lines
 
 
-def scaling_section(scaling) -> list[str]:
+SCALING_RUNS = {"scaling.json": "H200", "scaling_h100.json": "H100"}  # one run per card, its rows and table
+
+
+def scaling_section(scaling, name="scaling.json") -> list[str]:
     rows, meta = scaling["rows"], scaling["meta"]
     over_t = sorted((r for r in rows if r["shape"] != "ref"), key=lambda r: (OPS.index(r["op"]), r["T"]))
-    lines = ["## Scaling beside FLA 0.6.0", "",
-             f"`benchmarks/results/scaling.json` (`python -m benchmarks.scaling`): {distinct(rows, 'device')}; torch "
+    recovered = sorted({r["source"] for r in rows if "source" in r})
+    lines = [f"## Scaling beside FLA 0.6.0 on the {SCALING_RUNS[name]}", "",
+             f"`benchmarks/results/{name}` (`python -m benchmarks.scaling`): {distinct(rows, 'device')}; torch "
              f"{distinct(rows, 'torch')}, triton {distinct(rows, 'triton')}, fla {distinct(rows, 'fla_version')}; "
              f"{distinct(rows, 'date')}. {meta['dtype']}, H={meta['H']}, K={meta['K']}, V={meta['V']} (GSA M="
              f"{meta['M']}); fla_lab, FLA and fla_lab without value checks timed in alternation in one process "
              f"({meta['rounds']} rounds, `do_bench` {meta['do_bench']}); ratios fla_lab / FLA (< 1: fla_lab faster or "
              "smaller); value checks: fla_lab's forward+backward with them over without. All rows: "
-             "[scaling.md](../benchmarks/results/scaling.md).", "",
+             f"[{name[:-5]}.md](../benchmarks/results/{name[:-5]}.md)."
+             + "".join(f" Rows without a value-check cost come from {src}." for src in recovered), "",
              f"### At the reference shape (B={meta['reference'][0]}, T={meta['reference'][1]})", ""]
     lines += reference_table(scaling)
     lines += ["", f"### Over T (B = {meta['tokens']} // T)", "",
@@ -112,7 +120,7 @@ def scaling_section(scaling) -> list[str]:
         a, b = r["fla_lab"], r.get("fla", {})
         lines.append(f"| {r['op']} | {r['T']} | {r['B']} | {ratio(a['fwd_ms'], b.get('fwd_ms'))} | "
                      f"{ratio(a['fwd_bwd_ms'], b.get('fwd_bwd_ms'))} | {ratio(a['peak_MiB'], b.get('peak_MiB'))} | "
-                     f"{cost(a['fwd_bwd_ms'], a['fwd_bwd_checks_off_ms'])} |")
+                     f"{cost(a['fwd_bwd_ms'], a.get('fwd_bwd_checks_off_ms'))} |")
     return lines
 
 
@@ -239,12 +247,19 @@ def agreement_section(rows) -> list[str]:
     return lines
 
 
-def with_readme_table(readme: str, scaling) -> str:
-    """The README with its scaling table (between the README_BLOCK markers, indented as a list item) re-rendered."""
-    begin, end = README_BLOCK
+def with_readme_table(readme: str, scaling, name="scaling.json") -> str:
+    """The page with the scaling table of result file `name` (between its README_BLOCKS markers, indented as a list
+    item) re-rendered."""
+    begin, end = README_BLOCKS[name]
     head, rest = readme.split(begin, 1)
     _, tail = rest.split(end, 1)
     return head + begin + "".join(f"  {line}\n" for line in reference_table(scaling)) + end + tail
+
+
+def with_readme_tables(readme: str) -> str:
+    for name in README_BLOCKS:
+        readme = with_readme_table(readme, load(name), name)
+    return readme
 
 
 def page() -> str:
@@ -261,7 +276,8 @@ def page() -> str:
              "hand (`--check` fails when this page is stale). Each number is one run on one card, with the device, "
              "versions and date beside it: another card (an H100 rather than an H200, say) gives other numbers. "
              "Comments in `fla_lab/` name a choice and point to a section here by its title.", ""]
-    lines += scaling_section(load("scaling.json")) + [""]
+    for name in SCALING_RUNS:
+        lines += scaling_section(load(name), name) + [""]
     lines += tune_launch_section(load("tune_launch.json"), launch_defaults) + [""]
     lines += ["## Choices in the kernels", "", f"From `benchmarks/results/launch_choices.json`: {launch['about']}"]
     for c in choices.values():
@@ -280,7 +296,7 @@ def main(argv=None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 when docs/performance.md is stale")
     args = parser.parse_args(argv)
     readme = README.read_text(encoding="utf-8")
-    wanted = {PAGE: page(), README: with_readme_table(readme, load("scaling.json"))}
+    wanted = {PAGE: page(), README: with_readme_tables(readme)}
     current = {PAGE: PAGE.read_text(encoding="utf-8") if PAGE.exists() else "", README: readme}
     stale = [path for path, text in wanted.items() if current[path] != text]
     if args.check:

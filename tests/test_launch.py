@@ -54,6 +54,8 @@ def test_the_tuned_table_names_real_fields():
     (L.RWKV7RecurrentLaunch, "fwd_launch", (32, 3), "num_warps"),
     (L.RWKV7RecurrentLaunch, "bwd_launch", 32, "pair"),
     (L.RWKV7RecurrentLaunch, "keys_last_launches", ((24, 1),), "powers of two"),
+    (L.RecurrentLaunch, "fwd_fallback_tiles", ((64, 16),), "triple"),
+    (L.RecurrentLaunch, "fwd_fallback_tiles", ((64, 16, 3),), "num_warps"),
     (L.RWKV7ChunkLaunch, "bwd_BV", 48, "powers of two"),
     (L.RWKV7ChunkLaunch, "intra_warps", 32, "num_warps"),
     (L.ChunkLaunch, "state_stages", 9, "num_stages"),
@@ -135,6 +137,21 @@ def test_the_precision_resolves_per_call(monkeypatch):
     assert L.Precision().dot(x16) == L.tl.bfloat16 and L.Precision().solve_precision() == "tf32x3"
     assert L.Precision(dot_dtype=torch.float32).dot(x16) == L.tl.float32
     assert L.Precision(solve="ieee").solve_precision() == "ieee"
+
+
+@pytest.mark.parametrize("B, T, tiles", [
+    (8, 4096, (32, 16, 8)),  # 1024 programs of 8 warps: one wave of an H100's 132 SMs x 64 warps
+    (16, 4096, (64, 16, 4)),  # 2048 of 8 would take two waves; 1024 of 4 take one
+    (64, 1024, (32, 64, 2)),  # neither narrow launch fits; the last fallback
+    (1, 65536, (32, 16, 8)),
+])
+def test_the_recurrent_forward_falls_back_to_one_wave(monkeypatch, B, T, tiles):
+    """On a GPU the forward takes the first of its launches whose programs run in one wave of resident warps."""
+    monkeypatch.setattr(L, "gpu_sms", lambda x: 132)
+    monkeypatch.setattr(L, "resident_warps", lambda x: 132 * 64)
+    q = torch.empty(B, T, 16, 64, device="meta")
+    assert L.measured("recurrent", "H100").forward_tiles(q, 64, None) == tiles
+    assert L.RecurrentLaunch().forward_tiles(q, 64, None) == (64, 16, 4)  # no fallbacks: the fields'
 
 
 class _Stop(Exception):

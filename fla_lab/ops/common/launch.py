@@ -49,6 +49,14 @@ def _check_value(where: str, kind: str, value) -> None:
         raise ValueError(f"{where}: rows per program must be a power of two")
 
 
+def _check_tiles(where: str, tiles) -> None:
+    if not (isinstance(tiles, tuple) and len(tiles) == 3):
+        raise ValueError(f"{where}: a (key columns, value columns, num_warps) triple")
+    _check_value(where, "tile", tiles[0])
+    _check_value(where, "tile", tiles[1])
+    _check_value(where, "warps", tiles[2])
+
+
 def _check_pair(where: str, pair) -> None:
     if not (isinstance(pair, tuple) and len(pair) == 2):
         raise ValueError(f"{where}: a (value columns, num_warps) pair")
@@ -58,7 +66,8 @@ def _check_pair(where: str, pair) -> None:
 
 def _check_fields(launch) -> None:
     """Every field by its name's suffix: `_BK`/`_BV` tiles, `_warps`, `_stages`, `_rows`, `_launch` a
-    (value columns, num_warps) pair, `_launches` a tuple of them. None passes: the op picks it per call."""
+    (value columns, num_warps) pair, `_launches` a tuple of them, `_tiles` a tuple of (key columns, value columns,
+    num_warps) triples. None passes: the op picks it per call."""
     kinds = {"_BK": "tile", "_BV": "tile", "_warps": "warps", "_stages": "stages", "_rows": "rows"}
     for f in fields(launch):
         value, where = getattr(launch, f.name), f"{type(launch).__name__}.{f.name}={getattr(launch, f.name)!r}"
@@ -66,6 +75,11 @@ def _check_fields(launch) -> None:
             continue
         if f.name.endswith("_launch"):
             _check_pair(where, value)
+        elif f.name.endswith("_tiles"):
+            if not isinstance(value, tuple):
+                raise ValueError(f"{where}: a tuple of (key columns, value columns, num_warps) triples")
+            for tiles in value:
+                _check_tiles(where, tiles)
         elif f.name.endswith("_launches"):
             if not isinstance(value, tuple):
                 raise ValueError(f"{where}: a tuple of (value columns, num_warps) pairs")
@@ -125,7 +139,6 @@ def _check_precision(launch) -> None:
 
 
 FWD_LOADS = (4, 2, 0)  # programs per SM from which each of `fwd_by_load_launches` runs
-WIDE_LOAD = 4  # programs per SM from which RecurrentLaunch.fwd_wide_launch runs
 
 
 # The shape side of the launch objects' per-call rules
@@ -141,6 +154,12 @@ def gpu_sms(x: torch.Tensor) -> int | None:
     if x.device.type != "cuda" or runtime.interpreting():
         return None
     return torch.cuda.get_device_properties(x.device).multi_processor_count
+
+
+def resident_warps(x: torch.Tensor) -> int | None:
+    """Warps x's GPU keeps resident at once over all its SMs (one wave); None off the GPU and under the interpreter."""
+    sms = gpu_sms(x)
+    return None if sms is None else sms * torch.cuda.get_device_properties(x.device).max_threads_per_multi_processor // 32
 
 
 def parallel_sequences(B: int, T: int, seqs) -> float:
@@ -214,9 +233,11 @@ class RecurrentLaunch:
     - `fwd_BK`, `fwd_BV`, `fwd_warps`: the forward; a larger K splits into key blocks whose outputs add up (FLA
       0.6.0 splits at 64: `_fused_recurrent_tiling`, `o.sum(0)`, fla/ops/common/fused_recurrent.py); the narrowest
       value tile gives the most programs (docs/performance.md, 'fused_recurrent_rwkv6: FWD_BV');
-    - `fwd_wide_launch`: None, or the forward's (value columns, num_warps) once the programs counted in tiles that
-      wide reach `WIDE_LOAD` per SM: with that many, a wider tile with fewer warps each runs faster
-      (docs/performance.md, 'fused recurrent forwards per card');
+    - `fwd_fallback_tiles`: (key columns, value columns, num_warps) triples the forward falls back to, in turn, on
+      a GPU where the launch before would not run in one wave (its programs' warps more than the GPU keeps
+      resident): a sequential loop's time is its waves times T; the last one runs regardless
+      (docs/performance.md, 'fused recurrent forward: one wave');
+    - `fwd_prefetch`: the forward loads each step's vectors one step ahead (`PREFETCH`);
     - `dq_BK`, `dq_BV`, `dq_warps`: the dq kernel, upstream's non-square (16, 64) tile, where #18 showed (notebook
       04 sweeps it with `dataclasses.replace(default_launch("recurrent", x), dq_BK=..., dq_BV=...)`);
     - `dkv_BK`, `dkv_BV`, `dkv_warps`: the dkv kernel's state tile; one value block (V <= dkv_BV) keeps dg and the
@@ -227,7 +248,8 @@ class RecurrentLaunch:
     fwd_BK: int = 256
     fwd_BV: int = 16
     fwd_warps: int = 4
-    fwd_wide_launch: tuple[int, int] | None = None
+    fwd_fallback_tiles: tuple[tuple[int, int, int], ...] = ()
+    fwd_prefetch: bool = False
     dq_BK: int = 16
     dq_BV: int = 64
     dq_warps: int = 2
@@ -240,17 +262,17 @@ class RecurrentLaunch:
         _check_fields(self)
 
     def forward_tiles(self, q: torch.Tensor, V: int, seqs) -> tuple[int, int, int]:
-        """The forward's (BK, BV, num_warps): the fields', or `fwd_wide_launch` on a GPU once the programs counted
-        in those wider value tiles reach WIDE_LOAD per SM."""
+        """The forward's (BK, BV, num_warps): the fields', or on a GPU the first of `fwd_fallback_tiles` that runs
+        in one wave when the launch before it does not (the last regardless)."""
         B, T, H, K = q.shape
-        BK = min(next_pow2(K), self.fwd_BK)
-        sms = gpu_sms(q)
-        if self.fwd_wide_launch is not None and sms is not None:
-            wide_BV, wide_warps = self.fwd_wide_launch
-            programs = parallel_sequences(B, T, seqs) * H * grid_size(K, BK) * grid_size(V, wide_BV)
-            if programs >= WIDE_LOAD * sms:
-                return BK, min(next_pow2(V), wide_BV), wide_warps
-        return BK, min(next_pow2(V), self.fwd_BV), self.fwd_warps
+        wave = resident_warps(q)
+        tiles = [(self.fwd_BK, self.fwd_BV, self.fwd_warps), *(self.fwd_fallback_tiles if wave else ())]
+        for max_BK, max_BV, warps in tiles:
+            BK, BV = min(next_pow2(K), max_BK), min(next_pow2(V), max_BV)
+            programs = parallel_sequences(B, T, seqs) * H * grid_size(K, BK) * grid_size(V, BV)
+            if wave is None or programs * warps <= wave:
+                break
+        return BK, BV, warps
 
 
 @dataclass(frozen=True)
@@ -368,11 +390,11 @@ INTERPRETER = {"rwkv7_chunk": {"state_BV": 32}}  # B=8, T=4096's width
 # card for every other field). A card of another model runs `launch_for(family, its shared memory)`, from
 # MEASURED_ON's entry.
 TUNED = {
-    "H200": {  # docs/performance.md, 'fused recurrent forwards per card'
-        "recurrent": {"fwd_BK": 32, "fwd_warps": 8, "fwd_wide_launch": (64, 2)},
+    "H200": {  # docs/performance.md, 'fused recurrent forwards per card', 'fused recurrent forward: one wave'
+        "recurrent": {"fwd_BK": 32, "fwd_warps": 8, "fwd_fallback_tiles": ((64, 16, 4), (32, 64, 2))},
     },
     "H100": {
-        "recurrent": {"fwd_BK": 32, "fwd_warps": 8, "fwd_wide_launch": (64, 2)},
+        "recurrent": {"fwd_BK": 32, "fwd_warps": 8, "fwd_fallback_tiles": ((64, 16, 4), (32, 64, 2))},
         "rwkv7_recurrent": {"fwd_by_load_launches": ((64, 1), (32, 1), (16, 4))},
     },
 }
