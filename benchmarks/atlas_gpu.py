@@ -19,7 +19,7 @@ from pathlib import Path
 os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
 
 from benchmarks import common  # noqa: E402
-from fla_lab.spec import registry  # noqa: E402
+from fla_lab.spec import registry, upstream  # noqa: E402
 from fla_lab.tools import atlas, gpu_runs  # noqa: E402
 
 OPS = ("chunk_gla", "chunk_rwkv6", "fused_recurrent_rwkv6", "chunk_gsa", "chunk_rwkv7")
@@ -35,7 +35,7 @@ def main(argv=None):
     p.add_argument("--out", help="folder for the JSON and both figures (default: see above)")
     args = p.parse_args(argv)
     common.require_cuda("atlas_gpu")
-    common.pin_autotune_to_first_config()
+    upstream.pin_autotune_to_first_config()
     added = registry.register_fla()
     print("registered:", added, flush=True)
     ops = [*OPS, *(f"fla:{op}" for op in OPS if f"fla:{op}" in added)]

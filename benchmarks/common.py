@@ -214,10 +214,3 @@ def upstream_ops_or_none(names=tuple(UPSTREAM)) -> dict:
         print(f"flash-linear-attention not importable ({exc}): fla_lab only", flush=True)
         return {}
 
-
-def pin_autotune_to_first_config() -> None:
-    """For accuracy, not speed: every Triton autotuner (FLA's) takes its first config instead of timing them all
-    (minutes of compiling per op)."""
-    from triton.runtime import autotuner
-
-    autotuner.Autotuner._bench = lambda self, *args, **kwargs: [1.0, 1.0, 1.0]

@@ -6,7 +6,8 @@
 # bf16, two truncated-BPTT segments) plus rwkv6 in fused_recurrent mode (the op the repro is about). Eight files in
 # $OUT; a table last. Every step under `timeout`; a step that fails does not stop the others.
 # STEPS (default "repro models fused tests") and FAMILIES (default "rwkv6 rwkv7 gsa") choose; MODEL_S (default 90)
-# is each model audit's limit: FLA's cold autotuning of its chunk kernels takes minutes on a fresh machine.
+# is each model audit's limit: FLA's cold autotuning of its chunk kernels takes minutes on a fresh machine; with
+# FIRST_CONFIG=1 the model audits pass --first-config (FLA's autotuners keep their first config: same verdicts).
 set -u
 OUT=${OUT:-$PWD/artifacts/fla_audit}
 mkdir -p "$OUT"
@@ -34,7 +35,7 @@ want repro && step repro 150 python3 -m benchmarks.repro.fused_recurrent_rwkv6_d
 for family in ${FAMILIES:-rwkv6 rwkv7 gsa}; do
     want models || break
     step "audit $family" "${MODEL_S:-90}" python3 -m fla_lab audit --fla "$family" --layers 2 --T 2048 --tbptt 2 --dtype bf16 \
-        --json "$OUT/audit_$family.json" >> "$LOG" 2>&1
+        ${FIRST_CONFIG:+--first-config} --json "$OUT/audit_$family.json" >> "$LOG" 2>&1
 done
 want fused && step "audit rwkv6 fused_recurrent" 75 python3 -m fla_lab audit --fla rwkv6 --mode fused_recurrent --layers 2 \
     --T 512 --tbptt 2 --dtype bf16 --json "$OUT/audit_rwkv6_fused.json" >> "$LOG" 2>&1

@@ -19,7 +19,7 @@ import torch
 
 from benchmarks import common
 from fla_lab.ops.common.launch import Precision, default_launch
-from fla_lab.spec import harness, registry
+from fla_lab.spec import harness, registry, upstream
 
 OPS = ("chunk_gla", "chunk_rwkv6", "chunk_gsa", "chunk_rwkv7", "fused_recurrent_gla", "fused_recurrent_rwkv6",
        "fused_recurrent_rwkv7")
@@ -85,7 +85,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     common.require_cuda("long_accuracy")
     if not args.no_upstream:
-        common.pin_autotune_to_first_config()
+        upstream.pin_autotune_to_first_config()
         print("upstream ops:", registry.register_fla(), flush=True)
     rows = []
     for name in args.ops:

@@ -15,14 +15,14 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from benchmarks import common  # noqa: E402
-from fla_lab.spec import harness, reference  # noqa: E402
+from fla_lab.spec import harness, reference, upstream  # noqa: E402
 
 OPS = ("chunk_gla", "fused_recurrent_gla", "chunk_gsa", "chunk_rwkv6", "fused_recurrent_rwkv6", "chunk_rwkv7")
 
 
 def fla_ops():
     """FLA's ops, autotuning pinned: accuracy, not speed, is measured here."""
-    common.pin_autotune_to_first_config()
+    upstream.pin_autotune_to_first_config()
     return common.upstream_ops(OPS)
 
 

@@ -26,6 +26,15 @@ pytestmark = [
 T, SEGMENTS, LAYERS = 256, 2, 2  # FLA's RWKV7Attention needs 2 layers: its init divides by layers - 1
 
 
+@pytest.fixture(autouse=True)
+def first_config(monkeypatch):
+    """FLA's autotuners keep their first config: these tests are about the audit's verdicts, and a fresh machine
+    would otherwise compile and time every config of every kernel first (minutes per op)."""
+    from triton.runtime import autotuner
+
+    monkeypatch.setattr(autotuner.Autotuner, "_bench", upstream.first_config_timings)
+
+
 def _model(family: str, mode: str = "chunk"):
     torch.manual_seed(0)
     return fla_audit.SmallModel(family, layers=LAYERS, mode=mode).to("cuda", torch.bfloat16)
@@ -68,7 +77,7 @@ def test_a_wrong_op_swapped_into_an_fla_layer_is_flagged(monkeypatch):
 def test_fused_recurrent_rwkv6_final_state_cotangent_is_flagged_on_060(tmp_path):
     path = tmp_path / "audit.json"
     args = argparse.Namespace(fla="rwkv6", layers=1, T=T, B=1, tbptt=SEGMENTS, dtype="fp32", mode="fused_recurrent",
-                              hidden=256, kernel=False, warmup=0, seed=0, json=str(path))
+                              hidden=256, kernel=False, warmup=0, seed=0, first_config=True, json=str(path))
     assert fla_audit.run(args) == 1
     calls = json.loads(path.read_text())["calls"]
     with_dht = [c for c in calls if c["final_state_cotangent"]]

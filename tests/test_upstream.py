@@ -272,6 +272,26 @@ def test_audit_command_refuses_a_one_layer_rwkv7_model(capsys):
     assert "needs --layers 2 or more" in capsys.readouterr().out
 
 
+def test_first_config_pins_every_autotuner_to_its_first_config(monkeypatch):
+    """`audit --first-config` (and the accuracy benchmarks): each config "times" the same, so Triton's autotuner,
+    which keeps the fastest (the first of equals), keeps the first without compiling the others."""
+    from triton.runtime import autotuner
+
+    monkeypatch.setattr(autotuner.Autotuner, "_bench", autotuner.Autotuner._bench)  # restored after the test
+    upstream.pin_autotune_to_first_config()
+    timings = {config: autotuner.Autotuner._bench(None, config) for config in ("first", "second", "third")}
+    assert min(timings, key=timings.get) == "first" and len({tuple(t) for t in timings.values()}) == 1
+
+
+def test_audit_command_pins_the_autotuners_when_asked(monkeypatch, capsys):
+    pinned = []
+    monkeypatch.setattr(upstream, "pin_autotune_to_first_config", lambda: pinned.append(True))
+    monkeypatch.setattr(upstream, "require", lambda: None)
+    monkeypatch.setattr(upstream, "import_layer", lambda family: (_ for _ in ()).throw(ImportError("stop here")))
+    assert cli.main(["audit", "--fla", "gsa", "--first-config"]) == 2 and pinned == [True]
+    assert cli.main(["audit", "--fla", "gsa"]) == 2 and pinned == [True]  # not without the flag
+
+
 @pytest.mark.parametrize("argv", [["audit", "--fla", "mamba"], ["audit", "--fla", "gla", "--layers", "0"],
                                   ["audit", "--fla", "gla", "--dtype", "fp64"]])
 def test_audit_command_rejects_bad_arguments(argv):

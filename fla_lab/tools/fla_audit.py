@@ -120,6 +120,8 @@ def run(args) -> int:
         return 2
     try:
         upstream.require()
+        if args.first_config:
+            upstream.pin_autotune_to_first_config()
         torch.manual_seed(args.seed)
         model = SmallModel(args.fla, args.layers, args.hidden, mode=args.mode).to("cuda", DTYPES[args.dtype])
     except (upstream.Unavailable, ImportError) as exc:
@@ -188,6 +190,9 @@ def add_parser(sub) -> None:
     p.add_argument("--hidden", type=_positive, default=256)
     p.add_argument("--kernel", action="store_true", help="also replay every call on fla_lab's kernel")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps first (autotuning, compilation)")
+    p.add_argument("--first-config", action="store_true",
+                   help="FLA's autotuners take their first config instead of compiling and timing every one (minutes "
+                        "per op on a fresh machine): the same verdicts, but the step's times are not FLA's tuned ones")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, metavar="PATH", help="write the report and costs as JSON")
 
