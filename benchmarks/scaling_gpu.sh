@@ -7,7 +7,7 @@
 #   models   python -m fla_lab audit --fla rwkv7, gsa and gla --first-config (2 layers, bf16, T=2048, two
 #            truncated-BPTT segments; benchmarks/fla_audit_gpu.sh), beside fill: an audit's verdict does not depend
 #            on timing (on 2026-12-06, without --first-config and beside fill, each ran out of its 80 s)
-#   tune     python -m benchmarks.tune fused_recurrent_rwkv6 over fwd_prefetch and fwd_fallback_tiles
+#   tune     python -m benchmarks.tune fused_recurrent_rwkv6 over fwd_fallback_tiles
 #   checks   the recurrent forwards with value checks off, deferred (in the kernel) and through the flag pass
 #            (python -m benchmarks.scaling --checks --forward)
 #   measure  python -m benchmarks.scaling in one process over SCALING_T (default 1024 4096 65536, plus B=8,
@@ -57,8 +57,8 @@ if wants models; then
 fi
 wait
 if wants tune; then  # the recurrent forward's launch knobs at four (B, T)
-  timed tune "${TUNE_S:-90}" env OUT= python3 -m benchmarks.tune fused_recurrent_rwkv6 --knobs fwd_prefetch \
-    fwd_fallback_tiles --shapes 8x4096 16x4096 64x1024 1x65536 --json "$OUT/tune_recurrent.json"
+  timed tune "${TUNE_S:-90}" env OUT= python3 -m benchmarks.tune fused_recurrent_rwkv6 --knobs fwd_fallback_tiles \
+    --shapes 8x4096 16x4096 64x1024 1x65536 --json "$OUT/tune_recurrent.json"
 fi
 if wants checks; then
   timed checks "${CHECKS_S:-60}" env OUT= python3 -m benchmarks.scaling --checks --forward --rounds 3 \

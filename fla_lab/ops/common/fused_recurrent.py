@@ -30,11 +30,9 @@ def fused_recurrent_fwd_kernel(q, k, v, g, gv, u, o, h0, ht, scale, cu_seqlens, 
                                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                                BK: tl.constexpr, BV: tl.constexpr, RWKV6: tl.constexpr, GATE_K: tl.constexpr,
                                GATE_V: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
-                               SPLIT_K: tl.constexpr, VARLEN: tl.constexpr, PREFETCH: tl.constexpr = False):
+                               SPLIT_K: tl.constexpr, VARLEN: tl.constexpr):
     """One program per (value block, key block, sequence * head): B * T rows dense; packed (VARLEN, B = 1), the
-    batch axis runs over the sequences of `cu_seqlens` and each program steps through its own sequence's rows.
-    PREFETCH: each step issues the next step's loads before its own maths, so their latency overlaps it (the loop
-    carries one step's vectors ahead; the same values, the same arithmetic)."""
+    batch axis runs over the sequences of `cu_seqlens` and each program steps through its own sequence's rows."""
     i_v, i_bh = tl.program_id(0), tl.program_id(2)
     # i_k constant with one key block, so the key masks fold away: docs/performance.md, 'fused_recurrent_rwkv6: SPLIT_K'
     i_k = tl.program_id(1) if SPLIT_K else 0
@@ -47,21 +45,16 @@ def fused_recurrent_fwd_kernel(q, k, v, g, gv, u, o, h0, ht, scale, cu_seqlens, 
         b_h += tl.load(h0 + i_bh * K * V + p_kv, mask=m_kv, other=0).to(tl.float32)
     if RWKV6:
         b_u = tl.load(u + i_h * K + o_k, mask=m_k, other=0).to(tl.float32)
-    if PREFETCH:  # step 0's vectors (none for an empty sequence)
-        n_q, n_k, n_g, n_v, n_e = load_row(q, k, g, gv, v, bos * H + i_h, o_k, o_v, m_k & (T_seq > 0),
-                                           m_v & (T_seq > 0), K, V, GATE_K, GATE_V)
+    b_g = tl.zeros([BK], dtype=tl.float32)  # no key-side gate: exp(0) = 1
     for t in range(0, T_seq):
         row = (bos + t) * H + i_h
-        if PREFETCH:  # this step's vectors came with the last one; the next step's loads go out now
-            b_q, b_k, b_g, b_v, b_e = n_q, n_k, n_g, n_v, n_e
-            more = t + 1 < T_seq
-            n_q, n_k, n_g, n_v, n_e = load_row(q, k, g, gv, v, row + H, o_k, o_v, m_k & more, m_v & more, K, V,
-                                               GATE_K, GATE_V)
-        else:
-            b_q, b_k, b_g, b_v, b_e = load_row(q, k, g, gv, v, row, o_k, o_v, m_k, m_v, K, V, GATE_K, GATE_V)
         if GATE_V:  # GLA only (the decay before the read): it commutes with the key side's below
-            b_h *= b_e[None, :]
-        b_q *= scale
+            b_h *= value_decay(gv, row, o_v, m_v, V)[None, :]
+        b_q = tl.load(q + row * K + o_k, mask=m_k, other=0).to(tl.float32) * scale
+        b_k = tl.load(k + row * K + o_k, mask=m_k, other=0).to(tl.float32)
+        if GATE_K:
+            b_g = tl.load(g + row * K + o_k, mask=m_k, other=0).to(tl.float32)
+        b_v = tl.load(v + row * V + o_v, mask=m_v, other=0).to(tl.float32)
         b_kv = b_k[:, None] * b_v[None, :]
         if RWKV6:  # read S_{t-1} plus the bonus, then decay and write
             b_o = tl.sum((b_h + b_u[:, None] * b_kv) * b_q[:, None], axis=0)  # mutation: rwkv6_fused_bonus_dropped
@@ -72,23 +65,6 @@ def fused_recurrent_fwd_kernel(q, k, v, g, gv, u, o, h0, ht, scale, cu_seqlens, 
         tl.store(o + row * V + o_v, b_o.to(o.dtype.element_ty), mask=m_v)
     if STORE_HT:
         tl.store(ht + i_bh * K * V + p_kv, b_h, mask=m_kv)
-
-
-@kernel
-def load_row(q, k, g, gv, v, row, o_k, o_v, m_k, m_v, K: tl.constexpr, V: tl.constexpr, GATE_K: tl.constexpr,
-             GATE_V: tl.constexpr):
-    """One step's vectors in fp32: q (unscaled), k and the key-side log-decay g (0 without GATE_K) over this
-    program's keys, v and the value-side decay exp(gv) (1 without GATE_V) over its values."""
-    b_q = tl.load(q + row * K + o_k, mask=m_k, other=0).to(tl.float32)
-    b_k = tl.load(k + row * K + o_k, mask=m_k, other=0).to(tl.float32)
-    b_g = tl.zeros_like(b_k)
-    if GATE_K:
-        b_g = tl.load(g + row * K + o_k, mask=m_k, other=0).to(tl.float32)
-    b_v = tl.load(v + row * V + o_v, mask=m_v, other=0).to(tl.float32)
-    b_e = tl.full(b_v.shape, 1.0, tl.float32)
-    if GATE_V:
-        b_e = value_decay(gv, row, o_v, m_v, V)
-    return b_q, b_k, b_g, b_v, b_e
 
 
 # The mask of the dq kernel's initial-state load, for its H0_MASK slot: `bug="transposed_h0_mask"` takes the first
@@ -312,7 +288,7 @@ def fused_recurrent_fwd(q, k, v, g, u, scale, h0, output_final_state, launch: Re
     fused_recurrent_fwd_kernel[(grid_size(V, BV), NK, N * H)](
         q, k, v, g, gv, u, o, h0, ht, scale, cu_seqlens, B, T, H=H, K=K, V=V, BK=BK, BV=BV, RWKV6=u is not None,
         GATE_K=g is not None, GATE_V=gv is not None, USE_H0=h0 is not None, STORE_HT=output_final_state,
-        SPLIT_K=NK > 1, PREFETCH=launch.fwd_prefetch, num_warps=warps)
+        SPLIT_K=NK > 1, num_warps=warps)
     return sum_partials(o).to(o_dtype), ht
 
 

@@ -237,7 +237,6 @@ class RecurrentLaunch:
       a GPU where the launch before would not run in one wave (its programs' warps more than the GPU keeps
       resident): a sequential loop's time is its waves times T; the last one runs regardless
       (docs/performance.md, 'fused recurrent forward: one wave');
-    - `fwd_prefetch`: the forward loads each step's vectors one step ahead (`PREFETCH`);
     - `dq_BK`, `dq_BV`, `dq_warps`: the dq kernel, upstream's non-square (16, 64) tile, where #18 showed (notebook
       04 sweeps it with `dataclasses.replace(default_launch("recurrent", x), dq_BK=..., dq_BV=...)`);
     - `dkv_BK`, `dkv_BV`, `dkv_warps`: the dkv kernel's state tile; one value block (V <= dkv_BV) keeps dg and the
@@ -249,7 +248,6 @@ class RecurrentLaunch:
     fwd_BV: int = 16
     fwd_warps: int = 4
     fwd_fallback_tiles: tuple[tuple[int, int, int], ...] = ()
-    fwd_prefetch: bool = False
     dq_BK: int = 16
     dq_BV: int = 64
     dq_warps: int = 2
