@@ -71,7 +71,8 @@ def table(result) -> str:
         "(inputs and `do` resident, no gradients): gradients + saved activations + workspace",
         "- checks: fla_lab's fwd+bwd with its value checks on (default, deferred) over off, minus 1",
         f"- floor: bytes of the inputs and output read/written once (fwd), plus `do` and every input gradient "
-        f"(fwd+bwd: twice that), at {meta['hbm_TBps']} TB/s (the card's HBM spec); computed, not measured",
+        f"(fwd+bwd: twice that), at {meta['hbm_TBps']} TB/s (the card's HBM spec); computed, not "
+        "measured",
         "",
         "| op | device | shape | B | T | fwd ms fla_lab | fwd ms FLA | fwd ratio | fwd+bwd ms fla_lab | fwd+bwd ms FLA "
         "| fwd+bwd ratio | peak MiB fla_lab | peak MiB FLA | peak ratio | checks cost | floor fwd ms "

@@ -57,8 +57,9 @@ def knobs(op):
     tile_warps = list(itertools.product(TILES, WARPS))
     return {
         "fused_recurrent_rwkv7": [("fwd_launch", tile_warps, False), ("bwd_launch", tile_warps, True)],
-        "fused_recurrent_rwkv6": [("fwd_fallback_tiles", FALLBACKS, False), ("fwd_BV", TILES, False), ("fwd_warps", WARPS, False), ("dkv_BK", TILES, True),
-                                  ("dkv_warps", WARPS, True), ("dq_warps", WARPS, True)],
+        "fused_recurrent_rwkv6": [("fwd_fallback_tiles", FALLBACKS, False), ("fwd_BV", TILES, False),
+                                  ("fwd_warps", WARPS, False), ("dkv_BK", TILES, True), ("dkv_warps", WARPS, True),
+                                  ("dq_warps", WARPS, True)],
         "chunk_rwkv7": [(f"{name}_warps", WARPS, name.startswith("bwd")) for name in RWKV7_CHUNK_WARPS]
                        + [("state_BV", TILES, True), ("fwd_state_BV", TILES, False), ("bwd_BK", (16, 32, 64), True),
                           ("bwd_BV", TILES, True), ("dv_BV", TILES, True)],

@@ -159,7 +159,9 @@ def gpu_sms(x: torch.Tensor) -> int | None:
 def resident_warps(x: torch.Tensor) -> int | None:
     """Warps x's GPU keeps resident at once over all its SMs (one wave); None off the GPU and under the interpreter."""
     sms = gpu_sms(x)
-    return None if sms is None else sms * torch.cuda.get_device_properties(x.device).max_threads_per_multi_processor // 32
+    if sms is None:
+        return None
+    return sms * torch.cuda.get_device_properties(x.device).max_threads_per_multi_processor // 32
 
 
 def parallel_sequences(B: int, T: int, seqs) -> float:
