@@ -11,9 +11,8 @@
 set -u
 OUT=${OUT:-$PWD/artifacts/fla_audit}
 mkdir -p "$OUT"
-# once per machine: another process may be importing from /tmp/site (benchmarks/scaling_gpu.sh runs this beside others)
-[ -d /tmp/site/fla ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl > "$OUT/install.log" 2>&1 || { echo "wheel install failed"; tail -5 "$OUT/install.log"; }
+source benchmarks/plan_steps.sh  # carried_wheels LOG: once per machine (scaling_gpu.sh runs this beside others)
+carried_wheels "$OUT/install.log" || { echo "wheel install failed"; tail -5 "$OUT/install.log"; }
 rm -f "$OUT/install.log"
 export PYTHONPATH=$PWD:/tmp/site
 unset TRITON_INTERPRET

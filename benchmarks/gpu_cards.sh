@@ -21,6 +21,7 @@ other=$([ "$gpus" -ge 2 ] && echo 1 || echo 0)
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "card: $card x$gpus; steps: $steps" | tee "$LOGS/summary.txt"
 
+source benchmarks/plan_steps.sh  # carried_wheels LOG; its `timed` is replaced next (this plan's summary is in $LOGS)
 timed() {  # name, seconds, command...: run under timeout, append "name rc seconds" to the summary
   local name=$1 seconds=$2 start=$SECONDS
   shift 2
@@ -29,8 +30,7 @@ timed() {  # name, seconds, command...: run under timeout, append "name rc secon
   echo "$name rc=$rc ${SECONDS}s-${start}s=$((SECONDS - start))s" | tee -a "$LOGS/summary.txt"
 }
 
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  > "$LOGS/install.log" 2>&1
+carried_wheels "$LOGS/install.log"
 wants() { [[ " $steps " == *" $1 "* ]]; }
 
 lane0() {  # the test phase (a venv of its own, as the README sets one up), then FLA's tests at FLA's sizes

@@ -42,15 +42,14 @@ card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 start=$SECONDS
 echo "card: $card; steps: ${steps[*]}; commit: ${COMMIT:-unknown}" | tee "$OUT/summary.txt"
 
-source benchmarks/timed.sh  # timed NAME SECONDS COMMAND...
+source benchmarks/plan_steps.sh  # timed NAME SECONDS COMMAND..., carried_wheels LOG
 
 setup() {  # the README's set-up, from the carried wheels (the machine's own torch and triton)
   PIP_FIND_LINKS=$PWD/.whl timed setup 150 python3 workbook.py setup
 }
 
 fla_site() {  # FLA's 0.6.0 wheels and einops for dev/fla_tests.py, once per machine
-  [ -d /tmp/site/einops ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl > "$OUT/install.log" 2>&1
+  carried_wheels "$OUT/install.log"
 }
 
 upstream_pid=

@@ -34,10 +34,9 @@ case "$card" in *H200*) hbm=4.8 ;; *H100*) hbm=3.35 ;; *) hbm=3.0 ;; esac  # spe
 echo "card: $card; steps:$steps; commit: ${COMMIT:-unknown}" | tee -a "$OUT/summary.txt"
 wants() { [[ "$steps" == *" $1 "* ]]; }
 
-source benchmarks/timed.sh  # timed NAME SECONDS COMMAND...
+source benchmarks/plan_steps.sh  # timed NAME SECONDS COMMAND..., carried_wheels LOG
 
-[ -d /tmp/site/fla ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl > "$LOGS/install.log" 2>&1
+carried_wheels "$LOGS/install.log"
 OPS=(chunk_gla chunk_rwkv6 fused_recurrent_rwkv6 chunk_gsa chunk_rwkv7 fused_recurrent_rwkv7)
 
 if wants check; then

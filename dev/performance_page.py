@@ -18,11 +18,14 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 GPU_RUNS = ROOT / "fla_lab" / "tools" / "gpu_runs"  # the GPU runs the lessons show (fla_lab.tools.gpu_runs)
 PAGE = ROOT / "docs" / "performance.md"
-README = ROOT / "docs" / "gpu-results.md"  # the page whose scaling tables (README_BLOCKS) this renders
-README_BLOCKS = {  # result file -> the markers around its reference-shape table on that page
-    "scaling.json": ("  <!-- scaling:reference:begin -->\n", "  <!-- scaling:reference:end -->\n"),
-    "scaling_h100.json": ("  <!-- scaling:h100:begin -->\n", "  <!-- scaling:h100:end -->\n"),
-}
+README = ROOT / "docs" / "gpu-results.md"  # the page whose scaling tables (`markers`) this renders
+SCALING_RUNS = {"scaling.json": ("H200", "reference"), "scaling_h100.json": ("H100", "h100")}  # file: card, marker
+
+
+def markers(name: str) -> tuple[str, str]:
+    """The lines around the reference-shape table of scaling run `name` on docs/gpu-results.md."""
+    tag = SCALING_RUNS[name][1]
+    return f"  <!-- scaling:{tag}:begin -->\n", f"  <!-- scaling:{tag}:end -->\n"
 OPS = ("chunk_gla", "chunk_rwkv6", "fused_recurrent_rwkv6", "chunk_gsa", "chunk_rwkv7", "fused_recurrent_rwkv7")
 
 
@@ -95,14 +98,11 @@ def reference_table(scaling) -> list[str]:
     return lines
 
 
-SCALING_RUNS = {"scaling.json": "H200", "scaling_h100.json": "H100"}  # one run per card, its rows and table
-
-
 def scaling_section(scaling, name="scaling.json") -> list[str]:
     rows, meta = scaling["rows"], scaling["meta"]
     over_t = sorted((r for r in rows if r["shape"] != "ref"), key=lambda r: (OPS.index(r["op"]), r["T"]))
     recovered = sorted({r["source"] for r in rows if "source" in r})
-    lines = [f"## Scaling beside FLA 0.6.0 on the {SCALING_RUNS[name]}", "",
+    lines = [f"## Scaling beside FLA 0.6.0 on the {SCALING_RUNS[name][0]}", "",
              f"`benchmarks/results/{name}` (`python -m benchmarks.scaling`): {distinct(rows, 'device')}; torch "
              f"{distinct(rows, 'torch')}, triton {distinct(rows, 'triton')}, fla {distinct(rows, 'fla_version')}; "
              f"{distinct(rows, 'date')}. {meta['dtype']}, H={meta['H']}, K={meta['K']}, V={meta['V']} (GSA M="
@@ -248,16 +248,16 @@ def agreement_section(rows) -> list[str]:
 
 
 def with_readme_table(readme: str, scaling, name="scaling.json") -> str:
-    """The page with the scaling table of result file `name` (between its README_BLOCKS markers, indented as a list
-    item) re-rendered."""
-    begin, end = README_BLOCKS[name]
+    """The page with the scaling table of result file `name` (between its `markers`, indented as a list item)
+    re-rendered."""
+    begin, end = markers(name)
     head, rest = readme.split(begin, 1)
     _, tail = rest.split(end, 1)
     return head + begin + "".join(f"  {line}\n" for line in reference_table(scaling)) + end + tail
 
 
 def with_readme_tables(readme: str) -> str:
-    for name in README_BLOCKS:
+    for name in SCALING_RUNS:
         readme = with_readme_table(readme, load(name), name)
     return readme
 

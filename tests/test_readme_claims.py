@@ -185,7 +185,8 @@ def upstream_agreement(text):
 
 
 def scaling_table(text):
-    for name, (begin, end) in performance_page.README_BLOCKS.items():
+    for name in performance_page.SCALING_RUNS:
+        begin, end = performance_page.markers(name)
         rendered = "\n".join("  " + line for line in performance_page.reference_table(load(name)))
         assert begin + rendered + "\n" + end in text, "run python -m dev.performance_page"
     return []
