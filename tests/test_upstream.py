@@ -163,7 +163,7 @@ class _Layer(torch.nn.Module):
         r, k, v, w = self.proj(x).view(B, T, 4, self.H, self.K).unbind(2)
         op = sys.modules["fla.layers.standin"].fused_recurrent_rwkv6
         return op(r=r, k=k, v=v, w=-torch.nn.functional.softplus(w), u=self.bonus, scale=1.0, initial_state=state,
-                  output_final_state=True)
+                  output_final_state=True, cu_seqlens=None)  # FLA's layers pass cu_seqlens, None when unpacked
 
 
 @pytest.fixture

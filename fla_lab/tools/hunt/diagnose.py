@@ -69,7 +69,7 @@ def reference_for_call(spec: registry.OpSpec, kwargs: dict):
 
     parameters = inspect.signature(spec.reference).parameters
     takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
-    options = {n: v for n, v in kwargs.items() if takes_all or n in parameters}
+    options = {n: v for n, v in kwargs.items() if (takes_all or n in parameters) and n != "cu_seqlens"}
     return functools.partial(packed_reference(spec.reference), **options, cu_seqlens=kwargs.get("cu_seqlens"))
 
 
