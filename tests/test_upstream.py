@@ -239,6 +239,31 @@ def test_an_op_calling_another_fla_op_is_recorded_once(standin_fla, monkeypatch)
     assert [c.op for c in recorded.calls] == ["chunk_rwkv7"]
 
 
+def test_a_final_state_returned_as_a_list_is_audited(monkeypatch):
+    """FLA 0.6.0's chunk_gsa returns its state pair as a list (`o, *final_state = ...`): recorded, its cotangents
+    kept and the call replayed as a tuple's would be."""
+    module = types.ModuleType("fla.ops.gsa")
+
+    def chunk_gsa(q, k, v, s, g, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
+        o, (hk, hv) = reference.recurrent_gsa(q, k, v, s, g, scale=scale, initial_state=initial_state,
+                                              output_final_state=True)
+        return o.to(q.dtype), ([hk.float(), hv.float()] if output_final_state else [None, None])
+    module.chunk_gsa = chunk_gsa
+    monkeypatch.setitem(sys.modules, "fla", types.ModuleType("fla"))
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    qkv = [torch.randn(1, 6, 2, 4, requires_grad=True) for _ in range(3)]
+    s = torch.randn(1, 6, 2, 3, requires_grad=True)
+    g = torch.nn.functional.logsigmoid(torch.randn(1, 6, 2, 3)).requires_grad_()
+    with audit.audit() as recorded:
+        o1, state = module.chunk_gsa(*(t[:, :3] for t in qkv), s[:, :3], g[:, :3], output_final_state=True)
+        o2, _ = module.chunk_gsa(*(t[:, 3:] for t in qkv), s[:, 3:], g[:, 3:], initial_state=tuple(state),
+                                 output_final_state=True, cu_seqlens=None)
+        (o1.pow(2).sum() + o2.pow(2).sum()).backward()
+    first, second = recorded.results()
+    assert first.ok and second.ok, recorded.report()
+    assert all(d is not None for d in recorded.calls[0].dht)  # both states of the first call got a cotangent
+
+
 def test_fla_recording_follows_whether_fla_is_imported(monkeypatch):
     monkeypatch.delitem(sys.modules, "fla", raising=False)
     assert hunt.Locator().record_fla is False

@@ -52,6 +52,12 @@ def input_stats(spec: registry.OpSpec, inputs: dict) -> dict:
     return stats
 
 
+def as_states(ht) -> tuple:
+    """An op's final state(s) as a tuple: GSA's pair comes as a tuple from fla_lab and as a list from FLA 0.6.0's
+    chunk_gsa (`o, *final_state = ...`); a single state (or None) as a 1-tuple."""
+    return tuple(ht) if isinstance(ht, (tuple, list)) else (ht,)
+
+
 def _as_ours(spec, inputs: dict) -> dict:
     """An FLA call's tensors under fla_lab's names (RWKV-7's a, b from FLA's kk, a; DPLR's q, gk as r, w)."""
     from fla_lab.spec import upstream
@@ -77,14 +83,13 @@ def _reference_run(spec, inputs: dict, do, dht, kwargs: dict) -> dict:
     """The float64 answer on the same (already rounded) inputs: is it representable in fp32?"""
     ref_in = harness.exact_leaves(inputs, "cpu")
     o, ht = reference_for_call(spec, kwargs)(**ref_in, output_final_state=True)
-    states = ht if isinstance(ht, tuple) else (ht,)
+    states = as_states(ht)
     out = {"o": o.detach(), "state max": max(float(s.detach().abs().max()) for s in states)}
     out["o first > fp32 max"] = _first_step(o, lambda x: ~(x.abs() <= FP32_MAX))
     if do is not None:
         loss = (o * do.double().cpu()).sum()
         if dht is not None:
-            loss = loss + sum((s * d.double().cpu()).sum() for s, d in zip(states, dht if isinstance(dht, tuple)
-                                                                             else (dht,)) if d is not None)
+            loss = loss + sum((s * d.double().cpu()).sum() for s, d in zip(states, as_states(dht)) if d is not None)
         loss.backward()
         grads = [t.grad for _, t in _tensors(ref_in) if t.grad is not None]
         out["grads finite"] = all(bool((g.abs() <= FP32_MAX).all()) for g in grads)
@@ -108,8 +113,8 @@ def replay(spec: registry.OpSpec, fn, inputs: dict, kwargs: dict | None = None, 
             o, ht = fn(**leaves, **kwargs, output_final_state=True)
             if do is not None and torch.isfinite(o).all():
                 phase = "backward"
-                states = ht if isinstance(ht, tuple) else (ht,)
-                dhts = dht if isinstance(dht, tuple) else (dht,)
+                states = as_states(ht)
+                dhts = as_states(dht)
                 loss = (o * do.to(o)).sum() + sum((s * d.to(s)).sum() for s, d in zip(states, dhts) if d is not None)
                 loss.backward()
         except Exception as exc:  # what a failing kernel does is part of the diagnosis
@@ -139,7 +144,7 @@ def replay(spec: registry.OpSpec, fn, inputs: dict, kwargs: dict | None = None, 
 
 def _nonfinite_cotangent(spec, do, dht, stats) -> Diagnosis | None:
     """A cotangent (of the output or a final state) that arrived non-finite: the op is a victim, not the source."""
-    named = {"do": do} | {f"dht[{i}]": d for i, d in enumerate(dht if isinstance(dht, tuple) else (dht,))}
+    named = {"do": do} | {f"dht[{i}]": d for i, d in enumerate(as_states(dht))}
     bad = {n: d for n, d in named.items() if d is not None and not torch.isfinite(d).all()}
     if not bad:
         return None

@@ -10,7 +10,7 @@ import torch
 
 from fla_lab.spec import registry
 from fla_lab.tools.hunt.causes import Diagnosis
-from fla_lab.tools.hunt.diagnose import _tensors, input_stats, replay
+from fla_lab.tools.hunt.diagnose import _tensors, as_states, input_stats, replay
 from fla_lab.tools.hunt.report import Call, Event, Report, spec_of
 
 
@@ -79,7 +79,7 @@ class Locator:
 
     # backward --------------------------------------------------------------------------------------------------
     def _watch_backward(self, call: Call, inputs: dict, o, ht) -> None:
-        states = ht if isinstance(ht, tuple) else (ht,)
+        states = as_states(ht)
         if torch.is_grad_enabled() and any(t.requires_grad for _, t in _tensors(inputs)):
             returned = {"o": o, **{f"ht[{i}]" if len(states) > 1 else "ht": s for i, s in enumerate(states)}}
             call.detached = tuple(n for n, t in returned.items() if t is not None and not t.requires_grad)
@@ -226,7 +226,7 @@ def _copy(v):
 
 
 def _all_finite(o, ht) -> bool:
-    states = ht if isinstance(ht, tuple) else (ht,)
+    states = as_states(ht)
     return bool(torch.isfinite(o).all()) and all(s is None or bool(torch.isfinite(s).all()) for s in states)
 
 
