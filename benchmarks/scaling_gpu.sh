@@ -17,7 +17,7 @@
 #     OUT=/some/folder bash benchmarks/scaling_gpu.sh fill models checks measure   # one call, about 9.5 minutes
 #     OUT=/some/folder bash benchmarks/scaling_gpu.sh tests                        # the next, same warm machine
 #
-# FILL_OPS: the ops of fill and measure (default all six).
+# FILL_OPS: the ops of fill and measure (default all six); FAMILIES: the models audited (default rwkv7 gsa gla).
 # The Triton cache lives in .triton_gpu_cache/ (ignored): a call on the same warm machine reuses it. The scaling rows
 # go to $OUT/scaling.json as each finishes (merge them with `python -m benchmarks.scaling --merge`); logs to
 # $OUT/logs.tgz at the end (few files come back from the machine). Needs .whl/ (FLA 0.6.0, einops, hypothesis,
@@ -51,7 +51,7 @@ if wants fill; then
 fi
 if wants models; then
   mkdir -p "$LOGS/audit"
-  OUT=$LOGS/audit STEPS="models" FAMILIES="rwkv7 gsa gla" MODEL_S=${MODEL_S:-90} FIRST_CONFIG=1 \
+  OUT=$LOGS/audit STEPS="models" FAMILIES="${FAMILIES:-rwkv7 gsa gla}" MODEL_S=${MODEL_S:-90} FIRST_CONFIG=1 \
     timed models "${MODELS_S:-280}" bash benchmarks/fla_audit_gpu.sh &
 fi
 wait

@@ -175,6 +175,15 @@ def test_launch_follows_how_full_the_gpu_is(monkeypatch, B, forward, backward):
     assert fixed.forward_launch(x, 64, 16, None) == (32, 2)
 
 
+@pytest.mark.parametrize("B, forward", [(4, (16, 8)), (8, (16, 4)), (16, (32, 4)), (32, (32, 1)), (64, (64, 1))])
+def test_the_h100_forward_takes_16_columns_only_under_one_program_per_sm(monkeypatch, B, forward):
+    """The H100's entry: 16 value columns on 4 warps below one 64-column program per SM (B=8: 128 programs on 132
+    SMs), 32 on 4 from one to two (B=16: docs/performance.md, 'fused_recurrent_rwkv7 on the H100')."""
+    monkeypatch.setattr(launch_module, "gpu_sms", lambda _: 132)
+    launch = launch_module.measured("rwkv7_recurrent", "H100")
+    assert launch.forward_launch(torch.empty(B, 65536 // B, 16, 64), 64, 16, None) == forward
+
+
 def test_checkpoints_only_where_autograd_records_the_call(monkeypatch):
     """Under torch.no_grad() (inference, inputs that require grad or not) the forward stores no checkpoints; with
     autograd recording, it does, and the backward reads them."""

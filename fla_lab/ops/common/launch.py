@@ -138,7 +138,7 @@ def _check_precision(launch) -> None:
         raise ValueError(f"{type(launch).__name__}.precision={launch.precision!r}: a fla_lab.ops.Precision")
 
 
-FWD_LOADS = (4, 2, 0)  # programs per SM from which each of `fwd_by_load_launches` runs
+FWD_LOADS = (4, 2, 1, 0)  # programs per SM (in max_BV-column tiles) from which each of `fwd_by_load_launches` runs
 
 
 # The shape side of the launch objects' per-call rules
@@ -293,7 +293,7 @@ class RWKV7RecurrentLaunch:
     fwd_launch: tuple[int, int] | None = None
     bwd_launch: tuple[int, int] | None = None
     few_programs_launch: tuple[int, int] = (16, 8)
-    fwd_by_load_launches: tuple[tuple[int, int], ...] = ((64, 1), (32, 1), (32, 4))
+    fwd_by_load_launches: tuple[tuple[int, int], ...] = ((64, 1), (32, 1), (32, 4), (32, 4))
     gpu_bwd_launch: tuple[int, int] = (32, 4)
     max_BV: int = 64
     keys_last_launches: tuple[tuple[int, int], ...] = ((32, 1),)
@@ -393,9 +393,9 @@ TUNED = {
     "H200": {  # docs/performance.md, 'fused recurrent forwards per card', 'fused recurrent forward: one wave'
         "recurrent": {"fwd_BK": 32, "fwd_warps": 8, "fwd_fallback_tiles": ((64, 16, 4), (32, 64, 2))},
     },
-    "H100": {
+    "H100": {  # and 'fused_recurrent_rwkv7 on the H100: 16 columns under one program per SM'
         "recurrent": {"fwd_BK": 32, "fwd_warps": 8, "fwd_fallback_tiles": ((64, 16, 4), (32, 64, 2))},
-        "rwkv7_recurrent": {"fwd_by_load_launches": ((64, 1), (32, 1), (16, 4))},
+        "rwkv7_recurrent": {"fwd_by_load_launches": ((64, 1), (32, 1), (32, 4), (16, 4))},
     },
 }
 MEASURED_ON = "H200"  # the model whose settings `launch_for` starts from
