@@ -1,15 +1,14 @@
 """The audit on models built from flash-linear-attention's own layers (CUDA and FLA only).
 
 - FLA's ops that agree with the float64 reference pass (RWKV-7's chunk path, bf16, two truncated-BPTT segments);
-- an op swapped into an FLA layer that reads half its initial state is flagged, on the segment that has one only;
+- the audit's control, an op swapped into an FLA layer that reads half its initial state, is flagged on the
+  segment that has one only, on RWKV-7's, GLA's and GSA's layers;
 - on FLA 0.6.0, fused_recurrent_rwkv6's backward with a final-state cotangent is flagged (README: it drops `dht`),
   through the `audit` command, which exits 1 and writes its JSON.
 """
 import argparse
-import functools
 import importlib.util
 import json
-import sys
 
 import pytest
 import torch
@@ -54,30 +53,25 @@ def test_fla_ops_that_agree_pass():
     assert not recorded.wrong(), recorded.report()
 
 
-def test_a_wrong_op_swapped_into_an_fla_layer_is_flagged(monkeypatch):
-    import fla.ops.rwkv7
-
-    upstream.import_layer("rwkv7")
-    layer_module = sys.modules["fla.layers.rwkv7"]
-    real = fla.ops.rwkv7.chunk_rwkv7
-
-    @functools.wraps(real)  # FLA's signature, so the recording binds its arguments as for the real op
-    def reads_half_the_initial_state(*args, initial_state=None, **kwargs):
-        return real(*args, initial_state=None if initial_state is None else initial_state * 0.5, **kwargs)
-    # the package attribute too: the audit finds FLA's entry points there, then every namespace holding them
-    monkeypatch.setattr(fla.ops.rwkv7, "chunk_rwkv7", reads_half_the_initial_state)
-    monkeypatch.setattr(layer_module, "chunk_rwkv7", reads_half_the_initial_state)
-    recorded = _audited_step(_model("rwkv7"))
+@pytest.mark.parametrize("family", ["rwkv7", "gla", "gsa"])
+def test_a_wrong_op_swapped_into_an_fla_layer_is_flagged(family):
+    """The audit's control (`--control`): an op reading half its initial state, swapped into FLA's layer, is flagged
+    on every call that gets an initial state (the second segment's) and on no other."""
+    model = _model(family)
+    with fla_audit.control_swap(family):
+        recorded = _audited_step(model)
     results = recorded.results()  # segment by segment, layer by layer
     assert all(r.ok for r in results[:LAYERS]), recorded.report()  # no initial state to misread
     assert not any(r.ok for r in results[LAYERS:]), recorded.report()
+    assert fla_audit.control_flagged(recorded)[0]
 
 
 @pytest.mark.skipif(upstream.version() != "0.6.0", reason="the discrepancy was found on FLA 0.6.0")
 def test_fused_recurrent_rwkv6_final_state_cotangent_is_flagged_on_060(tmp_path):
     path = tmp_path / "audit.json"
     args = argparse.Namespace(fla="rwkv6", layers=1, T=T, B=1, tbptt=SEGMENTS, dtype="fp32", mode="fused_recurrent",
-                              hidden=256, kernel=False, warmup=0, seed=0, first_config=True, json=str(path))
+                              hidden=256, kernel=False, warmup=0, seed=0, first_config=True, control=False,
+                              json=str(path))
     assert fla_audit.run(args) == 1
     calls = json.loads(path.read_text())["calls"]
     with_dht = [c for c in calls if c["final_state_cotangent"]]

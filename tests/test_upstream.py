@@ -13,7 +13,7 @@ import torch
 
 from fla_lab import __main__ as cli
 from fla_lab.spec import upstream
-from fla_lab.tools import audit, hunt
+from fla_lab.tools import audit, fla_audit, hunt
 from fla_lab.spec import harness, reference
 
 
@@ -152,16 +152,16 @@ def _standin_rwkv6(drop_dht: bool):
 class _Layer(torch.nn.Module):
     """A layer that looks its op up in its module's namespace at call time, as FLA's layers do."""
 
-    def __init__(self, H=2, K=4):
+    def __init__(self, H=2, K=4, module="fla.layers.standin"):
         super().__init__()
-        self.H, self.K = H, K
+        self.H, self.K, self.module = H, K, module
         self.proj = torch.nn.Linear(8, 4 * H * K)
         self.bonus = torch.nn.Parameter(torch.randn(H, K))
 
     def forward(self, x, state=None):
         B, T, _ = x.shape
         r, k, v, w = self.proj(x).view(B, T, 4, self.H, self.K).unbind(2)
-        op = sys.modules["fla.layers.standin"].fused_recurrent_rwkv6
+        op = sys.modules[self.module].fused_recurrent_rwkv6
         return op(r=r, k=k, v=v, w=-torch.nn.functional.softplus(w), u=self.bonus, scale=1.0, initial_state=state,
                   output_final_state=True, cu_seqlens=None)  # FLA's layers pass cu_seqlens, None when unpacked
 
@@ -264,6 +264,26 @@ def test_a_final_state_returned_as_a_list_is_audited(monkeypatch):
     assert all(d is not None for d in recorded.calls[0].dht)  # both states of the first call got a cotangent
 
 
+def test_the_control_swap_is_flagged_on_the_carried_segment_only(monkeypatch):
+    """`audit --control`: the op the layer calls, swapped in FLA's package and the layer's module for one reading half
+    its initial state, then put back; the audit flags the second segment's call and not the first's."""
+    op = _standin_rwkv6(drop_dht=False)
+    package, layers = types.ModuleType("fla.ops.rwkv6"), types.ModuleType("fla.layers.rwkv6")
+    package.fused_recurrent_rwkv6 = layers.fused_recurrent_rwkv6 = op
+    for module in (types.ModuleType("fla"), package, layers):
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+    layer = _Layer(module=layers.__name__)
+    with fla_audit.control_swap("rwkv6", "fused_recurrent"):
+        assert package.fused_recurrent_rwkv6 is not op and layers.fused_recurrent_rwkv6 is not op
+        with audit.audit(layer) as recorded:
+            _two_segments(layer, torch.randn(1, 10, 8))
+    assert package.fused_recurrent_rwkv6 is op and layers.fused_recurrent_rwkv6 is op
+    first, second = recorded.results()
+    assert first.ok and not second.ok, recorded.report()
+    caught, line = fla_audit.control_flagged(recorded)
+    assert caught and "1 of 1 call(s) with an initial state flagged, 0 of 1 without" in line
+
+
 def test_fla_recording_follows_whether_fla_is_imported(monkeypatch):
     monkeypatch.delitem(sys.modules, "fla", raising=False)
     assert hunt.Locator().record_fla is False
@@ -295,6 +315,12 @@ def test_audit_command_refuses_uneven_segments(capsys):
 def test_audit_command_refuses_a_one_layer_rwkv7_model(capsys):
     assert cli.main(["audit", "--fla", "rwkv7", "--layers", "1"]) == 2  # FLA's init would divide by zero
     assert "needs --layers 2 or more" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("extra", [["--tbptt", "1"], ["--tbptt", "2", "--kernel"]])
+def test_audit_command_refuses_a_control_it_could_not_judge(capsys, extra):
+    assert cli.main(["audit", "--fla", "gla", "--control", *extra]) == 2
+    assert "--control needs --tbptt 2 or more" in capsys.readouterr().out
 
 
 def test_first_config_pins_every_autotuner_to_its_first_config(monkeypatch):

@@ -16,6 +16,9 @@ there; within the window it is not.) With S = 1 no final state receives a gradie
 """
 from __future__ import annotations
 
+import contextlib
+import functools
+import importlib
 import json
 import math
 import time
@@ -105,6 +108,46 @@ def training_step(model: SmallModel, tokens: torch.Tensor, targets: torch.Tensor
     return float(loss)
 
 
+@contextlib.contextmanager
+def control_swap(family: str, mode: str = "chunk"):
+    """The audit's control (`--control`): the op `family`'s layer calls in `mode`, swapped in FLA's op package and in
+    the layer's module (where the layer looks it up) for one that reads half its initial state. An audit that works
+    flags every call given an initial state, and no other."""
+    name = f"{mode}_{family}"
+    modules = [importlib.import_module(upstream.ENTRIES[name].module),
+               importlib.import_module(upstream.LAYERS[family].module)]
+    real = getattr(modules[0], name)
+
+    @functools.wraps(real)  # FLA's signature: the audit binds the call's arguments as for the real op
+    def reads_half_the_initial_state(*args, initial_state=None, **kwargs):
+        if isinstance(initial_state, (tuple, list)):  # GSA's pair
+            initial_state = type(initial_state)(s * 0.5 for s in initial_state)
+        elif initial_state is not None:
+            initial_state = initial_state * 0.5
+        return real(*args, initial_state=initial_state, **kwargs)
+    saved = [(module, module.__dict__.get(name)) for module in modules]
+    try:
+        for module in modules:
+            setattr(module, name, reads_half_the_initial_state)
+        yield
+    finally:
+        for module, op in saved:
+            setattr(module, name, op) if op is not None else delattr(module, name)
+
+
+def control_flagged(recorded) -> tuple[bool, str]:
+    """(whether the control was caught, the line that says so): every call given an initial state wrong, every
+    other right."""
+    results = recorded.results()
+    carried = [r for r in results if "initial_state" in r.call.inputs]
+    fresh = [r for r in results if "initial_state" not in r.call.inputs]
+    caught = sum(not r.ok for r in carried)
+    false_alarms = sum(not r.ok for r in fresh)
+    line = (f"control (an op reading half its initial state swapped in): {caught} of {len(carried)} call(s) with an "
+            f"initial state flagged, {false_alarms} of {len(fresh)} without")
+    return bool(carried) and caught == len(carried) and false_alarms == 0, line
+
+
 def _timed(fn) -> tuple[object, float]:
     torch.cuda.synchronize()
     start = time.perf_counter()
@@ -133,11 +176,12 @@ def run(args) -> int:
 
     def step():
         return training_step(model, tokens, targets, args.tbptt)
-    for _ in range(args.warmup):  # FLA's autotuner and Triton's compiler: not the step's cost
-        step()
-    _, plain_s = _timed(step)
-    with audit_mode.audit(model, fla=True, kernel=args.kernel) as recorded:
-        _, recorded_s = _timed(step)
+    with control_swap(args.fla, args.mode) if args.control else contextlib.nullcontext():
+        for _ in range(args.warmup):  # FLA's autotuner and Triton's compiler: not the step's cost
+            step()
+        _, plain_s = _timed(step)
+        with audit_mode.audit(model, fla=True, kernel=args.kernel) as recorded:
+            _, recorded_s = _timed(step)
     try:
         _, replay_s = _timed(recorded.results)
     except upstream.UnsupportedCall as exc:
@@ -146,9 +190,14 @@ def run(args) -> int:
     print(recorded.report())
     summary = _summary(args, recorded, plain_s, recorded_s, replay_s)
     print(summary["cost line"])
+    if args.control:
+        summary["control caught"], line = control_flagged(recorded)
+        print(line)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=1)
+    if args.control:
+        return 0 if summary["control caught"] else 1
     return 1 if recorded.wrong() else 0
 
 
@@ -193,6 +242,9 @@ def add_parser(sub) -> None:
     p.add_argument("--first-config", action="store_true",
                    help="FLA's autotuners take their first config instead of compiling and timing every one (minutes "
                         "per op on a fresh machine): the same verdicts, but the step's times are not FLA's tuned ones")
+    p.add_argument("--control", action="store_true",
+                   help="the audit's control: swap in an op that reads half its initial state (needs --tbptt 2 or "
+                        "more); exits 0 when the audit flags exactly the calls given an initial state")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, metavar="PATH", help="write the report and costs as JSON")
 
@@ -208,6 +260,9 @@ def check_args(args) -> str | None:
     """What is wrong with the arguments (None: nothing): each segment needs at least one token."""
     if args.fla == "rwkv7" and args.layers < 2:  # its init divides by num_hidden_layers - 1 (fla/layers/rwkv7.py)
         return "--fla rwkv7 needs --layers 2 or more: FLA's RWKV7Attention initialises by layer_idx / (layers - 1)"
+    if getattr(args, "control", False) and (args.tbptt < 2 or args.kernel):
+        return ("--control needs --tbptt 2 or more (only later segments get an initial state to misread) and no "
+                "--kernel (fla_lab's kernels are not swapped)")
     if args.T % args.tbptt:
         return f"--T {args.T} is not divisible by --tbptt {args.tbptt}: the segments would differ in length"
     return None
