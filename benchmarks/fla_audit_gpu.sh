@@ -5,7 +5,7 @@
 # fused_recurrent_rwkv6 final-state repro, and `python -m fla_lab audit` on rwkv6, rwkv7 and GSA models (2 layers,
 # bf16, two truncated-BPTT segments) plus rwkv6 in fused_recurrent mode (the op the repro is about). Eight files in
 # $OUT; a table last. Every step under `timeout`; a step that fails does not stop the others.
-# STEPS (default "repro models fused tests") and FAMILIES (default "rwkv6 rwkv7 gsa") choose; MODEL_S (default 90)
+# STEPS (default "repro models fused tests"; "controls": each model with `--control`, exit 0 when the swapped op is caught) and FAMILIES (default "rwkv6 rwkv7 gsa") choose; MODEL_S (default 90)
 # is each model audit's limit: FLA's cold autotuning of its chunk kernels takes minutes on a fresh machine; with
 # FIRST_CONFIG=1 the model audits pass --first-config (FLA's autotuners keep their first config: same verdicts).
 set -u
@@ -36,6 +36,11 @@ for family in ${FAMILIES:-rwkv6 rwkv7 gsa}; do
     step "audit $family" "${MODEL_S:-90}" python3 -m fla_lab audit --fla "$family" --layers 2 --T 2048 --tbptt 2 --dtype bf16 \
         ${FIRST_CONFIG:+--first-config} --json "$OUT/audit_$family.json" >> "$LOG" 2>&1
 done
+for family in ${FAMILIES:-rwkv6 rwkv7 gsa}; do  # the audit's control: a wrong op swapped in must be flagged
+    want controls || break
+    step "control $family" "${MODEL_S:-90}" python3 -m fla_lab audit --fla "$family" --layers 2 --T 2048 --tbptt 2 \
+        --dtype bf16 ${FIRST_CONFIG:+--first-config} --control --json "$OUT/control_$family.json" >> "$LOG" 2>&1
+done
 want fused && step "audit rwkv6 fused_recurrent" 75 python3 -m fla_lab audit --fla rwkv6 --mode fused_recurrent --layers 2 \
     --T 512 --tbptt 2 --dtype bf16 --json "$OUT/audit_rwkv6_fused.json" >> "$LOG" 2>&1
 
@@ -46,12 +51,12 @@ import glob, json, os, sys
 out = sys.argv[1]
 print(open(os.path.join(out, "steps.txt")).read().strip())
 print(f"{'model':<26} {'calls':>5} {'wrong':>5} {'dht':>4} {'step ms':>8} {'replay s':>8} {'ms/replay':>9}  worst wrong")
-for path in sorted(glob.glob(os.path.join(out, "audit_*.json"))):
+for path in sorted(glob.glob(os.path.join(out, "audit_*.json")) + glob.glob(os.path.join(out, "control_*.json"))):
     r = json.load(open(path))
     bad = [c for c in r["calls"] if not c["ok"]]
     worst = ", ".join(f"#{c['index']} {c['op']} {c['worst']} {c['errors'][c['worst']]:.2g}" for c in bad[:3]) or "-"
     n = len(r["calls"])
-    print(f"{os.path.basename(path)[6:-5]:<26} {n:>5} {len(bad):>5} {r['calls_with_final_state_cotangent']:>4} "
+    print(f"{os.path.basename(path)[:-5]:<26} {n:>5} {len(bad):>5} {r['calls_with_final_state_cotangent']:>4} "
           f"{r['step_s'] * 1e3:>8.1f} {r['replay_s']:>8.2f} {r['replay_s'] / max(n, 1) * 1e3:>9.0f}  {worst}")
 if os.path.exists(os.path.join(out, "repro.json")):
     r = json.load(open(os.path.join(out, "repro.json")))
