@@ -197,11 +197,12 @@ def test_checkpoints_only_where_autograd_records_the_call(monkeypatch):
     assert saved == [False, False, True] and all(t.grad is not None for t in leaves.values())
 
 
-@pytest.mark.parametrize("forward", [(16, 4), (32, 1)])
+@pytest.mark.parametrize("forward", [(16, 4), (32, 1), (32, 4)])
 def test_narrow_forward_and_backward_tiles(forward):
-    """What the GPU rules pick: 16-column forward programs for few sequences, (32, 1) with the state tile held
-    keys-last (`keys_last_launches`: its checkpoints and final state stored back in `[K, V]` order), 32-column
-    backward programs with fp32 partials of the key-side gradients, against the float64 reference."""
+    """What the GPU rules pick: 16-column forward programs for few sequences, (32, 4) between one and two programs
+    per SM, (32, 1) with the state tile held keys-last (`keys_last_launches`: its checkpoints and final state stored
+    back in `[K, V]` order), 32-column backward programs with fp32 partials of the key-side gradients, against the
+    float64 reference."""
     launch = RWKV7RecurrentLaunch(fwd_launch=forward, bwd_launch=(32, 4))
     assert (forward in launch.keys_last_launches) == (forward == (32, 1))  # both layouts run
     inputs = harness.rwkv7_inputs(1, 37, 2, 32, 64, decay=3.0, initial_state=True, seed=4)
