@@ -178,7 +178,7 @@ def test_launch_follows_how_full_the_gpu_is(monkeypatch, B, forward, backward):
 @pytest.mark.parametrize("B, forward", [(4, (16, 8)), (8, (16, 4)), (16, (32, 4)), (32, (32, 1)), (64, (64, 1))])
 def test_the_h100_forward_takes_16_columns_only_under_one_program_per_sm(monkeypatch, B, forward):
     """The H100's entry: 16 value columns on 4 warps below one 64-column program per SM (B=8: 128 programs on 132
-    SMs), 32 on 4 from one to two (B=16: docs/performance.md, 'fused_recurrent_rwkv7 on the H100')."""
+    SMs), 32 on 4 from one to two (B=16: docs/performance.md, 'fused_recurrent_rwkv7: 16 columns under one program per SM')."""
     monkeypatch.setattr(launch_module, "gpu_sms", lambda _: 132)
     launch = launch_module.measured("rwkv7_recurrent", "H100")
     assert launch.forward_launch(torch.empty(B, 65536 // B, 16, 64), 64, 16, None) == forward

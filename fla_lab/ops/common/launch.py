@@ -393,7 +393,7 @@ TUNED = {
     "H200": {  # docs/performance.md, 'fused recurrent forwards per card', 'fused recurrent forward: one wave'
         "recurrent": {"fwd_BK": 32, "fwd_warps": 8, "fwd_fallback_tiles": ((64, 16, 4), (32, 64, 2))},
     },
-    "H100": {  # and 'fused_recurrent_rwkv7 on the H100: 16 columns under one program per SM'
+    "H100": {  # the same sections, and 'fused_recurrent_rwkv7: 16 columns under one program per SM'
         "recurrent": {"fwd_BK": 32, "fwd_warps": 8, "fwd_fallback_tiles": ((64, 16, 4), (32, 64, 2))},
         "rwkv7_recurrent": {"fwd_by_load_launches": ((64, 1), (32, 1), (32, 4), (16, 4))},
     },
