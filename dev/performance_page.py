@@ -101,7 +101,6 @@ def reference_table(scaling) -> list[str]:
 def scaling_section(scaling, name="scaling.json") -> list[str]:
     rows, meta = scaling["rows"], scaling["meta"]
     over_t = sorted((r for r in rows if r["shape"] != "ref"), key=lambda r: (OPS.index(r["op"]), r["T"]))
-    recovered = sorted({r["source"] for r in rows if "source" in r})
     lines = [f"## Scaling beside FLA 0.6.0 on the {SCALING_RUNS[name][0]}", "",
              f"`benchmarks/results/{name}` (`python -m benchmarks.scaling`): {distinct(rows, 'device')}; torch "
              f"{distinct(rows, 'torch')}, triton {distinct(rows, 'triton')}, fla {distinct(rows, 'fla_version')}; "
@@ -109,8 +108,7 @@ def scaling_section(scaling, name="scaling.json") -> list[str]:
              f"{meta['M']}); fla_lab, FLA and fla_lab without value checks timed in alternation in one process "
              f"({meta['rounds']} rounds, `do_bench` {meta['do_bench']}); ratios fla_lab / FLA (< 1: fla_lab faster or "
              "smaller); value checks: fla_lab's forward+backward with them over without. All rows: "
-             f"[{name[:-5]}.md](../benchmarks/results/{name[:-5]}.md)."
-             + "".join(f" Rows without a value-check cost come from {src}." for src in recovered), "",
+             f"[{name[:-5]}.md](../benchmarks/results/{name[:-5]}.md).", "",
              f"### At the reference shape (B={meta['reference'][0]}, T={meta['reference'][1]})", ""]
     lines += reference_table(scaling)
     lines += ["", f"### Over T (B = {meta['tokens']} // T)", "",

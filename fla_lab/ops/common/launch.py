@@ -64,10 +64,21 @@ def _check_pair(where: str, pair) -> None:
     _check_value(where, "warps", pair[1])
 
 
+def _check_by_load(where: str, table) -> None:
+    """(programs per SM, pair) entries, the loads strictly falling to 0: every call finds its entry."""
+    entries = table if isinstance(table, tuple) else ()
+    loads = [e[0] if isinstance(e, tuple) and len(e) == 2 and isinstance(e[0], int) else -1 for e in entries]
+    if not loads or loads != sorted(set(loads), reverse=True) or loads[-1] != 0:
+        raise ValueError(f"{where}: (programs per SM, (value columns, num_warps)) entries, loads falling to 0")
+    for _, pair in entries:
+        _check_pair(where, pair)
+
+
 def _check_fields(launch) -> None:
     """Every field by its name's suffix: `_BK`/`_BV` tiles, `_warps`, `_stages`, `_rows`, `_launch` a
     (value columns, num_warps) pair, `_launches` a tuple of them, `_tiles` a tuple of (key columns, value columns,
-    num_warps) triples. None passes: the op picks it per call."""
+    num_warps) triples, `_by_load` (programs per SM, pair) entries from the highest load to 0. None passes: the op
+    picks it per call."""
     kinds = {"_BK": "tile", "_BV": "tile", "_warps": "warps", "_stages": "stages", "_rows": "rows"}
     for f in fields(launch):
         value, where = getattr(launch, f.name), f"{type(launch).__name__}.{f.name}={getattr(launch, f.name)!r}"
@@ -75,6 +86,8 @@ def _check_fields(launch) -> None:
             continue
         if f.name.endswith("_launch"):
             _check_pair(where, value)
+        elif f.name.endswith("_by_load"):
+            _check_by_load(where, value)
         elif f.name.endswith("_tiles"):
             if not isinstance(value, tuple):
                 raise ValueError(f"{where}: a tuple of (key columns, value columns, num_warps) triples")
@@ -136,9 +149,6 @@ class Precision:
 def _check_precision(launch) -> None:
     if not isinstance(launch.precision, Precision):
         raise ValueError(f"{type(launch).__name__}.precision={launch.precision!r}: a fla_lab.ops.Precision")
-
-
-FWD_LOADS = (4, 2, 1, 0)  # programs per SM (in max_BV-column tiles) from which each of `fwd_by_load_launches` runs
 
 
 # The shape side of the launch objects' per-call rules
@@ -282,8 +292,8 @@ class RWKV7RecurrentLaunch:
     - `fwd_launch`, `bwd_launch`: a fixed pair, or None: the per-call rule (`forward_launch`, `backward_launch`,
       below);
     - the forward's rule (docs/performance.md, 'fused_recurrent_rwkv7: forward_launch'): `few_programs_launch`
-      while 16-column tiles give at most two programs per SM; else, counted in `max_BV`-column tiles,
-      `fwd_by_load_launches[i]` from `FWD_LOADS[i]` programs per SM;
+      while 16-column tiles give at most two programs per SM; else, counted in `max_BV`-column tiles, the pair of
+      the first entry of `fwd_launch_by_load` whose programs per SM the call reaches;
     - the backward's rule: `gpu_bwd_launch` (docs/performance.md, 'fused_recurrent_rwkv7: backward_launch');
     - `max_BV`: value columns per program at most;
     - `keys_last_launches`: forward launches that hold the state tile keys-last, `[BV, BK]` (docs/performance.md,
@@ -293,21 +303,19 @@ class RWKV7RecurrentLaunch:
     fwd_launch: tuple[int, int] | None = None
     bwd_launch: tuple[int, int] | None = None
     few_programs_launch: tuple[int, int] = (16, 8)
-    fwd_by_load_launches: tuple[tuple[int, int], ...] = ((64, 1), (32, 1), (32, 4), (32, 4))
+    fwd_launch_by_load: tuple[tuple[int, tuple[int, int]], ...] = ((4, (64, 1)), (2, (32, 1)), (0, (32, 4)))
     gpu_bwd_launch: tuple[int, int] = (32, 4)
     max_BV: int = 64
     keys_last_launches: tuple[tuple[int, int], ...] = ((32, 1),)
 
     def __post_init__(self):
         _check_fields(self)
-        if len(self.fwd_by_load_launches) != len(FWD_LOADS):
-            raise ValueError(f"RWKV7RecurrentLaunch.fwd_by_load_launches: one pair per load of FWD_LOADS {FWD_LOADS}")
 
     def forward_launch(self, x: torch.Tensor, V: int, H: int, seqs) -> tuple[int, int]:
         """The forward's (value columns, num_warps): `fwd_launch`, or (None) per call. One step's latency grows with
         the tile, and many programs per SM want few warps each. On a GPU: `few_programs_launch` while 16-column tiles
-        give at most two programs per SM; else, counted in `max_BV`-column tiles, `fwd_by_load_launches[i]` from
-        `FWD_LOADS[i]` programs per SM. The launches were timed with `python -m benchmarks.tune`:
+        give at most two programs per SM; else, counted in `max_BV`-column tiles, the first `fwd_launch_by_load`
+        entry whose programs per SM the call reaches. The launches were timed with `python -m benchmarks.tune`:
         docs/performance.md, 'fused_recurrent_rwkv7: forward_launch'.
         """
         if self.fwd_launch is not None:
@@ -319,7 +327,7 @@ class RWKV7RecurrentLaunch:
         if rows * grid_size(V, 16) <= 2 * sms:  # few sequences: the narrowest tile, for the shortest step
             return self.few_programs_launch
         programs = rows * grid_size(V, self.max_BV)
-        return next(pair for load, pair in zip(FWD_LOADS, self.fwd_by_load_launches) if programs >= load * sms)
+        return next(pair for load, pair in self.fwd_launch_by_load if programs >= load * sms)
 
     def backward_launch(self, x: torch.Tensor, V: int) -> tuple[int, int]:
         """The backward's (value columns, num_warps): `bwd_launch`, or (None) `gpu_bwd_launch` on a GPU. Each value
@@ -395,7 +403,7 @@ TUNED = {
     },
     "H100": {  # the same sections, and 'fused_recurrent_rwkv7: 16 columns under one program per SM'
         "recurrent": {"fwd_BK": 32, "fwd_warps": 8, "fwd_fallback_tiles": ((64, 16, 4), (32, 64, 2))},
-        "rwkv7_recurrent": {"fwd_by_load_launches": ((64, 1), (32, 1), (32, 4), (16, 4))},
+        "rwkv7_recurrent": {"fwd_launch_by_load": ((4, (64, 1)), (2, (32, 1)), (1, (32, 4)), (0, (16, 4)))},
     },
 }
 MEASURED_ON = "H200"  # the model whose settings `launch_for` starts from
